@@ -1,0 +1,52 @@
+"""needle_cy: a Cython CPU engine for Needle tool-calling models.
+
+Public names are imported lazily so that importing the package is cheap and a
+module's heavy dependencies load only when used.
+"""
+from importlib import import_module
+
+from .errors import (
+    CactFormatError,
+    ContextOverflowError,
+    GrammarLimitError,
+    ModelNotAvailableError,
+    NeedleError,
+    SchemaError,
+    TokenizerError,
+    UnsupportedSchemaError,
+)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Archive": ("needle_cy.archive", "Archive"),
+    "Model": ("needle_cy.model", "Model"),
+    "Tokenizer": ("needle_cy.tokenizer", "Tokenizer"),
+    "Needle": ("needle_cy.agent", "Needle"),
+    "tool": ("needle_cy.toolspec", "tool"),
+    "Field": ("needle_cy.toolspec", "Field"),
+    "extract": ("needle_cy.agent", "extract"),
+    "set_num_threads": ("needle_cy.threads", "set_num_threads"),
+    "get_num_threads": ("needle_cy.threads", "get_num_threads"),
+}
+
+__all__ = sorted(_LAZY) + [
+    "CactFormatError",
+    "ContextOverflowError",
+    "GrammarLimitError",
+    "ModelNotAvailableError",
+    "NeedleError",
+    "SchemaError",
+    "TokenizerError",
+    "UnsupportedSchemaError",
+]
+
+
+def __getattr__(name):
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'needle_cy' has no attribute {name!r}") from None
+    value = getattr(import_module(module), attr)
+    globals()[name] = value
+    return value

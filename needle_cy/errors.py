@@ -1,0 +1,42 @@
+"""Every error needle_cy raises on bad input, in one place.
+
+Each names what was wrong, where, and what was expected; all derive from
+``NeedleError`` so callers can catch the family.
+"""
+
+
+class NeedleError(Exception):
+    """Base class of needle_cy's errors."""
+
+
+class CactFormatError(NeedleError, ValueError):
+    """A .cact archive is malformed (field, record index, expected vs found)."""
+
+
+class TokenizerError(NeedleError, ValueError):
+    """A tokenizer record is malformed or an id is out of range."""
+
+
+class UnsupportedSchemaError(NeedleError, ValueError):
+    """A JSON Schema uses a keyword or construct the grammar cannot enforce."""
+
+    def __init__(self, message, keyword=None, pointer=None):
+        super().__init__(message)
+        self.keyword = keyword
+        self.pointer = pointer
+
+
+class SchemaError(NeedleError, ValueError):
+    """A JSON Schema or tool definition is malformed."""
+
+
+class GrammarLimitError(NeedleError, ValueError):
+    """A schema needs more than the grammar's fixed capacities (stack depth, buffers)."""
+
+
+class ContextOverflowError(NeedleError, ValueError):
+    """A prompt does not fit in the model's context."""
+
+
+class ModelNotAvailableError(NeedleError, RuntimeError):
+    """No model archive was given and no embedded default model is available."""

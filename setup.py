@@ -1,0 +1,110 @@
+"""Build script for needle_cy's Cython extensions.
+
+Every ``needle_cy/*.pyx`` is compiled.  OpenMP is used where a test compile
+shows the compiler supports it; otherwise the extensions build single-threaded
+(``prange`` then runs serially).  By default the code is tuned for the local CPU
+(``-march=native`` or ``-mcpu=native``); set ``NEEDLE_CY_PORTABLE=1`` for a
+build that runs on any CPU of the same architecture.
+
+``NEEDLE_CY_BUILD_ONLY=_cq,_ops`` restricts the build to the named modules
+(useful while developing one extension).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+HERE = Path(__file__).parent
+
+
+def _compiler():
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return cc.split()
+
+
+def _try_compile(flags, link_flags=(), source="int main(void){return 0;}\n"):
+    """True when the C compiler accepts ``flags`` for a small program."""
+    cc = _compiler()
+    if shutil.which(cc[0]) is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text(source)
+        cmd = cc + list(flags) + [str(src), "-o", str(Path(tmp) / "probe")] + list(link_flags)
+        try:
+            res = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return res.returncode == 0
+
+
+OMP_PROBE = "#include <omp.h>\nint main(void){int n=0;\n#pragma omp parallel\n{n=omp_get_num_threads();}\nreturn n<1;}\n"
+
+
+def _openmp_flags():
+    if os.environ.get("NEEDLE_CY_NO_OPENMP"):
+        return [], []
+    candidates = [(["-fopenmp"], ["-fopenmp"])]
+    if sys.platform == "darwin":
+        candidates.append((["-Xpreprocessor", "-fopenmp"], ["-lomp"]))
+    for cflags, lflags in candidates:
+        if _try_compile(cflags, lflags, OMP_PROBE):
+            return cflags, lflags
+    print("needle_cy: OpenMP not available, building single-threaded", file=sys.stderr)
+    return [], []
+
+
+def _arch_flags():
+    if os.environ.get("NEEDLE_CY_PORTABLE"):
+        return []
+    for flag in ("-march=native", "-mcpu=native"):
+        if _try_compile([flag]):
+            return [flag]
+    return []
+
+
+def _extensions():
+    if sys.platform == "win32":
+        base_c, omp_c, omp_l, arch = ["/O2"], ["/openmp"], [], []
+    else:
+        base_c = ["-O3", "-fno-strict-aliasing", "-Wno-unused-function", "-Wno-unreachable-code"]
+        omp_c, omp_l = _openmp_flags()
+        arch = _arch_flags()
+    only = {m.strip() for m in os.environ.get("NEEDLE_CY_BUILD_ONLY", "").split(",") if m.strip()}
+    exts = []
+    for pyx in sorted((HERE / "needle_cy").glob("*.pyx")):
+        name = pyx.stem
+        if only and name not in only:
+            continue
+        exts.append(
+            Extension(
+                f"needle_cy.{name}",
+                [str(pyx.relative_to(HERE))],
+                include_dirs=[np.get_include(), str(HERE / "needle_cy")],
+                extra_compile_args=base_c + omp_c + arch,
+                extra_link_args=omp_l,
+                define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            )
+        )
+    return cythonize(
+        exts,
+        language_level=3,
+        compiler_directives={
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+            "nonecheck": False,
+        },
+        quiet=True,
+    )
+
+
+setup(ext_modules=_extensions())
