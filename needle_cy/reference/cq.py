@@ -1,0 +1,277 @@
+"""CQ quantization in plain NumPy: the executable specification of spec §3.1–§3.6.
+
+A CQ matrix ``W[out, in]`` is stored per row in groups of ``g`` columns (the
+last group zero-padded).  Each group ``w`` is rotated by the normalised
+Sylvester–Hadamard matrix ``Hg``, split into a norm ``ν = ||w·Hg||`` (stored
+FP16) and a unit vector whose elements are each replaced by the index of the
+nearest codebook entry (stored bit-packed, LSB-first).  Decoding multiplies the
+codewords by the norm and rotates back (``Hg`` is its own inverse).
+
+Everything here is written for clarity, not speed: ``needle_cy._cq`` is the
+fast twin and its tests diff against these functions.
+"""
+import math
+
+import numpy as np
+
+from ..archive import CQMatrix, TERNARY_BITS
+
+# Lloyd–Max levels of a standard Gaussian (spec §3.2), float64, ascending.  The
+# codebook for group size g is float32(level / sqrt(g)), computed in float64.
+LLOYD_MAX_LEVELS = {
+    2: (-1.5066708475715247, -0.45144060939344055, 0.4529474939511613, 1.5099326242547164),
+    3: (-2.141247862845774, -1.3337164609389895, -0.7483982925010272, -0.23774016363616235,
+        0.2500446195658646, 0.7555868210708537, 1.3379826350451236, 2.1476362705161423),
+    4: (-2.709990028558534, -2.0444556051349227, -1.5947570221842273, -1.233336191082712,
+        -0.9222139662739897, -0.6395373737252813, -0.37266394934485414, -0.11445072030649898,
+        0.14380628677643073, 0.4039889754802918, 0.6726933686864701, 0.9614053009735016,
+        1.2755257831234952, 1.6370587960592824, 2.0844263722579237, 2.7410141261982846),
+}
+BINARY_LEVEL = math.sqrt(2.0 / math.pi)  # E|x| of a standard Gaussian
+TERNARY_LEVEL = 1.2240064                # spec §3.2, "1.58-bit"
+NORM_EPS = 1e-12                          # u = r / max(ν, eps)
+SUPPORTED_BITS = (1, 2, 3, 4, TERNARY_BITS)
+
+
+def check_group_size(group_size):
+    """Group sizes are powers of two with whole bytes per group at every width."""
+    g = int(group_size)
+    if g < 8 or g & (g - 1):
+        raise ValueError(f"CQ group size must be a power of two >= 8, got {group_size}")
+    return g
+
+
+def field_bits_of(bits):
+    """Bits per stored field: the width itself, or 2 for ternary (bits = 5)."""
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"CQ width must be one of {SUPPORTED_BITS}, got {bits}")
+    return 2 if bits == TERNARY_BITS else int(bits)
+
+
+def sorted_levels(bits, group_size):
+    """The distinct codewords of a width, ascending, float32 (what quantize searches)."""
+    g = check_group_size(group_size)
+    if bits in LLOYD_MAX_LEVELS:
+        return (np.array(LLOYD_MAX_LEVELS[bits], np.float64) / math.sqrt(g)).astype(np.float32)
+    if bits == 1:
+        c = BINARY_LEVEL / math.sqrt(g)
+        return np.array([-c, c], np.float64).astype(np.float32)
+    if bits == TERNARY_BITS:
+        c = TERNARY_LEVEL / math.sqrt(g)
+        return np.array([-c, 0.0, c], np.float64).astype(np.float32)
+    raise ValueError(f"CQ width must be one of {SUPPORTED_BITS}, got {bits}")
+
+
+def codebook(bits, group_size):
+    """Lookup table indexed by the RAW packed field value (float32).
+
+    Widths 1–4: ``2**bits`` ascending entries (field value = index).  Ternary
+    (bits = 5): 4 entries for the 2-bit field read as a signed trit,
+    ``[0, +c, 0, -c]`` (field code 2 is never written; it decodes as 0).
+    """
+    levels = sorted_levels(bits, group_size)
+    if bits == TERNARY_BITS:
+        minus_c, zero, plus_c = levels
+        return np.array([zero, plus_c, zero, minus_c], np.float32)
+    return levels
+
+
+def trits_to_fields(trit_index):
+    """Ternary sorted index (0 = −c, 1 = 0, 2 = +c) → 2-bit field code (3, 0, 1)."""
+    return ((np.asarray(trit_index, np.int64) - 1) & 3).astype(np.uint8)
+
+
+def hadamard_matrix(group_size):
+    """Sylvester–Hadamard matrix / sqrt(g), float32: Hg[i,j] = (−1)^popcount(i&j)/sqrt(g)."""
+    g = int(group_size)
+    if g < 1 or g & (g - 1):
+        raise ValueError(f"Hadamard size must be a power of two, got {group_size}")
+    i = np.arange(g)
+    both = i[:, None] & i[None, :]
+    parity = np.zeros_like(both)
+    while both.any():
+        parity ^= both & 1
+        both = both >> 1
+    scale = np.float32(1.0 / math.sqrt(g))
+    return np.where(parity == 1, -scale, scale).astype(np.float32)
+
+
+def fwht(x):
+    """Normalised fast Walsh–Hadamard transform along the last axis (= x · Hg).
+
+    Computed in float64 butterflies; returns float32 for float32/float16 input,
+    float64 otherwise.
+    """
+    x = np.asarray(x)
+    n = x.shape[-1]
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"fwht length must be a power of two, got {n}")
+    out_dtype = np.float32 if x.dtype in (np.float32, np.float16) else np.float64
+    y = np.array(x, dtype=np.float64, copy=True)
+    lead = y.shape[:-1]
+    h = 1
+    while h < n:
+        # pairs (a, b) at distance h inside blocks of 2h: (a + b, a − b)
+        blocks = y.reshape(lead + (n // (2 * h), 2, h))
+        a = blocks[..., 0, :].copy()
+        b = blocks[..., 1, :]
+        blocks[..., 0, :] = a + b
+        blocks[..., 1, :] = a - b
+        h *= 2
+    return (y / math.sqrt(n)).astype(out_dtype)
+
+
+def pack_indices(fields, bits):
+    """Pack raw field values [rows, n] into LSB-first bit streams [rows, n·fb/8] uint8.
+
+    ``fields`` are the values stored in the file (for ternary: the 2-bit codes,
+    see ``trits_to_fields``).  Field k of a row occupies bits [k·fb, (k+1)·fb)
+    counted from bit 0 of the row's byte 0.
+    """
+    fb = field_bits_of(bits)
+    fields = np.asarray(fields)
+    if fields.ndim != 2:
+        raise ValueError("pack_indices expects a 2-D [rows, n] array")
+    rows, n = fields.shape
+    if (n * fb) % 8:
+        raise ValueError(f"{n} fields of {fb} bits do not fill whole bytes")
+    if fields.size and (fields.min() < 0 or fields.max() >= (1 << fb)):
+        raise ValueError(f"field values must lie in [0, {1 << fb})")
+    f = fields.astype(np.uint8)
+    bit_planes = (f[:, :, None] >> np.arange(fb, dtype=np.uint8)) & 1   # [rows, n, fb]
+    stream = bit_planes.reshape(rows, n * fb)
+    return np.packbits(stream, axis=1, bitorder="little")
+
+
+def unpack_indices(packed, bits, n=None):
+    """Inverse of ``pack_indices``: raw field values [rows, n] (uint8) of a packed array."""
+    fb = field_bits_of(bits)
+    packed = np.asarray(packed, dtype=np.uint8)
+    if packed.ndim != 2:
+        raise ValueError("unpack_indices expects a 2-D [rows, row_bytes] array")
+    rows, row_bytes = packed.shape
+    total = row_bytes * 8 // fb
+    n = total if n is None else int(n)
+    if n > total:
+        raise ValueError(f"{row_bytes} bytes hold {total} fields of {fb} bits, asked for {n}")
+    stream = np.unpackbits(packed, axis=1, bitorder="little")[:, : n * fb]
+    bit_planes = stream.reshape(rows, n, fb)
+    weights = (1 << np.arange(fb)).astype(np.uint8)
+    return (bit_planes * weights).sum(axis=2, dtype=np.uint8)
+
+
+def nearest_index(u, levels):
+    """Index of the nearest level (ascending ``levels``); ties go to the lower index.
+
+    Left-bisection gives ``pos``; the candidates are levels[pos−1] and
+    levels[pos] clamped into range; the left one wins when it is no farther.
+    """
+    levels = np.asarray(levels, np.float32)
+    pos = np.searchsorted(levels, u, side="left")
+    left = np.clip(pos - 1, 0, len(levels) - 2)
+    right = left + 1
+    pick_left = np.abs(u - levels[left]) <= np.abs(u - levels[right])
+    return np.where(pick_left, left, right)
+
+
+def quantize(W, bits, group_size=128):
+    """Encode a float matrix [rows, cols] as a CQMatrix (spec §3.3), like the exporter.
+
+    Vectorised over all groups of a block of rows (no Python loop per group).
+    """
+    W = np.asarray(W, dtype=np.float32)
+    if W.ndim != 2:
+        raise ValueError(f"quantize expects a 2-D [rows, cols] matrix, got shape {W.shape}")
+    if not np.isfinite(W).all():
+        raise ValueError("quantize: matrix contains NaN or infinity")
+    g = check_group_size(group_size)
+    fb = field_bits_of(bits)
+    rows, cols = W.shape
+    if rows < 1 or cols < 1:
+        raise ValueError(f"quantize: empty matrix {W.shape}")
+    n_groups = -(-cols // g)
+    cols_padded = n_groups * g
+    levels = sorted_levels(bits, g)
+    Hg = hadamard_matrix(g)
+
+    packed = np.empty((rows, cols_padded * fb // 8), np.uint8)
+    norms = np.empty((rows, n_groups), np.float16)
+    block = max(1, (1 << 21) // cols_padded)  # rows per block: bounds temporary memory
+    for r0 in range(0, rows, block):
+        r1 = min(rows, r0 + block)
+        w = np.zeros((r1 - r0, cols_padded), np.float32)
+        w[:, :cols] = W[r0:r1]
+        groups = w.reshape(-1, g)                         # [blockrows·n_groups, g]
+        rotated = groups @ Hg                             # r = w·Hg, float32
+        nu = np.sqrt(np.sum(rotated * rotated, axis=1, dtype=np.float32))
+        unit = rotated / np.maximum(nu, np.float32(NORM_EPS))[:, None]
+        index = nearest_index(unit, levels)
+        fields = trits_to_fields(index) if bits == TERNARY_BITS else index.astype(np.uint8)
+        packed[r0:r1] = pack_indices(fields.reshape(r1 - r0, cols_padded), bits)
+        nu16 = nu.astype(np.float16)
+        if not np.isfinite(nu16).all():
+            raise ValueError("quantize: a group norm overflows float16 (|w| too large)")
+        norms[r0:r1] = nu16.reshape(r1 - r0, n_groups)
+    return CQMatrix(rows=rows, cols=cols, bits=int(bits), group_size=g,
+                    packed=packed, norms=norms, codebook=codebook(bits, g))
+
+
+def _scaled_codewords(W, row_ids=None):
+    """ν · cb[field] for the selected rows: float32 [n, n_groups, g]."""
+    packed = W.packed if row_ids is None else W.packed[row_ids]
+    norms = W.norms if row_ids is None else W.norms[row_ids]
+    fields = unpack_indices(packed, W.bits, W.cols_padded)
+    u = W.codebook[fields].reshape(len(packed), W.n_groups, W.group_size)
+    return norms.astype(np.float32)[:, :, None] * u
+
+
+def dequantize_rows(W, ids):
+    """Decode selected rows (an embedding gather): float32 [len(ids), cols] (spec §3.5)."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= W.rows):
+        raise IndexError(f"row ids must lie in [0, {W.rows})")
+    scaled = _scaled_codewords(W, ids)
+    rows = scaled @ hadamard_matrix(W.group_size)      # w = (ν·u)·Hg, float32 like the exporter's reader
+    return np.ascontiguousarray(rows.reshape(len(ids), W.cols_padded)[:, : W.cols])
+
+
+def dequantize(W):
+    """Decode the whole matrix: float32 [rows, cols]."""
+    return dequantize_rows(W, np.arange(W.rows))
+
+
+def _rotated_input(W, X):
+    """X [T, cols] zero-padded to cols_padded, every group rotated: float64 [T, n_groups, g]."""
+    X = np.asarray(X, dtype=np.float64)
+    T = X.shape[0]
+    padded = np.zeros((T, W.cols_padded), np.float64)
+    padded[:, : W.cols] = X
+    return fwht(padded.reshape(T, W.n_groups, W.group_size))
+
+
+def matmul(W, X):
+    """Y = X · Wᵀ for X [T, cols] → float32 [T, rows], via the rotated input (spec §3.6).
+
+    y[t, r] = Σ_γ ν[r,γ] · Σ_j cb[field[r,γ,j]] · x̃[t,γ,j], accumulated in float64.
+    """
+    X = np.asarray(X)
+    if X.ndim != 2 or X.shape[1] != W.cols:
+        raise ValueError(f"matmul expects X of shape [T, {W.cols}], got {X.shape}")
+    x_rot = _rotated_input(W, X)
+    Y = np.empty((X.shape[0], W.rows), np.float64)
+    block = 1024  # rows at a time keeps the decoded codewords small
+    for r0 in range(0, W.rows, block):
+        ids = np.arange(r0, min(W.rows, r0 + block))
+        fields = unpack_indices(W.packed[ids], W.bits, W.cols_padded)
+        u = W.codebook[fields].astype(np.float64).reshape(len(ids), W.n_groups, W.group_size)
+        per_group = np.einsum("rgj,tgj->trg", u, x_rot)        # Σ_j cb·x̃ per (row, group)
+        Y[:, ids] = np.einsum("trg,rg->tr", per_group, W.norms[ids].astype(np.float64))
+    return Y.astype(np.float32)
+
+
+def matvec(W, x):
+    """y = W · x for x [cols] → float32 [rows]."""
+    x = np.asarray(x)
+    if x.ndim != 1 or x.shape[0] != W.cols:
+        raise ValueError(f"matvec expects x of shape [{W.cols}], got {x.shape}")
+    return matmul(W, x[None, :])[0]
