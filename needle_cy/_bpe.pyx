@@ -1,0 +1,508 @@
+# cython: language_level=3
+"""Priority-queue BPE encoder (spec §6.2); its literal twin is ``needle_cy.reference.bpe``.
+
+One encode call:
+  1. copy the text into a UCS4 array, spaces → "▁", optional dummy "▁" in front;
+  2. scan for USER_DEFINED markers (longest first, ties in id order); text between
+     markers is a segment;
+  3. BPE each segment: symbols are a doubly linked list over the segment's code points;
+     every adjacent pair whose concatenation is a piece goes into a binary max-heap keyed
+     by (score, -left position); the top pair is merged if it is still current (lazy
+     invalidation: the heap entry remembers both symbols' keys), then the two new
+     neighbouring pairs are pushed.  O(n log n) per segment;
+  4. map each final symbol to its id, or its UTF-8 bytes' ``<0xHH>`` ids (byte fallback),
+     or unk.
+
+Pair lookups use a hash table from (left key, right key) to the merged piece id,
+built once per vocabulary.  A symbol's key is its piece id, or NOT_A_PIECE | code point
+for a single character that is no piece (only single characters can be non-pieces:
+every merge produces a piece).
+
+Segment splitting: when no piece contains "▁" after its first character, no merge can
+cross the boundary in front of a "▁", so each such chunk is merged on its own.  This
+gives exactly the same result as one heap over the whole segment (merges in different
+chunks never interact, and the heap order restricted to one chunk is unchanged) while
+keeping the heap small.
+"""
+from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memset
+from cpython.unicode cimport PyUnicode_GET_LENGTH
+
+cdef extern from "Python.h":
+    int PyUnicode_KIND(object o)
+    void* PyUnicode_DATA(object o)
+    uint32_t PyUnicode_READ(int kind, void* data, Py_ssize_t index) nogil
+
+cdef uint32_t NOT_A_PIECE = 0x80000000u   # key flag: a single character that is no piece
+cdef uint32_t DEAD = 0xFFFFFFFFu          # key of a symbol merged into its left neighbour
+cdef uint32_t META_SPACE = 0x2581         # "▁"
+cdef Py_ssize_t BMP = 0x10000             # code points below this use the direct table
+
+cdef struct HashSlot:
+    uint64_t key
+    int32_t value          # -1 = empty slot
+
+cdef struct Symbol:
+    uint32_t key           # piece id, NOT_A_PIECE | code point, or DEAD once merged away
+    int32_t prev
+    int32_t next
+
+cdef struct Candidate:
+    float score
+    int32_t left
+    int32_t right
+    uint32_t left_key
+    uint32_t right_key
+    int32_t merged
+
+cdef struct Workspace:     # per-call scratch, grown on demand (encode is re-entrant)
+    Symbol* symbols
+    Candidate* heap
+    Py_ssize_t capacity    # symbols; the heap holds 3× (n-1 initial pairs + 2 per merge)
+    int32_t* out
+    Py_ssize_t out_len
+    Py_ssize_t out_cap
+    bint failed
+
+
+cdef inline uint64_t _hash(uint64_t key) noexcept nogil:
+    key ^= key >> 29
+    key *= 0xBF58476D1CE4E5B9ULL
+    key ^= key >> 32
+    return key
+
+
+cdef inline bint _better(const Candidate* a, const Candidate* b) noexcept nogil:
+    # Higher score first; equal scores → the leftmost pair (smaller original position).
+    return a.score > b.score or (a.score == b.score and a.left < b.left)
+
+
+cdef inline void _heap_push(Candidate* heap, Py_ssize_t* size, Candidate c) noexcept nogil:
+    cdef Py_ssize_t i = size[0], parent
+    size[0] += 1
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _better(&c, &heap[parent]):
+            break
+        heap[i] = heap[parent]
+        i = parent
+    heap[i] = c
+
+
+cdef inline Candidate _heap_pop(Candidate* heap, Py_ssize_t* size) noexcept nogil:
+    cdef Candidate top = heap[0]
+    cdef Py_ssize_t n = size[0] - 1, i = 0, child
+    cdef Candidate last = heap[n]
+    size[0] = n
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and _better(&heap[child + 1], &heap[child]):
+            child += 1
+        if not _better(&heap[child], &last):
+            break
+        heap[i] = heap[child]
+        i = child
+    if n > 0:
+        heap[i] = last
+    return top
+
+
+cdef class BPEEncoder:
+    """Encoder state for one vocabulary: pair table, character table, markers, byte ids."""
+
+    cdef HashSlot* pairs
+    cdef uint64_t pair_mask
+    cdef HashSlot* astral_chars     # code points ≥ 0x10000 → piece id
+    cdef uint64_t astral_mask
+    cdef int32_t* bmp_chars         # code point < 0x10000 → piece id or -1
+    cdef float* scores
+    cdef int32_t byte_ids[256]
+    cdef int32_t unk_id
+    cdef bint byte_fallback
+    cdef bint split_before_space
+    cdef Py_ssize_t n_pieces
+    # Markers in match order, code points concatenated.
+    cdef int n_markers
+    cdef uint32_t* marker_cps
+    cdef Py_ssize_t* marker_start
+    cdef Py_ssize_t* marker_len
+    cdef int32_t* marker_id
+    cdef unsigned char marker_first_ascii[128]
+    cdef bint marker_nonascii_first
+
+    def __cinit__(self):
+        self.pairs = NULL
+        self.astral_chars = NULL
+        self.bmp_chars = NULL
+        self.scores = NULL
+        self.marker_cps = NULL
+        self.marker_start = NULL
+        self.marker_len = NULL
+        self.marker_id = NULL
+        self.n_markers = 0
+
+    def __init__(self, pieces, scores, types, int unk_id, bint byte_fallback, byte_ids):
+        """``pieces``/``scores``/``types`` in id order (already validated by the record parser)."""
+        cdef Py_ssize_t n = len(pieces), i, k
+        if not (len(scores) == n and len(types) == n and len(byte_ids) == 256):
+            raise ValueError("pieces, scores, types must have one entry per piece; byte_ids 256")
+        if n >= <Py_ssize_t>NOT_A_PIECE:
+            raise ValueError(f"{n} pieces exceed the encoder's id space")
+        if not 0 <= unk_id < n:
+            raise ValueError(f"unk_id {unk_id} out of range")
+        self.n_pieces = n
+        self.unk_id = unk_id
+        self.byte_fallback = byte_fallback
+        for i in range(256):
+            self.byte_ids[i] = byte_ids[i]
+
+        self.scores = <float*>malloc(max(n, 1) * sizeof(float))
+        self.bmp_chars = <int32_t*>malloc(BMP * sizeof(int32_t))
+        if self.scores == NULL or self.bmp_chars == NULL:
+            raise MemoryError()
+        for i in range(n):
+            self.scores[i] = scores[i]
+        for i in range(BMP):
+            self.bmp_chars[i] = -1
+
+        # Surface → id over all types; a duplicated surface keeps the highest id (§6.2 step 6).
+        surface_id = {}
+        for i in range(n):
+            surface_id[pieces[i]] = i
+
+        astral = {}
+        self.split_before_space = True
+        for surface, i in surface_id.items():
+            if len(surface) == 1:
+                if ord(surface) < BMP:
+                    self.bmp_chars[ord(surface)] = i
+                else:
+                    astral[ord(surface)] = i
+        for surface in pieces:
+            if "\u2581" in surface[1:]:
+                self.split_before_space = False
+
+        def symbol_key(part):
+            # The key a symbol with this surface would carry, or None if no symbol can have it.
+            piece_id = surface_id.get(part)
+            if piece_id is not None:
+                return piece_id
+            if len(part) == 1:
+                return NOT_A_PIECE | ord(part)
+            return None
+
+        pair_table = {}
+        for surface, i in surface_id.items():
+            for k in range(1, len(surface)):
+                left = symbol_key(surface[:k])
+                right = symbol_key(surface[k:])
+                if left is not None and right is not None:
+                    pair_table[(<uint64_t>left << 32) | <uint64_t>right] = i
+        self.pairs = self._build_hash(pair_table, &self.pair_mask)
+        self.astral_chars = self._build_hash(astral, &self.astral_mask)
+
+        markers = sorted(((surface, i) for i, (surface, t) in enumerate(zip(pieces, types)) if t == 3),
+                         key=lambda m: (-len(m[0]), m[1]))
+        self.n_markers = len(markers)
+        total = sum(len(m[0]) for m in markers)
+        self.marker_cps = <uint32_t*>malloc(max(total, 1) * sizeof(uint32_t))
+        self.marker_start = <Py_ssize_t*>malloc(max(self.n_markers, 1) * sizeof(Py_ssize_t))
+        self.marker_len = <Py_ssize_t*>malloc(max(self.n_markers, 1) * sizeof(Py_ssize_t))
+        self.marker_id = <int32_t*>malloc(max(self.n_markers, 1) * sizeof(int32_t))
+        if not (self.marker_cps and self.marker_start and self.marker_len and self.marker_id):
+            raise MemoryError()
+        memset(self.marker_first_ascii, 0, 128)
+        self.marker_nonascii_first = False
+        k = 0
+        for i, (surface, piece_id) in enumerate(markers):
+            self.marker_start[i] = k
+            self.marker_len[i] = len(surface)
+            self.marker_id[i] = piece_id
+            # Markers are matched in the escaped string (spaces already "▁"), so a stored
+            # surface containing " " never fires, exactly as in the reference.
+            for ch in surface:
+                self.marker_cps[k] = ord(ch)
+                k += 1
+            first = ord(surface[0])
+            if first < 128:
+                self.marker_first_ascii[first] = 1
+            else:
+                self.marker_nonascii_first = True
+
+    cdef HashSlot* _build_hash(self, dict table, uint64_t* mask) except NULL:
+        cdef uint64_t cap = 16, slot
+        cdef HashSlot* slots
+        while cap < 2 * len(table) + 16:
+            cap <<= 1
+        slots = <HashSlot*>malloc(cap * sizeof(HashSlot))
+        if slots == NULL:
+            raise MemoryError()
+        for slot in range(cap):
+            slots[slot].key = 0
+            slots[slot].value = -1
+        mask[0] = cap - 1
+        for key, value in table.items():
+            slot = _hash(<uint64_t>key) & mask[0]
+            while slots[slot].value != -1:
+                slot = (slot + 1) & mask[0]
+            slots[slot].key = <uint64_t>key
+            slots[slot].value = value
+        return slots
+
+    def __dealloc__(self):
+        free(self.pairs)
+        free(self.astral_chars)
+        free(self.bmp_chars)
+        free(self.scores)
+        free(self.marker_cps)
+        free(self.marker_start)
+        free(self.marker_len)
+        free(self.marker_id)
+
+    @property
+    def split_before_space(self):
+        """True when segments are cut into independent chunks in front of every "▁"."""
+        return self.split_before_space
+
+    cdef inline int32_t _lookup(self, const HashSlot* slots, uint64_t mask, uint64_t key) noexcept nogil:
+        cdef uint64_t slot = _hash(key) & mask
+        while slots[slot].value != -1:
+            if slots[slot].key == key:
+                return slots[slot].value
+            slot = (slot + 1) & mask
+        return -1
+
+    cdef inline uint32_t _char_key(self, uint32_t cp) noexcept nogil:
+        cdef int32_t piece_id
+        if cp < BMP:
+            piece_id = self.bmp_chars[cp]
+        else:
+            piece_id = self._lookup(self.astral_chars, self.astral_mask, cp)
+        if piece_id >= 0:
+            return <uint32_t>piece_id
+        return NOT_A_PIECE | cp
+
+    cdef inline bint _emit(self, Workspace* ws, int32_t piece_id) noexcept nogil:
+        cdef Py_ssize_t cap
+        cdef int32_t* grown
+        if ws.out_len == ws.out_cap:
+            cap = ws.out_cap * 2 + 64
+            grown = <int32_t*>realloc(ws.out, cap * sizeof(int32_t))
+            if grown == NULL:
+                ws.failed = True
+                return False
+            ws.out = grown
+            ws.out_cap = cap
+        ws.out[ws.out_len] = piece_id
+        ws.out_len += 1
+        return True
+
+    cdef inline void _emit_symbol(self, Workspace* ws, uint32_t key) noexcept nogil:
+        cdef uint32_t cp
+        cdef unsigned char utf8[4]
+        cdef int n_bytes, b
+        cdef int32_t byte_id
+        if key < NOT_A_PIECE:
+            self._emit(ws, <int32_t>key)
+            return
+        if not self.byte_fallback:
+            self._emit(ws, self.unk_id)
+            return
+        cp = key & 0x1FFFFF
+        if cp < 0x80:
+            utf8[0] = cp
+            n_bytes = 1
+        elif cp < 0x800:
+            utf8[0] = 0xC0 | (cp >> 6)
+            utf8[1] = 0x80 | (cp & 0x3F)
+            n_bytes = 2
+        elif cp < 0x10000:
+            utf8[0] = 0xE0 | (cp >> 12)
+            utf8[1] = 0x80 | ((cp >> 6) & 0x3F)
+            utf8[2] = 0x80 | (cp & 0x3F)
+            n_bytes = 3
+        else:
+            utf8[0] = 0xF0 | (cp >> 18)
+            utf8[1] = 0x80 | ((cp >> 12) & 0x3F)
+            utf8[2] = 0x80 | ((cp >> 6) & 0x3F)
+            utf8[3] = 0x80 | (cp & 0x3F)
+            n_bytes = 4
+        for b in range(n_bytes):
+            byte_id = self.byte_ids[utf8[b]]
+            # A missing <0xHH> piece: unk for that byte (spec §6.2 step 7, recommended).
+            self._emit(ws, byte_id if byte_id >= 0 else self.unk_id)
+
+    cdef inline void _push_pair(self, Workspace* ws, Py_ssize_t* heap_size,
+                                int32_t left, int32_t right) noexcept nogil:
+        cdef uint32_t left_key = ws.symbols[left].key, right_key = ws.symbols[right].key
+        cdef int32_t merged = self._lookup(self.pairs, self.pair_mask,
+                                           (<uint64_t>left_key << 32) | right_key)
+        cdef Candidate c
+        if merged >= 0:
+            c.score = self.scores[merged]
+            c.left = left
+            c.right = right
+            c.left_key = left_key
+            c.right_key = right_key
+            c.merged = merged
+            _heap_push(ws.heap, heap_size, c)
+
+    cdef bint _reserve(self, Workspace* ws, Py_ssize_t n) noexcept nogil:
+        cdef Symbol* symbols
+        cdef Candidate* heap
+        if n <= ws.capacity:
+            return True
+        symbols = <Symbol*>realloc(ws.symbols, n * sizeof(Symbol))
+        if symbols == NULL:
+            return False
+        ws.symbols = symbols
+        heap = <Candidate*>realloc(ws.heap, 3 * n * sizeof(Candidate))
+        if heap == NULL:
+            return False
+        ws.heap = heap
+        ws.capacity = n
+        return True
+
+    cdef void _bpe_chunk(self, Workspace* ws, const uint32_t* cps, Py_ssize_t n) noexcept nogil:
+        """Merge one chunk of ``n`` code points and emit its ids."""
+        cdef Py_ssize_t i, heap_size = 0
+        cdef int32_t left, right, after
+        cdef Candidate c
+        cdef Symbol* symbols
+        if n == 1:  # the common one-character chunk needs no heap
+            self._emit_symbol(ws, self._char_key(cps[0]))
+            return
+        if not self._reserve(ws, n):
+            ws.failed = True
+            return
+        symbols = ws.symbols
+        for i in range(n):
+            symbols[i].key = self._char_key(cps[i])
+            symbols[i].prev = <int32_t>(i - 1)
+            symbols[i].next = <int32_t>(i + 1) if i + 1 < n else -1
+        for i in range(n - 1):
+            self._push_pair(ws, &heap_size, <int32_t>i, <int32_t>(i + 1))
+        while heap_size > 0:
+            c = _heap_pop(ws.heap, &heap_size)
+            left = c.left
+            right = c.right
+            # Stale entry: one side was merged since this pair was pushed.
+            if (symbols[left].next != right or symbols[left].key != c.left_key
+                    or symbols[right].key != c.right_key):
+                continue
+            after = symbols[right].next
+            symbols[left].key = <uint32_t>c.merged
+            symbols[left].next = after
+            symbols[right].key = DEAD
+            if after >= 0:
+                symbols[after].prev = left
+                self._push_pair(ws, &heap_size, left, after)
+            if symbols[left].prev >= 0:
+                self._push_pair(ws, &heap_size, symbols[left].prev, left)
+        i = 0
+        while i >= 0:
+            self._emit_symbol(ws, symbols[i].key)
+            i = symbols[i].next
+
+    cdef void _bpe_segment(self, Workspace* ws, const uint32_t* cps, Py_ssize_t n) noexcept nogil:
+        cdef Py_ssize_t start = 0, i
+        if n == 0:
+            return
+        if not self.split_before_space:
+            self._bpe_chunk(ws, cps, n)
+            return
+        for i in range(1, n):
+            if cps[i] == META_SPACE:
+                self._bpe_chunk(ws, cps + start, i - start)
+                start = i
+        self._bpe_chunk(ws, cps + start, n - start)
+
+    cdef inline int _marker_at(self, const uint32_t* cps, Py_ssize_t pos, Py_ssize_t n) noexcept nogil:
+        """Index (match order) of the first marker matching at ``pos``, or -1."""
+        cdef uint32_t cp = cps[pos]
+        cdef int m
+        cdef Py_ssize_t j, length, start
+        if cp < 128:
+            if not self.marker_first_ascii[cp]:
+                return -1
+        elif not self.marker_nonascii_first:
+            return -1
+        for m in range(self.n_markers):
+            length = self.marker_len[m]
+            if length > n - pos:
+                continue
+            start = self.marker_start[m]
+            for j in range(length):
+                if cps[pos + j] != self.marker_cps[start + j]:
+                    break
+            else:
+                return m
+        return -1
+
+    def encode(self, str text, bint dummy_prefix):
+        """Ids of ``text``; ``dummy_prefix`` = prepend "▁" (already combined with the vocabulary flag)."""
+        cdef Py_ssize_t length = PyUnicode_GET_LENGTH(text)
+        cdef Py_ssize_t n, i, offset, seg_start, pos
+        cdef int kind
+        cdef void* data
+        cdef uint32_t cp
+        cdef uint32_t* cps
+        cdef int m
+        cdef Workspace ws
+        cdef Py_ssize_t bad = -1
+        if length == 0:
+            return []
+        offset = 1 if dummy_prefix else 0
+        n = length + offset
+        cps = <uint32_t*>malloc(n * sizeof(uint32_t))
+        if cps == NULL:
+            raise MemoryError()
+        kind = PyUnicode_KIND(text)
+        data = PyUnicode_DATA(text)
+        ws.symbols = NULL
+        ws.heap = NULL
+        ws.capacity = 0
+        ws.out_cap = n + 16
+        ws.out_len = 0
+        ws.out = <int32_t*>malloc(ws.out_cap * sizeof(int32_t))
+        ws.failed = ws.out == NULL
+        try:
+            if ws.failed:
+                raise MemoryError()
+            with nogil:
+                if dummy_prefix:
+                    cps[0] = META_SPACE
+                for i in range(length):
+                    cp = PyUnicode_READ(kind, data, i)
+                    if cp == 0x20:
+                        cp = META_SPACE
+                    elif 0xD800 <= cp <= 0xDFFF:
+                        bad = i
+                        break
+                    cps[i + offset] = cp
+                if bad < 0:
+                    seg_start = 0
+                    pos = 0
+                    while pos < n:
+                        m = self._marker_at(cps, pos, n) if self.n_markers else -1
+                        if m >= 0:
+                            self._bpe_segment(&ws, cps + seg_start, pos - seg_start)
+                            self._emit(&ws, self.marker_id[m])
+                            pos += self.marker_len[m]
+                            seg_start = pos
+                        else:
+                            pos += 1
+                    self._bpe_segment(&ws, cps + seg_start, n - seg_start)
+            if bad >= 0:
+                raise ValueError(f"text contains a lone surrogate U+{ord(text[bad]):04X} at index {bad}")
+            if ws.failed:
+                raise MemoryError()
+            return [ws.out[i] for i in range(ws.out_len)]
+        finally:
+            free(cps)
+            free(ws.symbols)
+            free(ws.heap)
+            free(ws.out)

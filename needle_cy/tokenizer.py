@@ -1,0 +1,387 @@
+"""The archive's SentencePiece BPE tokenizer: record parsing, encoding, decoding, piece bytes.
+
+The RAW tokenizer record (spec §2.9) is parsed and validated here; encoding (§6.2)
+runs in the Cython priority-queue BPE of ``needle_cy._bpe`` (its literal twin is
+``needle_cy.reference.bpe``); decoding (§6.3) and the per-token output bytes the
+grammar needs are plain Python over a table built once.
+
+    tok = Tokenizer.from_archive("model.cact")
+    ids = [tok.bos_id] + tok.encode(prompt)
+    tok.decode(ids[1:]) == prompt
+"""
+import codecs
+import math
+import os
+import re
+import struct
+from dataclasses import dataclass
+
+from .errors import TokenizerError
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 3, 4
+TYPE_NAMES = {NORMAL: "NORMAL", UNKNOWN: "UNKNOWN", CONTROL: "CONTROL",
+              USER_DEFINED: "USER_DEFINED", BYTE: "BYTE"}
+META_SPACE = "\u2581"
+
+# The 16 chat markers the official exporter types as USER_DEFINED (spec §6.1).
+CHAT_MARKERS = (
+    "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tools>", "</tools>",
+    "<tool_call>", "</tool_call>", "<tool_result>", "</tool_result>",
+    "<context>", "</context>", "<extract>", "</extract>", "<schema>", "</schema>",
+)
+
+_HEADER = struct.Struct("<5IBBH")   # n_pieces, pad, eos, bos, unk, add_dummy_prefix, byte_fallback, zero
+_PIECE = struct.Struct("<fBH")      # score, type, surface_len (then the surface bytes)
+_BYTE_SURFACE = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")
+
+
+class UnknownMarkerError(TokenizerError, KeyError):
+    """``marker_id`` was asked for a text that is not a USER_DEFINED piece."""
+
+    def __str__(self):  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class TokenizerRecord:
+    """The parsed tokenizer record: one entry per piece, in id order, plus the header fields."""
+
+    pieces: tuple       # surfaces (str)
+    scores: tuple       # float32 values as Python floats
+    types: tuple        # 0 NORMAL, 1 UNKNOWN, 2 CONTROL, 3 USER_DEFINED, 4 BYTE
+    pad_id: int
+    eos_id: int
+    bos_id: int
+    unk_id: int
+    add_dummy_prefix: bool
+    byte_fallback: bool
+
+    @property
+    def n_pieces(self):
+        return len(self.pieces)
+
+    def to_bytes(self):
+        """The record's exact on-disk encoding (inverse of ``parse_tokenizer_record``)."""
+        out = [_HEADER.pack(len(self.pieces), self.pad_id, self.eos_id, self.bos_id, self.unk_id,
+                            int(self.add_dummy_prefix), int(self.byte_fallback), 0)]
+        for surface, score, piece_type in zip(self.pieces, self.scores, self.types):
+            raw = surface.encode("utf-8")
+            out.append(_PIECE.pack(score, piece_type, len(raw)))
+            out.append(raw)
+        return b"".join(out)
+
+
+def parse_tokenizer_record(data, vocab=None):
+    """Parse and validate a RAW tokenizer record (spec §2.9); ``vocab`` = embedding rows V if known.
+
+    Raises TokenizerError naming the field, the byte offset and what was expected.
+    """
+    data = bytes(data)
+    if len(data) < _HEADER.size:
+        raise TokenizerError(f"tokenizer record truncated: {len(data)} bytes, "
+                             f"expected at least the {_HEADER.size}-byte header")
+    n_pieces, pad_id, eos_id, bos_id, unk_id, dummy, fallback, zero = _HEADER.unpack_from(data, 0)
+    if n_pieces == 0:
+        raise TokenizerError("tokenizer record has n_pieces = 0, expected at least one piece")
+    if vocab is not None and n_pieces > vocab:
+        raise TokenizerError(f"tokenizer record has n_pieces = {n_pieces}, more than the "
+                             f"archive's vocab = {vocab} embedding rows")
+    # Every piece takes at least 7 bytes: reject absurd counts before allocating anything.
+    if n_pieces > (len(data) - _HEADER.size) // _PIECE.size:
+        raise TokenizerError(f"tokenizer record truncated: n_pieces = {n_pieces} needs at least "
+                             f"{_HEADER.size + n_pieces * _PIECE.size} bytes, the record has {len(data)}")
+    for name, value in (("add_dummy_prefix", dummy), ("byte_fallback", fallback)):
+        if value not in (0, 1):
+            raise TokenizerError(f"tokenizer record header field {name} = {value}, expected 0 or 1")
+    if zero != 0:
+        raise TokenizerError(f"tokenizer record header padding (offset 22) = {zero}, expected 0")
+    for name, value in (("pad_id", pad_id), ("eos_id", eos_id), ("bos_id", bos_id), ("unk_id", unk_id)):
+        if value >= n_pieces:
+            raise TokenizerError(f"tokenizer record header {name} = {value}, expected < n_pieces = {n_pieces}")
+
+    pieces, scores, types = [], [], []
+    offset = _HEADER.size
+    for piece_id in range(n_pieces):
+        if offset + _PIECE.size > len(data):
+            raise TokenizerError(f"tokenizer record truncated in piece {piece_id} at byte {offset}: "
+                                 f"expected a {_PIECE.size}-byte piece header, {len(data) - offset} bytes left")
+        score, piece_type, surface_len = _PIECE.unpack_from(data, offset)
+        offset += _PIECE.size
+        if piece_type not in TYPE_NAMES:
+            raise TokenizerError(f"tokenizer piece {piece_id} (byte {offset - _PIECE.size}) has type "
+                                 f"{piece_type}, expected 0..4 (NORMAL/UNKNOWN/CONTROL/USER_DEFINED/BYTE)")
+        if math.isnan(score):
+            raise TokenizerError(f"tokenizer piece {piece_id} has a NaN score, expected a number")
+        if surface_len == 0:
+            raise TokenizerError(f"tokenizer piece {piece_id} has an empty surface, expected 1+ bytes")
+        if offset + surface_len > len(data):
+            raise TokenizerError(f"tokenizer piece {piece_id} surface overruns the record: "
+                                 f"{surface_len} bytes at byte {offset}, record ends at {len(data)}")
+        try:
+            surface = data[offset:offset + surface_len].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TokenizerError(f"tokenizer piece {piece_id} surface (byte {offset}) is not valid "
+                                 f"UTF-8: {exc.reason} at surface byte {exc.start}") from None
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in surface):  # pragma: no cover - strict UTF-8 forbids
+            raise TokenizerError(f"tokenizer piece {piece_id} surface contains a surrogate")
+        if piece_type == BYTE and not _BYTE_SURFACE.match(surface):
+            raise TokenizerError(f"tokenizer piece {piece_id} has type BYTE but surface {surface!r}, "
+                                 "expected <0xHH>")
+        offset += surface_len
+        pieces.append(surface)
+        scores.append(score)
+        types.append(piece_type)
+    if offset != len(data):
+        raise TokenizerError(f"tokenizer record has {len(data) - offset} trailing bytes after "
+                             f"piece {n_pieces - 1} (record ends at byte {offset} of {len(data)})")
+    return TokenizerRecord(tuple(pieces), tuple(scores), tuple(types), pad_id, eos_id, bos_id, unk_id,
+                           bool(dummy), bool(fallback))
+
+
+def record_from_sentencepiece(model_path):
+    """The RAW tokenizer record (bytes) for a SentencePiece ``.model``, as the official exporter dumps it.
+
+    Needs the ``sentencepiece`` package (training/export time only; encoding never uses it).
+    Types: control → CONTROL, unknown → UNKNOWN, byte → BYTE, one of the 16 chat markers
+    → USER_DEFINED, anything else → NORMAL (spec §2.9).
+    """
+    try:
+        import sentencepiece
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise TokenizerError("record_from_sentencepiece needs the 'sentencepiece' package "
+                             "(pip install needle_cy[train])") from exc
+    processor = sentencepiece.SentencePieceProcessor(model_file=os.fspath(model_path))
+    specials = {"pad_id": processor.pad_id(), "eos_id": processor.eos_id(),
+                "bos_id": processor.bos_id(), "unk_id": processor.unk_id()}
+    for name, value in specials.items():
+        if value < 0:
+            raise TokenizerError(f"SentencePiece model {model_path} has no {name[:-3]} piece "
+                                 f"({name} = {value}); the Needle record needs all four special ids")
+    pieces, scores, types = [], [], []
+    markers = set(CHAT_MARKERS)
+    for piece_id in range(processor.get_piece_size()):
+        surface = processor.id_to_piece(piece_id)
+        if processor.is_control(piece_id):
+            piece_type = CONTROL
+        elif processor.is_unknown(piece_id):
+            piece_type = UNKNOWN
+        elif processor.is_byte(piece_id):
+            piece_type = BYTE
+        elif surface in markers:
+            piece_type = USER_DEFINED
+        else:
+            piece_type = NORMAL
+        pieces.append(surface)
+        scores.append(processor.get_score(piece_id))
+        types.append(piece_type)
+    first = processor.encode("a", out_type=str)
+    add_dummy_prefix = bool(first) and first[0].startswith(META_SPACE)
+    record = TokenizerRecord(tuple(pieces), tuple(scores), tuple(types), specials["pad_id"],
+                             specials["eos_id"], specials["bos_id"], specials["unk_id"],
+                             add_dummy_prefix, True)
+    return record.to_bytes()
+
+
+class StreamDecoder:
+    """Incremental ``decode``: ``push(id)`` returns the newly completed characters.
+
+    The concatenation of every ``push`` result and ``flush()`` equals
+    ``tokenizer.decode(all pushed ids)``.  Bytes of a character split across
+    byte-fallback tokens are held back until the character is complete.
+    """
+
+    def __init__(self, tokenizer, drop_dummy_space=None):
+        self._tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending_drop = tokenizer.add_dummy_prefix if drop_dummy_space is None else drop_dummy_space
+
+    def _finish(self, text):
+        text = text.replace(META_SPACE, " ")
+        if self._pending_drop and text:
+            self._pending_drop = False
+            if text[0] == " ":
+                text = text[1:]
+        return text
+
+    def push(self, piece_id):
+        return self._finish(self._utf8.decode(self._tokenizer._decode_bytes[self._tokenizer._check_id(piece_id)]))
+
+    def flush(self):
+        """Emit what is left (an incomplete character becomes U+FFFD) and reset."""
+        text = self._finish(self._utf8.decode(b"", final=True))
+        self._utf8.reset()
+        return text
+
+
+class Tokenizer:
+    """Encode/decode with the vocabulary of a Needle archive (spec §6)."""
+
+    def __init__(self, record):
+        from . import _bpe  # compiled extension; imported here so parsing works without it
+
+        self.record = record
+        self._encoder = _bpe.BPEEncoder(record.pieces, record.scores, record.types, record.unk_id,
+                                        record.byte_fallback, self.byte_ids())
+        # Bytes each id contributes to decode()'s byte string (before the "▁" → " " step).
+        decode_bytes = []
+        for surface, piece_type in zip(record.pieces, record.types):
+            if piece_type == BYTE:
+                decode_bytes.append(bytes([int(surface[3:5], 16)]))
+            elif piece_type in (CONTROL, UNKNOWN):
+                decode_bytes.append(b"")
+            else:
+                decode_bytes.append(surface.encode("utf-8"))
+        self._decode_bytes = decode_bytes
+        self._markers = {}
+        for piece_id, (surface, piece_type) in enumerate(zip(record.pieces, record.types)):
+            if piece_type == USER_DEFINED:
+                self._markers.setdefault(surface, piece_id)
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def from_record_bytes(cls, data, vocab=None):
+        """A tokenizer from RAW record bytes (``vocab``: embedding rows, checked ≥ n_pieces)."""
+        return cls(parse_tokenizer_record(data, vocab=vocab))
+
+    @classmethod
+    def from_archive(cls, path_or_archive):
+        """The tokenizer attached to a ``.cact`` archive (a path or an opened ``Archive``)."""
+        archive = path_or_archive
+        if isinstance(path_or_archive, (str, bytes, os.PathLike)):
+            from .archive import Archive
+
+            archive = Archive.open(path_or_archive)
+        data = archive.tokenizer_bytes
+        if data is None:
+            raise TokenizerError(f"archive {getattr(archive, 'path', archive)!s} has no tokenizer "
+                                 "(no RAW record), expected one as the last record")
+        vocab = getattr(getattr(archive, "config", None), "vocab", None)
+        return cls.from_record_bytes(data, vocab=vocab)
+
+    @classmethod
+    def from_sentencepiece(cls, model_path):
+        """A tokenizer from a SentencePiece ``.model`` (needs ``sentencepiece``; export/test time)."""
+        return cls.from_record_bytes(record_from_sentencepiece(model_path))
+
+    # -- vocabulary -----------------------------------------------------------------
+    @property
+    def vocab_size(self):
+        """Number of pieces (may be smaller than the model's embedding rows)."""
+        return len(self.record.pieces)
+
+    n_pieces = vocab_size
+
+    @property
+    def bos_id(self):
+        return self.record.bos_id
+
+    @property
+    def eos_id(self):
+        return self.record.eos_id
+
+    @property
+    def pad_id(self):
+        return self.record.pad_id
+
+    @property
+    def unk_id(self):
+        return self.record.unk_id
+
+    @property
+    def add_dummy_prefix(self):
+        return self.record.add_dummy_prefix
+
+    @property
+    def markers(self):
+        """USER_DEFINED surfaces → ids."""
+        return dict(self._markers)
+
+    def byte_ids(self):
+        """list of 256: id of the ``<0xHH>`` piece of each byte, -1 where the vocabulary lacks it."""
+        table = [-1] * 256
+        for piece_id, (surface, piece_type) in enumerate(zip(self.record.pieces, self.record.types)):
+            if piece_type == BYTE:
+                table[int(surface[3:5], 16)] = piece_id
+        return table
+
+    def marker_id(self, text):
+        """Id of the USER_DEFINED marker ``text`` (e.g. ``"<tool_call>"``)."""
+        try:
+            return self._markers[text]
+        except KeyError:
+            raise UnknownMarkerError(f"{text!r} is not a marker of this vocabulary; "
+                                     f"markers: {', '.join(sorted(self._markers)) or 'none'}") from None
+
+    def piece(self, piece_id):
+        """The stored surface of ``piece_id`` (with "▁", byte pieces as ``<0xHH>``)."""
+        return self.record.pieces[self._check_id(piece_id)]
+
+    def piece_type(self, piece_id):
+        return self.record.types[self._check_id(piece_id)]
+
+    def _check_id(self, piece_id):
+        if not (0 <= piece_id < len(self._decode_bytes)):
+            raise TokenizerError(f"token id {piece_id} out of range, expected 0 <= id < {len(self._decode_bytes)}")
+        return piece_id
+
+    def piece_bytes(self, piece_id):
+        """Exact output bytes of ``piece_id`` ("▁" → space; control/unknown → b"")."""
+        return self._decode_bytes[self._check_id(piece_id)].replace(META_SPACE.encode(), b" ")
+
+    def piece_table(self, size=None):
+        """Per-id output bytes for constrained decoding; ``size`` = logits rows (default n_pieces).
+
+        Entry i is ``piece_bytes(i)`` for NORMAL and BYTE pieces, ``None`` for tokens that must
+        never appear inside constrained JSON: CONTROL, UNKNOWN, USER_DEFINED markers, ids ≥ n_pieces.
+        """
+        size = self.vocab_size if size is None else int(size)
+        if size < 0:
+            raise TokenizerError(f"piece_table size = {size}, expected >= 0")
+        meta = META_SPACE.encode()
+        table = []
+        for piece_id in range(size):
+            if piece_id >= self.vocab_size or self.record.types[piece_id] not in (NORMAL, BYTE):
+                table.append(None)
+            else:
+                table.append(self._decode_bytes[piece_id].replace(meta, b" "))
+        return table
+
+    # -- encode / decode ------------------------------------------------------------
+    def encode(self, text, dummy_prefix=True):
+        """Ids of ``text`` (no BOS/EOS), spec §6.2.
+
+        ``dummy_prefix=False`` encodes a continuation (spec §7.2): no "▁" is prepended, so
+        appending its ids after a marker equals encoding the whole string at once.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects str, got {type(text).__name__}")
+        try:
+            return self._encoder.encode(text, bool(dummy_prefix and self.record.add_dummy_prefix))
+        except ValueError as exc:  # lone surrogate
+            raise TokenizerError(str(exc)) from None
+
+    def decode(self, ids):
+        """Text of ``ids`` (spec §6.3): control/unknown skipped, bytes joined and UTF-8
+        decoded (U+FFFD for invalid sequences), "▁" → " ", one dummy-prefix space dropped."""
+        table = self._decode_bytes
+        try:
+            raw = b"".join([table[i] for i in ids if i >= 0])
+            bad = [i for i in ids if i < 0]
+        except IndexError:
+            bad = [i for i in ids if not (0 <= i < len(table))]
+        except TypeError:
+            raise TokenizerError("decode expects a sequence of int token ids") from None
+        if bad:
+            raise TokenizerError(f"token id {bad[0]} out of range, expected 0 <= id < {len(table)}")
+        text = raw.decode("utf-8", errors="replace").replace(META_SPACE, " ")
+        if self.record.add_dummy_prefix and text.startswith(" "):
+            text = text[1:]
+        return text
+
+    def stream_decoder(self, drop_dummy_space=None):
+        """A StreamDecoder; ``drop_dummy_space`` defaults to the vocabulary's add_dummy_prefix."""
+        return StreamDecoder(self, drop_dummy_space)
+
+    def __repr__(self):
+        return (f"Tokenizer(n_pieces={self.vocab_size}, markers={len(self._markers)}, "
+                f"add_dummy_prefix={self.add_dummy_prefix}, byte_fallback={self.record.byte_fallback})")
