@@ -1,0 +1,458 @@
+"""``Needle``: request text + tools → schema-valid tool calls, turn by turn.
+
+    from needle_cy import Needle, tool
+
+    @tool
+    def set_light(room: str, on: bool):
+        "Turn the lights in a room on or off."
+
+    agent = Needle("model.cact", tools=[set_light])
+    print(agent.run("turn on the kitchen light")["results"])
+
+A conversation is the trained template (``needle_cy.prompt``): the BOS + system + tools
+prefix is prefilled once per tool selection and kept as a model snapshot (prefix KV
+caching); every turn prefills only its new tokens, and ``reset()`` rewinds to the prefix.
+Which tools the prefix holds is decided at the first turn of a conversation by
+``needle_cy.retrieval`` and stays fixed for that conversation.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from .errors import ModelNotAvailableError, NeedleError, SchemaError
+from .generate import Cancelled, DecodeSettings, run_turn
+from .prompt import BOS_ID, Conversation, render_tools_json
+from .retrieval import EmbeddingRanker, file_fingerprint, rank_bm25, select_prefix
+from .toolspec import normalize_tool, normalize_tools
+
+__all__ = ["Needle", "extract", "DEFAULT_MODEL_PATH"]
+
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "models" / "default.cact"
+_PREFIX_CACHE_SIZE = 4
+
+
+def _peak_ram_mb():
+    # ru_maxrss is KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class _Prefix:
+    """One cached tool selection: its conversation template, grammar and model snapshot."""
+
+    def __init__(self, names, specs, conversation, grammar):
+        self.names = names
+        self.specs = specs
+        self.conversation = conversation
+        self.grammar = grammar
+        self.snapshot = None
+
+
+class Needle:
+    """A tool-calling agent over one Needle archive and one tool set.
+
+    Parameters follow the official ``needle.Needle`` where the concept is the same:
+
+    model: path to a ``.cact`` archive, an ``Archive``, a loaded ``Model``, or ``None`` for
+        the embedded default model (``needle_cy/models/default.cact``).
+    tools: functions (``@tool`` or plain), JSON-Schema dicts, JSON strings, pydantic models.
+    system: facts placed in the system block (``date: …; location: …``).
+    max_calls_per_turn: the grammar allows at most this many calls in one turn.
+    tool_token_budget / max_retrieved_tools / retrieval: tool selection (``bm25``,
+        ``embedding`` or ``auto``), see ``needle_cy.retrieval``.
+    reasoning_limit: tokens of free reasoning before a turn declines with ``[]``.
+    constrained: ``False`` decodes the call freely and validates it afterwards.
+    tool_index_path: on-disk cache of tool embeddings (embedding retrieval).
+    tokenizer: override (for a ``Model`` object without an archive).
+    """
+
+    def __init__(self, model=None, tools=(), system=None, max_calls_per_turn=4,
+                 tool_token_budget=None, max_retrieved_tools=5, retrieval="auto",
+                 reasoning_limit=256, constrained=True, threads=None, backend="cython",
+                 max_new_tokens=512, string_token_cap=64, tool_index_path=None,
+                 tokenizer=None, stateless=False):
+        if retrieval not in ("auto", "bm25", "embedding"):
+            raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
+        if int(max_calls_per_turn) < 1:
+            raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn!r}")
+        if max_retrieved_tools is not None and int(max_retrieved_tools) < 1:
+            raise ValueError(f"max_retrieved_tools must be >= 1 or None, got {max_retrieved_tools!r}")
+        self.model, self.tokenizer, self.model_path = _load(model, backend, threads, tokenizer)
+        self.specs = normalize_tools(list(tools) if isinstance(tools, (list, tuple)) else tools)
+        self.tools = {s.name: s for s in self.specs}
+        self.system = system
+        self.max_calls_per_turn = int(max_calls_per_turn)
+        self.tool_token_budget = tool_token_budget
+        self.max_retrieved_tools = max_retrieved_tools
+        self.retrieval = retrieval
+        self.settings = DecodeSettings(max_new_tokens=int(max_new_tokens),
+                                       reasoning_limit=int(reasoning_limit),
+                                       string_token_cap=int(string_token_cap),
+                                       constrained=bool(constrained))
+        self.stateless = stateless
+        self.tool_index_path = tool_index_path
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._prefixes = OrderedDict()
+        self._active = None            # the _Prefix of the conversation in progress
+        self._tool_tokens = None
+        self._ranker = None
+        self._piece_table = None
+        self.turns = 0
+        self.compile_grammar = _compile_grammar     # replaceable (tests use a stand-in)
+        vocab_out = getattr(self.model.config, "out_vocab", 0) or getattr(self.model.config, "vocab", 0)
+        self._out_vocab = int(vocab_out)
+
+    # ------------------------------------------------------------ tool selection
+    @property
+    def has_embedding_head(self):
+        return "embedding" in _head_names(self.model)
+
+    def _token_counts(self):
+        if self._tool_tokens is None:
+            # +1 for the separating comma / bracket of the rendered list.
+            self._tool_tokens = [len(self.tokenizer.encode(s.compact_json(), dummy_prefix=False)) + 1
+                                 for s in self.specs]
+        return self._tool_tokens
+
+    def _embed(self, text):
+        model = self.model
+        snap = model.snapshot() if model.position else None
+        try:
+            model.reset()
+            model.prefill([BOS_ID] + list(self.tokenizer.encode(text)))
+            return model.head_outputs()["embedding"]
+        finally:
+            if snap is not None:
+                model.restore(snap)
+            else:
+                model.reset()
+
+    def rank_tools(self, query):
+        """Catalogue indices in retrieval order for ``query``."""
+        method = self.retrieval
+        if method == "auto":
+            method = "embedding" if self.has_embedding_head else "bm25"
+        if method == "embedding":
+            if not self.has_embedding_head:
+                raise NeedleError("retrieval='embedding' needs an archive with an embedding head; "
+                                  "this one has none (use retrieval='bm25')")
+            if self._ranker is None:
+                fp = file_fingerprint(self.model_path) if self.model_path else "model"
+                self._ranker = EmbeddingRanker(self._embed, fp, self.tool_index_path)
+            return self._ranker.rank(query, [s.compact_json() for s in self.specs])
+        return rank_bm25(query, self.specs)
+
+    def select_tools(self, query):
+        """The tools the prompt will hold for a conversation starting with ``query``."""
+        n = len(self.specs)
+        counts = self._token_counts() if self.tool_token_budget is not None else [0] * n
+        cap = self.max_retrieved_tools
+        fits_all = (cap is None or n <= cap) and (
+            self.tool_token_budget is None or sum(counts) <= self.tool_token_budget)
+        if fits_all:
+            return list(self.specs)
+        order = self.rank_tools(query)
+        chosen = select_prefix(order, counts, cap, self.tool_token_budget)
+        return [self.specs[i] for i in sorted(chosen)]     # rendered in catalogue order
+
+    def _prefix_for(self, specs):
+        names = tuple(s.name for s in specs)
+        entry = self._prefixes.get(names)
+        if entry is None:
+            grammar = self.compile_grammar([s.grammar_schema() for s in specs], self.max_calls_per_turn)
+            conv = Conversation(self.tokenizer, self.system, render_tools_json(specs))
+            entry = _Prefix(names, specs, conv, grammar)
+            self._prefixes[names] = entry
+            while len(self._prefixes) > _PREFIX_CACHE_SIZE:
+                self._prefixes.popitem(last=False)
+        self._prefixes.move_to_end(names)
+        return entry
+
+    @property
+    def piece_table(self):
+        if self._piece_table is None:
+            self._piece_table = self.tokenizer.piece_table(size=self._out_vocab)
+        return self._piece_table
+
+    # ------------------------------------------------------------------ turns
+    def reset(self):
+        """Rewind to the post-init prefix (the cached snapshot); keep model and tools."""
+        self._active = None
+        self.turns = 0
+
+    def cancel(self):
+        """Cancel the turn in flight (from another thread); the agent stays usable."""
+        self._cancel.set()
+
+    def stream(self, text, max_new_tokens=None):
+        """Yield the events of one turn; the last is exactly one ``done`` or ``error``.
+
+        ``text`` is a query, or (right after a turn with calls) the tool results as a list
+        or a JSON list string.
+        """
+        if not self._lock.acquire(blocking=False):
+            raise NeedleError("this Needle agent is already running a turn; one turn at a time")
+        self._cancel.clear()
+        model = self.model
+        snapshot = None
+        prev_active, prev_turns = self._active, self.turns
+        conv_len = None
+        finished = False
+        try:
+            yield {"type": "start"}
+            t_start = time.perf_counter()
+            if self.stateless:
+                self._active = None
+            is_results = self._is_tool_results(text)
+            if self._active is None:
+                if is_results:
+                    raise NeedleError("tool results were given but no turn with calls precedes them")
+                entry = self._prefix_for(self.select_tools(str(text)))
+                entry.conversation.reset()
+                prefix_s = yield from self._restore_prefix(entry)
+                self._active = entry
+            else:
+                entry = self._active
+                prefix_s = 0.0
+            conv = entry.conversation
+            conv_len = len(conv.ids)
+            snapshot = model.snapshot()
+            if is_results:
+                new_ids = conv.tool_result_ids(text if isinstance(text, (list, tuple)) else str(text))
+            else:
+                new_ids = conv.query_ids(str(text))
+            settings = self.settings
+            if max_new_tokens is not None:
+                settings = DecodeSettings(int(max_new_tokens), settings.reasoning_limit,
+                                          settings.string_token_cap, settings.constrained)
+            res = yield from run_turn(model, self.tokenizer, entry.grammar, new_ids, settings,
+                                      self.piece_table, cancel=self._cancel)
+            envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start)
+            if res.success:
+                conv.append_user(new_ids)
+                conv.append_assistant(res.assistant_ids, had_calls=bool(res.calls))
+                self.turns += 1
+                finished = True
+                yield {"type": "done", "response": envelope}
+            else:
+                self._rollback(snapshot, entry, conv_len, prev_active, prev_turns)
+                finished = True
+                yield {"type": "error", "error": envelope["error"],
+                       "error_code": envelope["error_code"], "response": envelope}
+        except Cancelled as exc:
+            self._rollback(snapshot, self._active, conv_len, prev_active, prev_turns)
+            finished = True
+            yield {"type": "error", "error": str(exc), "error_code": "cancelled",
+                   "response": _error_envelope(str(exc), "cancelled")}
+        except GeneratorExit:
+            if not finished:   # the consumer closed the stream mid-turn: undo the turn
+                self._rollback(snapshot, self._active, conv_len, prev_active, prev_turns)
+            raise
+        except Exception as exc:
+            if finished:
+                raise
+            self._rollback(snapshot, self._active, conv_len, prev_active, prev_turns)
+            finished = True
+            code = type(exc).__name__
+            yield {"type": "error", "error": str(exc), "error_code": code,
+                   "response": _error_envelope(str(exc), code), "exception": exc}
+        finally:
+            self._cancel.clear()
+            self._lock.release()
+
+    def _restore_prefix(self, entry):
+        """Restore (or build once) the snapshot of the prefix; a generator for cancellation."""
+        model = self.model
+        t0 = time.perf_counter()
+        if entry.snapshot is not None:
+            model.restore(entry.snapshot)
+            return 0.0
+        model.reset()
+        ids = entry.conversation.prefix_ids
+        max_seq = int(getattr(model.config, "max_seq_len", 1 << 30))
+        if len(ids) + 8 > max_seq:
+            from .errors import ContextOverflowError
+            raise ContextOverflowError(
+                f"the system text and tools take {len(ids)} tokens but the model's context is "
+                f"{max_seq}; pass fewer tools, a tool_token_budget, or a shorter system text")
+        for i in range(0, len(ids), 64):
+            if self._cancel.is_set():
+                model.reset()
+                raise Cancelled("prefill")
+            model.prefill(list(ids[i:i + 64]))
+        entry.snapshot = model.snapshot()
+        return time.perf_counter() - t0
+        yield  # pragma: no cover  (makes this a generator)
+
+    def _rollback(self, snapshot, entry, conv_len, prev_active, prev_turns):
+        self._active, self.turns = prev_active, prev_turns
+        if snapshot is not None:
+            self.model.restore(snapshot)
+        if entry is not None and conv_len is not None:
+            del entry.conversation.ids[conv_len:]
+
+    def _is_tool_results(self, text):
+        if self._active is None or not self._active.conversation.last_turn_had_calls:
+            return False
+        if isinstance(text, (list, tuple)):
+            return True
+        if isinstance(text, str) and text.lstrip().startswith("["):
+            try:
+                return isinstance(json.loads(text), list)
+            except ValueError:
+                return False
+        return False
+
+    def _envelope(self, res, entry, prefix_s, total_s):
+        prefill_s = res.prefill_s + prefix_s
+        decode_s = res.reasoning_s + res.constrained_s
+        return {
+            "type": "call",
+            "success": res.success,
+            "error": res.error,
+            "error_code": res.error_code,
+            "function_calls": res.calls if res.success else [],
+            "reasoning": res.reasoning,
+            "confidence": res.confidence,
+            "prefill_tps": (res.n_prefill / prefill_s) if prefill_s > 0 else 0.0,
+            "decode_tps": (res.n_generated / decode_s) if decode_s > 0 else 0.0,
+            "peak_ram_mb": _peak_ram_mb(),
+            "stop_reason": res.stop_reason,
+            "tools": list(entry.names),
+            "timings": {"total_s": total_s, "prefix_s": prefix_s, "prefill_s": res.prefill_s,
+                        "reasoning_s": res.reasoning_s, "constrained_s": res.constrained_s,
+                        "grammar_s": res.grammar_s, "n_prefill": res.n_prefill,
+                        "n_reasoning": res.n_reasoning, "n_constrained": res.n_constrained},
+        }
+
+    def complete(self, text, max_new_tokens=None):
+        """One turn; returns the envelope.  User errors (context overflow, bad tools) raise."""
+        final = None
+        for event in self.stream(text, max_new_tokens=max_new_tokens):
+            if event["type"] in ("done", "error"):
+                final = event
+        exc = final.get("exception")
+        if exc is not None:   # user errors (and bugs) raise; generation failures are envelopes
+            raise exc
+        return final["response"]
+
+    def _execute(self, call):
+        name = call.get("name")
+        spec = self.tools.get(name)
+        if spec is None:
+            return {"error": f"Unknown tool: {name}"}
+        if spec.function is None:
+            return {"error": f"Tool {name} has no Python function to execute"}
+        try:
+            return spec.function(**(call.get("arguments") or {}))
+        except Exception as exc:  # fed back to the model, as the official run() does
+            return {"error": str(exc) or type(exc).__name__}
+
+    def run(self, query, max_steps=8, max_new_tokens=None):
+        """Complete, execute the calls, feed results back; stop at ``[]``, an error or
+        ``max_steps`` executions.  Returns the last envelope with ``results`` (all
+        executed results, in order) and ``steps``."""
+        response = self.complete(query, max_new_tokens=max_new_tokens)
+        results_all, steps = [], 0
+        while response.get("success") and response.get("function_calls"):
+            if steps >= max_steps:
+                response["max_steps_reached"] = True
+                break
+            results = [self._execute(c) for c in response["function_calls"]]
+            results_all.extend(results)
+            steps += 1
+            response = self.complete(_results_json(results), max_new_tokens=max_new_tokens)
+        response["results"] = results_all
+        response["steps"] = steps
+        return response
+
+
+def _compile_grammar(schemas, max_calls):
+    from .grammar import compile_tools
+    return compile_tools(schemas, max_calls=max_calls)
+
+
+def _results_json(results):
+    return json.dumps(results, default=str)
+
+
+def _error_envelope(message, code):
+    return {"type": "call", "success": False, "error": message, "error_code": code,
+            "function_calls": [], "reasoning": "", "confidence": None, "prefill_tps": 0.0,
+            "decode_tps": 0.0, "peak_ram_mb": _peak_ram_mb(), "stop_reason": code}
+
+
+def _head_names(model):
+    heads = getattr(model, "heads", None)
+    if heads is None:
+        archive = getattr(model, "archive", None)
+        heads = getattr(archive, "heads", ()) if archive is not None else ()
+    return tuple(heads or ())
+
+
+def _load(model, backend, threads, tokenizer):
+    """(model, tokenizer, path or None) from whatever ``model=`` was given."""
+    path = None
+    if model is None:
+        if not DEFAULT_MODEL_PATH.exists():
+            raise ModelNotAvailableError(
+                f"no model given and the embedded default model is not installed "
+                f"({DEFAULT_MODEL_PATH} is missing); pass model='path/to/model.cact'")
+        model = DEFAULT_MODEL_PATH
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.exists():
+            raise FileNotFoundError(f"model archive not found: {path}")
+        from .model import Model
+        loaded = Model.load(str(path), backend=backend, threads=threads)
+        if tokenizer is None:
+            from .tokenizer import Tokenizer
+            tokenizer = Tokenizer.from_archive(str(path))
+        return loaded, tokenizer, str(path)
+    if hasattr(model, "prefill") and hasattr(model, "step"):
+        if tokenizer is None:
+            archive = getattr(model, "archive", None)
+            if archive is None:
+                raise NeedleError("a Model object without an archive needs tokenizer=")
+            from .tokenizer import Tokenizer
+            tokenizer = Tokenizer.from_archive(archive)
+        archive = getattr(model, "archive", None)
+        path = getattr(archive, "path", None)
+        return model, tokenizer, (str(path) if path else None)
+    # An Archive object.
+    from .model import Model
+    loaded = Model.load(model, backend=backend, threads=threads)
+    if tokenizer is None:
+        from .tokenizer import Tokenizer
+        tokenizer = Tokenizer.from_archive(model)
+    path = getattr(model, "path", None)
+    return loaded, tokenizer, (str(path) if path else None)
+
+
+def extract(text, schema, model=None, **kwargs):
+    """Structured extraction as a single-tool call: the arguments of the first call, or
+    ``None`` when the model declines.  ``schema`` is a tool definition, a pydantic model,
+    or a bare object schema (wrapped as a tool named after its ``title`` or ``extract``)."""
+    if isinstance(schema, dict) and "name" not in schema and "function" not in schema:
+        schema = {"name": str(schema.get("title") or "extract").replace(" ", "_"),
+                  "description": schema.get("description", "Extract the record from the text."),
+                  "parameters": schema}
+    spec = normalize_tool(schema)
+    agent = Needle(model, tools=[spec], max_calls_per_turn=1, **kwargs)
+    response = agent.complete(text)
+    if not response["success"]:
+        raise NeedleError(f"extraction failed: {response['error']}")
+    calls = response["function_calls"]
+    if not calls:
+        return None
+    arguments = calls[0]["arguments"]
+    if spec.pydantic_model is not None:
+        validate = getattr(spec.pydantic_model, "model_validate", None) or spec.pydantic_model.parse_obj
+        return validate(arguments)
+    return arguments

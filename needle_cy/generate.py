@@ -1,0 +1,373 @@
+"""One assistant turn: greedy reasoning, then grammar-constrained tool calls (spec §8.1).
+
+The decoder talks to three small protocols so that tests can drive it with scripted
+logits:
+
+* a **model** with ``prefill(ids) -> logits``, ``step(token) -> logits``, ``position``,
+  ``config.max_seq_len`` and optionally ``head_outputs()`` (``needle_cy.model.Model``);
+* a **tokenizer** with ``marker_id``, ``eos_id``, ``encode(text, dummy_prefix=)``,
+  ``piece_bytes(id)`` and ``stream_decoder()`` (``needle_cy.tokenizer.Tokenizer``);
+* a **grammar** with ``start()`` and ``best_allowed(state, logits, piece_table,
+  close_string)`` (``needle_cy.grammar``), states with ``feed``, ``is_complete`` and
+  ``in_string``.
+
+Phases of a turn:
+
+1. *prefill* the turn's new ids (in chunks, so a cancel is seen between chunks);
+2. *reasoning*: greedy over the whole output vocabulary until ``<tool_call>`` (fed, then
+   phase 3), ``<|im_end|>``/EOS (the empty call ``[]``), the reasoning cap or
+   ``max_new_tokens`` (a decline: ``[]`` with ``stop_reason`` saying why);
+3. *constrained*: the grammar's best allowed token over the whole vocabulary until the
+   call array is complete, then ``</tool_call><|im_end|>`` are appended.  After
+   ``string_token_cap`` tokens inside one free string value only closing it is allowed.
+
+Confidence (documented choice, spec §5.4): ``min(sigmoid(confidence-head logit over
+prompt + call), min over call tokens of the chosen token's full-softmax probability)``.
+The call tokens run from ``<tool_call>`` to the last JSON byte; the probability is taken
+from the model's unmasked distribution (a grammar-forced token the model found unlikely
+lowers the confidence, which is the point).  Either term alone when the other does not
+exist (no confidence head / no call tokens); ``None`` only when neither exists.
+
+``run_turn`` is a generator: it yields event dicts and *returns* a ``TurnResult``.  The
+caller (the agent) owns the model snapshot and rolls back on error or cancellation.
+"""
+from __future__ import annotations
+
+import codecs
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .errors import ContextOverflowError
+
+__all__ = ["DecodeSettings", "TurnResult", "Cancelled", "run_turn", "parse_completion", "sigmoid"]
+
+PREFILL_CHUNK = 64          # tokens per prefill call: the cancellation granularity of prefill
+
+
+class Cancelled(Exception):
+    """Raised inside ``run_turn`` when the cancel flag is seen."""
+
+    def __init__(self, phase):
+        super().__init__(f"cancelled during {phase}")
+        self.phase = phase
+
+
+@dataclass
+class DecodeSettings:
+    max_new_tokens: int = 512
+    reasoning_limit: int = 256       # tokens before <tool_call>; then the turn declines
+    string_token_cap: int = 64       # tokens inside one free string value; then close it
+    constrained: bool = True
+
+
+@dataclass
+class TurnResult:
+    calls: list = field(default_factory=list)
+    reasoning: str = ""
+    stop_reason: str = "call"      # call | refusal | reasoning_limit | max_new_tokens | invalid_output
+    error: Optional[str] = None
+    error_code: Optional[str] = None
+    confidence: Optional[float] = None
+    head_confidence: Optional[float] = None
+    min_token_prob: Optional[float] = None
+    assistant_ids: list = field(default_factory=list)   # ids now in the model state
+    raw_call_text: str = ""
+    n_prefill: int = 0
+    n_generated: int = 0
+    n_reasoning: int = 0
+    n_constrained: int = 0
+    prefill_s: float = 0.0
+    reasoning_s: float = 0.0
+    constrained_s: float = 0.0
+    grammar_s: float = 0.0
+
+    @property
+    def success(self):
+        return self.error is None
+
+
+def sigmoid(x):
+    x = float(x)
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def token_probability(logits, token):
+    """Full-softmax probability of ``token`` (float64 log-sum-exp for stability)."""
+    row = np.asarray(logits, dtype=np.float64)
+    top = row.max()
+    return float(math.exp(row[token] - top) / np.exp(row - top).sum())
+
+
+class _Ids:
+    """The special ids the decoder reacts to, looked up once per tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tool_call = tokenizer.marker_id("<tool_call>")
+        self.tool_call_end = tokenizer.marker_id("</tool_call>")
+        self.im_end = tokenizer.marker_id("<|im_end|>")
+        self.think = tokenizer.marker_id("<think>")
+        self.think_end = tokenizer.marker_id("</think>")
+        self.eos = tokenizer.eos_id
+
+
+def parse_completion(text):
+    """(reasoning, call_body or None) from decoded assistant text (package semantics:
+    no ``<tool_call>`` → no call body)."""
+    reasoning = text
+    body = None
+    if "<tool_call>" in text:
+        reasoning, _, rest = text.partition("<tool_call>")
+        body = rest.split("</tool_call>", 1)[0]
+    if "<think>" in reasoning:
+        reasoning = reasoning.split("<think>", 1)[1]
+    reasoning = reasoning.split("</think>", 1)[0]
+    return reasoning.replace("<|im_end|>", "").strip(), body
+
+
+def _dedupe(calls):
+    """Drop exact repeats of a call (same name and arguments), keeping the first."""
+    seen, out = set(), []
+    for call in calls:
+        key = json.dumps(call, sort_keys=True, ensure_ascii=False)
+        if key not in seen:
+            seen.add(key)
+            out.append(call)
+    return out
+
+
+def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece_table,
+             cancel=None, ids=None, clock=time.perf_counter):
+    """Generator: yields events, returns a TurnResult.  See the module docstring."""
+    ids = ids or _Ids(tokenizer)
+    res = TurnResult()
+    cancelled = (lambda: cancel.is_set()) if cancel is not None else (lambda: False)
+
+    max_seq = int(getattr(model.config, "max_seq_len", 1 << 30))
+    room = max_seq - model.position - len(new_ids)
+    if room < 8:
+        raise ContextOverflowError(
+            f"the conversation needs {model.position + len(new_ids)} tokens plus room to answer, "
+            f"but the model's context is {max_seq} tokens; call reset() or shorten the input")
+    budget = min(settings.max_new_tokens, room)
+
+    # --- 1. prefill -------------------------------------------------------------
+    t0 = clock()
+    logits = None
+    for i in range(0, len(new_ids), PREFILL_CHUNK):
+        if cancelled():
+            raise Cancelled("prefill")
+        logits = model.prefill(list(new_ids[i:i + PREFILL_CHUNK]))
+    res.prefill_s = clock() - t0
+    res.n_prefill = len(new_ids)
+    if logits is None:
+        raise ValueError("run_turn needs at least one new token to prefill")
+
+    # --- 2. reasoning -----------------------------------------------------------
+    generated = []            # every id chosen this turn, in order
+    probs = []                # chosen-token probabilities from <tool_call> on
+    in_think = think_done = False
+    think_decoder = tokenizer.stream_decoder()
+    reasoning_parts = []
+    t0 = clock()
+    stop = None
+    while True:
+        if cancelled():
+            raise Cancelled("reasoning")
+        if len(generated) >= budget:
+            stop = "max_new_tokens"
+            break
+        if len(generated) >= settings.reasoning_limit:
+            stop = "reasoning_limit"
+            break
+        token = int(np.argmax(logits))
+        if token == ids.tool_call:
+            probs.append(token_probability(logits, token))
+            generated.append(token)
+            stop = "tool_call"
+            break
+        if token in (ids.im_end, ids.eos):
+            stop = "refusal"
+            break
+        generated.append(token)
+        if token == ids.think and not in_think and not think_done:
+            in_think = True
+            think_decoder.flush()
+            reasoning_parts = []          # text before <think> is not reasoning
+            yield {"type": "thinking_start"}
+        elif token == ids.think_end and in_think:
+            in_think, think_done = False, True
+            tail = think_decoder.flush()
+            if tail:
+                reasoning_parts.append(tail)
+                yield {"type": "thinking_delta", "delta": tail}
+            yield {"type": "thinking_end", "content": "".join(reasoning_parts).strip()}
+        elif in_think:
+            delta = think_decoder.push(token)
+            if delta:
+                reasoning_parts.append(delta)
+                yield {"type": "thinking_delta", "delta": delta}
+        else:
+            reasoning_parts.append(think_decoder.push(token))
+        logits = model.step(token)
+    res.reasoning_s = clock() - t0
+    res.n_reasoning = len(generated)
+    if in_think:
+        tail = think_decoder.flush()
+        if tail:
+            reasoning_parts.append(tail)
+            yield {"type": "thinking_delta", "delta": tail}
+        yield {"type": "thinking_end", "content": "".join(reasoning_parts).strip()}
+    else:
+        reasoning_parts.append(think_decoder.flush())
+    res.reasoning = "".join(reasoning_parts).replace("<think>", "").replace("</think>", "").strip()
+
+    if stop != "tool_call":
+        # Decline or refusal: close the assistant turn so the conversation stays well formed.
+        closing = []
+        if stop != "refusal":
+            text = ("\n" if in_think else "") + ("</think>\n" if in_think else "")
+            closing = (list(tokenizer.encode(text, dummy_prefix=False)) if text else [])
+            closing += [ids.tool_call] + list(tokenizer.encode("[]", dummy_prefix=False)) + [ids.tool_call_end]
+        closing.append(ids.im_end)
+        model.prefill(closing)        # every generated reasoning token is already fed
+        res.assistant_ids = generated + closing
+        res.n_generated = len(generated)
+        res.stop_reason = stop
+        _finish_confidence(model, res, probs)
+        yield {"type": "toolcall_start"}
+        yield {"type": "toolcall_delta", "delta": "[]"}
+        yield {"type": "toolcall_end", "function_calls": []}
+        return res
+
+    # --- 3. the call block ----------------------------------------------------
+    yield {"type": "toolcall_start"}
+    logits = model.step(ids.tool_call)
+    call_start = len(generated)
+    t0 = clock()
+    text_decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    call_bytes = bytearray()
+    grammar_s = 0.0
+    if settings.constrained:
+        state = grammar.start()
+        string_run = 0
+        complete = False
+        while True:
+            if cancelled():
+                raise Cancelled("constrained decoding")
+            if len(generated) >= budget:
+                break
+            close = settings.string_token_cap > 0 and string_run >= settings.string_token_cap
+            g0 = clock()
+            token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=close)
+            grammar_s += clock() - g0
+            if token < 0:
+                res.error = "the grammar allows no token here (dead end); this is a bug in needle_cy"
+                res.error_code = "grammar_dead_end"
+                break
+            probs.append(token_probability(logits, token))
+            generated.append(token)
+            piece = piece_table[token]
+            call_bytes += piece
+            delta = text_decoder.decode(piece)
+            if delta:
+                yield {"type": "toolcall_delta", "delta": delta}
+            state = new_state
+            string_run = string_run + 1 if state.in_string() else 0
+            if state.is_complete():
+                complete = True
+                break
+            logits = model.step(token)
+        res.constrained_s = clock() - t0
+        res.grammar_s = grammar_s
+        res.n_constrained = len(generated) - call_start
+        res.n_generated = len(generated)
+        res.raw_call_text = call_bytes.decode("utf-8", "replace")
+        if not complete:
+            if res.error is None:
+                res.error = (f"max_new_tokens ({settings.max_new_tokens}) or the context ran out "
+                             f"before the tool call was complete")
+                res.error_code = "max_new_tokens"
+            res.stop_reason = res.error_code
+            return res
+        try:
+            calls = json.loads(res.raw_call_text)
+        except ValueError as exc:   # the grammar guarantees JSON; keep the guard loud
+            res.error = f"constrained output is not JSON ({exc}): {res.raw_call_text!r}"
+            res.error_code = "invalid_output"
+            res.stop_reason = "invalid_output"
+            return res
+        closing = [ids.tool_call_end, ids.im_end]
+        model.prefill([generated[-1]] + closing)   # the last call token is not fed yet
+    else:
+        # Free decoding (for comparison): greedy until </tool_call>, <|im_end|> or EOS.
+        end = None
+        while True:
+            if cancelled():
+                raise Cancelled("constrained decoding")
+            if len(generated) >= budget:
+                break
+            token = int(np.argmax(logits))
+            if token in (ids.tool_call_end, ids.im_end, ids.eos):
+                end = token
+                break
+            probs.append(token_probability(logits, token))
+            generated.append(token)
+            piece = tokenizer.piece_bytes(token)
+            call_bytes += piece
+            delta = text_decoder.decode(piece)
+            if delta:
+                yield {"type": "toolcall_delta", "delta": delta}
+            logits = model.step(token)
+        res.constrained_s = clock() - t0
+        res.n_constrained = len(generated) - call_start
+        res.n_generated = len(generated)
+        res.raw_call_text = call_bytes.decode("utf-8", "replace")
+        calls, problem = _check_free_output(grammar, bytes(call_bytes), end is not None)
+        if problem is not None:
+            res.error = f"model output is not a valid call: {problem}"
+            res.error_code = "invalid_output"
+            res.stop_reason = "invalid_output"
+            return res
+        closing = [ids.tool_call_end, ids.im_end]
+        model.prefill(closing)        # free decoding fed every token already
+
+    res.assistant_ids = generated + closing
+    res.calls = _dedupe(calls)
+    res.stop_reason = "call" if res.calls else "refusal"
+    _finish_confidence(model, res, probs)
+    yield {"type": "toolcall_end", "function_calls": res.calls}
+    return res
+
+
+def _check_free_output(grammar, body: bytes, closed: bool):
+    """(calls, None) when ``body`` is a complete sentence of the grammar, else (None, why)."""
+    if not closed:
+        return None, "generation stopped before </tool_call>"
+    state = grammar.start()
+    if not state.feed(body):
+        return None, f"{body.decode('utf-8', 'replace')!r} does not match the tool schemas"
+    if not state.is_complete():
+        return None, f"{body.decode('utf-8', 'replace')!r} is an incomplete call"
+    try:
+        return json.loads(body.decode("utf-8")), None
+    except ValueError as exc:
+        return None, f"not JSON ({exc})"
+
+
+def _finish_confidence(model, res: TurnResult, probs):
+    head = None
+    outputs = model.head_outputs() if hasattr(model, "head_outputs") else {}
+    if outputs and outputs.get("confidence") is not None:
+        head = sigmoid(np.asarray(outputs["confidence"]).reshape(-1)[0])
+    res.head_confidence = head
+    res.min_token_prob = min(probs) if probs else None
+    terms = [v for v in (head, res.min_token_prob) if v is not None]
+    res.confidence = min(terms) if terms else None

@@ -1,0 +1,123 @@
+"""The trained chat template, rendered turn by turn (spec §7).
+
+A conversation on the wire is::
+
+    [BOS] ▁ [<|im_start|>system\\n{system}<|im_end|>\\n]            (only if system is set)
+    <|im_start|>user\\n<tools>{compact tools JSON}</tools>          ← the cached prefix
+    \\n{query}<|im_end|>\\n<|im_start|>assistant\\n                    ← first turn
+    <think>\\n{reasoning}\\n</think>\\n<tool_call>[…]</tool_call><|im_end|>   (generated ids)
+    \\n<|im_start|>user\\n<tool_result>[…]</tool_result><|im_end|>\\n<|im_start|>assistant\\n
+    \\n<|im_start|>user\\n{next query}<|im_end|>\\n<|im_start|>assistant\\n
+
+Why per-turn encoding is exact: the reference encoder flushes its BPE buffer at every
+marker, and every boundary above sits right after a marker, so encoding the prefix with
+the dummy "▁" and every appended string with ``dummy_prefix=False`` yields exactly
+``[BOS] + encode(whole text)`` (spec §7.2).  Generated ids are appended as ids, never
+re-encoded.
+"""
+from __future__ import annotations
+
+import json
+
+__all__ = [
+    "BOS_ID", "MARKERS", "compact_json", "render_tools_json", "prefix_text", "first_query_text",
+    "next_query_text", "tool_result_text", "assistant_text", "Conversation",
+]
+
+BOS_ID = 2
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+THINK, THINK_END = "<think>", "</think>"
+TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+TOOL_RESULT, TOOL_RESULT_END = "<tool_result>", "</tool_result>"
+MARKERS = (IM_START, IM_END, THINK, THINK_END, "<tools>", "</tools>", TOOL_CALL,
+           TOOL_CALL_END, TOOL_RESULT, TOOL_RESULT_END)
+
+
+def compact_json(obj) -> str:
+    """The training serialisation: `,`/`:` separators, UTF-8 kept, key order kept."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def render_tools_json(tools) -> str:
+    """Compact JSON list of tool schemas (ToolSpec, dicts, or a JSON string re-emitted)."""
+    if isinstance(tools, str):
+        return compact_json(json.loads(tools))
+    return "[" + ",".join(t.compact_json() if hasattr(t, "compact_json") else compact_json(t)
+                          for t in tools) + "]"
+
+
+def prefix_text(system, tools_json: str) -> str:
+    """System block (only when non-empty after stripping) + the user turn up to </tools>."""
+    system = (system or "").strip()
+    head = f"{IM_START}system\n{system}{IM_END}\n" if system else ""
+    return f"{head}{IM_START}user\n<tools>{tools_json}</tools>"
+
+
+def first_query_text(query: str) -> str:
+    """Rest of the first user turn (after the cached prefix) + the assistant header."""
+    return f"\n{query}{IM_END}\n{IM_START}assistant\n"
+
+
+def next_query_text(query: str) -> str:
+    """A follow-up user query after a closed assistant turn."""
+    return f"\n{IM_START}user\n{query}{IM_END}\n{IM_START}assistant\n"
+
+
+def tool_result_text(results) -> str:
+    """A tool-result turn.  ``results`` is a list (dumped like the official ``run``:
+    ``json.dumps`` defaults) or an already-serialised string inserted verbatim."""
+    body = results if isinstance(results, str) else json.dumps(results)
+    return f"\n{IM_START}user\n{TOOL_RESULT}{body}{TOOL_RESULT_END}{IM_END}\n{IM_START}assistant\n"
+
+
+def assistant_text(reasoning, calls) -> str:
+    """The assistant target as trained (used for rendering/tests; decoding appends ids)."""
+    reasoning = (reasoning or "").strip()
+    think = f"{THINK}\n{reasoning}\n{THINK_END}\n" if reasoning else ""
+    body = calls if isinstance(calls, str) else compact_json(calls)
+    return f"{think}{TOOL_CALL}{body}{TOOL_CALL_END}{IM_END}"
+
+
+class Conversation:
+    """Token ids of one conversation, built turn by turn.
+
+    ``prefix_ids`` (BOS + system + tools) is what the model prefills once and caches;
+    each ``add_*`` returns only the new ids, which is what a turn prefills.
+    """
+
+    def __init__(self, tokenizer, system, tools_json: str, bos_id: int = BOS_ID):
+        self.tokenizer = tokenizer
+        self.system = (system or "").strip()
+        self.tools_json = tools_json
+        self.prefix_text = prefix_text(self.system, tools_json)
+        self.prefix_ids = [bos_id] + list(tokenizer.encode(self.prefix_text, dummy_prefix=True))
+        self.ids = list(self.prefix_ids)
+        self.n_user_turns = 0
+        self.last_turn_had_calls = False
+
+    def reset(self):
+        self.ids = list(self.prefix_ids)
+        self.n_user_turns = 0
+        self.last_turn_had_calls = False
+
+    def _encode_continuation(self, text):
+        return list(self.tokenizer.encode(text, dummy_prefix=False))
+
+    def query_ids(self, query: str) -> list:
+        """Ids of a user query turn (first or follow-up), not yet appended."""
+        text = first_query_text(query) if self.n_user_turns == 0 else next_query_text(query)
+        return self._encode_continuation(text)
+
+    def tool_result_ids(self, results) -> list:
+        return self._encode_continuation(tool_result_text(results))
+
+    def append_user(self, ids):
+        self.ids.extend(ids)
+        self.n_user_turns += 1
+
+    def append_assistant(self, ids, had_calls: bool):
+        self.ids.extend(ids)
+        self.last_turn_had_calls = had_calls
+
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids)

@@ -1,0 +1,154 @@
+"""Choosing which tools go into the prompt (spec §5.4, seed 000 §7).
+
+The catalogue is ranked against the query, and the highest-ranked *prefix* that fits both
+``max_tools`` and the ``token_budget`` (tokens of each tool's compact JSON, measured with
+the model's tokenizer) is kept.  The grammar is then compiled from exactly that set, so an
+unselected tool cannot be called.  Everything here is deterministic: ties keep the
+catalogue order.
+
+Rankers:
+
+* ``bm25`` — Okapi BM25 (k1 = 1.2, b = 0.75, idf = ln(1 + (N − df + ½)/(df + ½))) over
+  each tool's name and description, lower-cased, split on non-alphanumerics and on
+  snake_case / camelCase boundaries.
+* ``embedding`` — cosine similarity of the model's embedding-head vectors (already L2
+  normalised, so a dot product) of the query and of each tool's compact JSON.  Tool
+  vectors are cached in memory and, with ``cache_path``, on disk in an ``.npz`` keyed by a
+  fingerprint of the model and of each tool's JSON, so a changed schema re-embeds only
+  that tool.
+* ``auto`` — ``embedding`` when the model has an embedding head, else ``bm25``.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from collections import Counter
+
+import numpy as np
+
+__all__ = ["bm25_tokens", "BM25", "rank_bm25", "select_prefix", "EmbeddingRanker",
+           "file_fingerprint"]
+
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def bm25_tokens(text: str) -> list:
+    """Lower-cased words; snake_case and camelCase names are split into their words."""
+    out = []
+    for word in _WORD.findall(_CAMEL.sub(" ", text or "")):
+        out.append(word.lower())
+    return out
+
+
+def tool_document(spec) -> list:
+    return bm25_tokens(spec.name.replace("_", " ")) + bm25_tokens(spec.description)
+
+
+class BM25:
+    def __init__(self, documents, k1=1.2, b=0.75):
+        self.k1, self.b = k1, b
+        self.tf = [Counter(doc) for doc in documents]
+        self.lengths = np.array([len(doc) for doc in documents], dtype=np.float64)
+        self.avg_len = float(self.lengths.mean()) if len(documents) and self.lengths.sum() else 1.0
+        n = len(documents)
+        df = Counter(term for tf in self.tf for term in tf)
+        self.idf = {t: math.log(1.0 + (n - c + 0.5) / (c + 0.5)) for t, c in df.items()}
+
+    def scores(self, query_terms) -> np.ndarray:
+        out = np.zeros(len(self.tf), dtype=np.float64)
+        for term in set(query_terms):
+            idf = self.idf.get(term)
+            if idf is None:
+                continue
+            for i, tf in enumerate(self.tf):
+                f = tf.get(term, 0)
+                if f:
+                    norm = self.k1 * (1.0 - self.b + self.b * self.lengths[i] / self.avg_len)
+                    out[i] += idf * f * (self.k1 + 1.0) / (f + norm)
+        return out
+
+
+def _order(scores) -> list:
+    """Indices by descending score; ties keep catalogue order (stable)."""
+    return sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
+
+
+def rank_bm25(query: str, specs) -> list:
+    index = BM25([tool_document(s) for s in specs])
+    return _order(index.scores(bm25_tokens(query)))
+
+
+def select_prefix(order, token_counts, max_tools=None, token_budget=None) -> list:
+    """Longest prefix of ``order`` within ``max_tools`` and ``token_budget``."""
+    chosen, used = [], 0
+    for i in order:
+        if max_tools is not None and len(chosen) >= max_tools:
+            break
+        cost = token_counts[i]
+        if token_budget is not None and used + cost > token_budget:
+            break
+        chosen.append(i)
+        used += cost
+    return chosen
+
+
+def file_fingerprint(path) -> str:
+    """Cheap, stable fingerprint of a model file: size + SHA-256 of its head and tail."""
+    h = hashlib.sha256()
+    size = os.path.getsize(path)
+    h.update(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if size > (2 << 20):
+            f.seek(-(1 << 20), os.SEEK_END)
+            h.update(f.read(1 << 20))
+    return h.hexdigest()[:32]
+
+
+class EmbeddingRanker:
+    """Cosine ranking with the model's embedding head; tool vectors cached by fingerprint.
+
+    ``embed(text) -> unit vector`` is supplied by the agent (it owns the model state).
+    """
+
+    def __init__(self, embed, model_fingerprint: str, cache_path=None):
+        self.embed = embed
+        self.model_fingerprint = model_fingerprint
+        self.cache_path = os.fspath(cache_path) if cache_path else None
+        self._vectors = {}
+        if self.cache_path and os.path.exists(self.cache_path):
+            try:
+                with np.load(self.cache_path) as data:
+                    self._vectors = {k: np.array(data[k], dtype=np.float32) for k in data.files}
+            except (OSError, ValueError):
+                self._vectors = {}   # a corrupt cache is rebuilt, never trusted
+
+    def _key(self, text):
+        return hashlib.sha256((self.model_fingerprint + "\0" + text).encode("utf-8")).hexdigest()[:40]
+
+    def tool_vectors(self, texts) -> np.ndarray:
+        changed = False
+        rows = []
+        for text in texts:
+            key = self._key(text)
+            vec = self._vectors.get(key)
+            if vec is None:
+                vec = np.asarray(self.embed(text), dtype=np.float32).reshape(-1)
+                self._vectors[key] = vec
+                changed = True
+            rows.append(vec)
+        if changed and self.cache_path:
+            tmp = self.cache_path + ".tmp.npz"
+            np.savez(tmp, **self._vectors)
+            os.replace(tmp, self.cache_path)
+        return np.stack(rows) if rows else np.zeros((0, 0), np.float32)
+
+    def rank(self, query: str, texts) -> list:
+        tools = self.tool_vectors(texts)
+        q = np.asarray(self.embed(query), dtype=np.float32).reshape(-1)
+        norms = np.linalg.norm(tools, axis=1) * max(float(np.linalg.norm(q)), 1e-12)
+        scores = (tools @ q) / np.maximum(norms, 1e-12)
+        return _order(np.round(scores.astype(np.float64), 7))
