@@ -40,3 +40,11 @@ class ContextOverflowError(NeedleError, ValueError):
 
 class ModelNotAvailableError(NeedleError, RuntimeError):
     """No model archive was given and no embedded default model is available."""
+
+
+class LadderError(NeedleError, ValueError):
+    """A ladder rung request is invalid (depth outside [1, num_layers], bad explicit layer list)."""
+
+
+class ModelStateError(NeedleError, RuntimeError):
+    """A model call does not fit its state (head outputs before any token, a foreign snapshot)."""

@@ -191,7 +191,9 @@ def embed_scale(rows, d_model):
 
 def linear(x, w):
     """Dense product ``y = x @ W.T`` with W float32 ``[out, in]`` (a dequantized CQ matrix)."""
-    return (_f32(x) @ _f32(w).T).astype(F32)
+    # float64 accumulation, one rounding to float32: the result does not depend on
+    # how many rows are multiplied at once (batched prefill ≡ step by step).
+    return (np.asarray(x, np.float64) @ np.asarray(w, np.float64).T).astype(F32)
 
 
 def tied_logits(h, embedding):
@@ -324,12 +326,16 @@ def gqa_attention(q, k, v, mask):
     H, dq = q.shape[1], q.shape[2]
     K = k.shape[1]
     G = H // K
-    kk = np.repeat(k, G, axis=1)  # [Tk, H, dq]
-    vv = np.repeat(v, G, axis=1)  # [Tk, H, dv]
-    scores = np.einsum("thd,shd->hts", q, kk).astype(F32) / F32(np.sqrt(dq))
+    # float64 accumulation, rounded once: the result does not depend on how many
+    # (masked) keys take part, so a chunked prefill equals stepping token by token.
+    qh = q.transpose(1, 0, 2).astype(np.float64)                         # [H, Tq, dq]
+    kh = np.repeat(k, G, axis=1).transpose(1, 2, 0).astype(np.float64)   # [H, dq, Tk]
+    vh = np.repeat(v, G, axis=1).transpose(1, 0, 2).astype(np.float64)   # [H, Tk, dv]
+    scores = (qh @ kh).astype(F32) / F32(np.sqrt(dq))                    # [H, Tq, Tk]
     scores = np.where(mask[None, :, :], scores, F32(-np.inf))
-    p = softmax(scores, axis=-1)
-    return np.einsum("hts,shd->thd", p, vv).astype(F32)
+    e = np.exp(scores - np.max(scores, axis=-1, keepdims=True))
+    p = e / np.sum(e, axis=-1, keepdims=True, dtype=np.float64)
+    return (p @ vh).transpose(1, 0, 2).astype(F32)                       # [Tq, H, dv]
 
 
 def output_gate(o, g):
@@ -458,7 +464,7 @@ def mhc_collapse(lanes, hpre):
 
 def mhc_expand(lanes, P, hpost, y):
     """New lanes ``X'[i] = Σ_j P[i,j] X[j] + hpost[i] · y``."""
-    mixed = np.einsum("...ij,...jd->...id", _f32(P), _f32(lanes)).astype(F32)
+    mixed = np.einsum("...ij,...jd->...id", _f32(P).astype(np.float64), _f32(lanes)).astype(F32)
     return (mixed + _f32(hpost)[..., None] * _f32(y)[..., None, :]).astype(F32)
 
 
@@ -476,7 +482,8 @@ def kron_apply(z, a, b):
     z = _f32(z)
     ba, bb = _f32(a).shape[0], _f32(b).shape[0]
     zz = z.reshape(z.shape[:-1] + (ba, bb))
-    out = np.einsum("ik,...ij,jl->...kl", _f32(a), zz, _f32(b)).astype(F32)
+    # (Aᵀ Z) B with float64 accumulation (rounded once, independent of the batch shape)
+    out = ((np.asarray(a, np.float64).T @ zz.astype(np.float64)) @ np.asarray(b, np.float64)).astype(F32)
     return out.reshape(z.shape).astype(F32)
 
 
@@ -502,8 +509,8 @@ class MonarchParams:
 
 def monarch_condition(m, cond_v, cond_u):
     """``c = 1 + softmax(m · cond_v) · cond_u`` (softmax over the rank R)."""
-    w = softmax(_f32(m) @ _f32(cond_v), axis=-1)
-    return (F32(1.0) + w @ _f32(cond_u)).astype(F32)
+    w = softmax(linear(m, np.asarray(cond_v).T), axis=-1)
+    return (F32(1.0) + linear(w, np.asarray(cond_u).T)).astype(F32)
 
 
 def monarch_mlp(m, p: MonarchParams):
