@@ -933,84 +933,88 @@ def _pad_to(n, align=ALIGN):
 
 
 def write_archive(path, config, tensors, bits=4, group_size=128, tokenizer_bytes=None, head_layout_kind="cq"):
-    """Write a .cact archive.
+    """Write a .cact archive; returns the path.
 
     ``tensors``: role → float array of the role's logical shape (CQ roles are
-    quantized here with reference.cq.quantize; FP16 roles rounded).  Probe heads
-    are written when ``heads.{name}.probes`` etc. are present; the manifest is
-    derived from them (canonical order).  Probes may be given as (L+1, k, d) or
-    ((L+1)·k, d).  Head matrices (probes/query/proj) are CQ 4-bit at the model
-    group size (``head_layout_kind="fp16"`` writes the older all-FP16 layout).
-    ``bits``/``group_size``: an int, or a dict role → value with an optional
-    "default".  ``tokenizer_bytes`` is attached as the last RAW record.
-    Returns the path.
+    quantized here with reference.cq.quantize; FP16 roles rounded).  A value may
+    also be a zero-argument callable returning the array, so large archives are
+    produced one tensor at a time.  Probe heads are written when
+    ``heads.{name}.probes`` etc. are present; the manifest is derived from them
+    (canonical order) unless ``heads.manifest`` is given.  Probes may be given as
+    (L+1, k, d) or ((L+1)·k, d).  Head matrices (probes/query/proj) are CQ 4-bit
+    at the model group size (``head_layout_kind="fp16"`` writes the older
+    all-FP16 layout).  ``bits``/``group_size``: an int, or a dict role → value
+    with an optional "default".  ``tokenizer_bytes`` is attached as the last RAW
+    record.  The header codebook is the one of the default group size.
     """
-    from .reference.cq import codebook, quantize
+    from .reference.cq import codebook, field_bits_of, quantize
 
     cfg = config
-    _check_config(cfg, lambda name, msg: (_ for _ in ()).throw(ValueError(f"config.{name}: {msg}")))
+
+    def bad_config(name, msg):
+        raise ValueError(f"config.{name}: {msg}")
+
+    _check_config(cfg, bad_config)
+    tensors = dict(tensors)
+
+    def value_of(role):
+        value = tensors.pop(role)
+        if callable(value):
+            value = value()
+        return np.asarray(value, dtype=np.float32)
+
     slots = list(body_layout(cfg))
     head_names = [h for h in HEAD_NAMES if f"heads.{h}.probes" in tensors]
     if head_names:
         slots.append(Slot("heads.manifest", DTYPE_FP16, (len(head_names),)))
+        L1, d = cfg.probe_rows, cfg.d_model
         for h in head_names:
-            probes = np.asarray(tensors[f"heads.{h}.probes"])
-            L1, d = cfg.probe_rows, cfg.d_model
-            if probes.ndim == 3:
-                k = probes.shape[1]
-            elif probes.ndim == 2 and probes.shape[0] % L1 == 0:
-                k = probes.shape[0] // L1
+            for part in ("probes", "query", "proj"):
+                if callable(tensors.get(f"heads.{h}.{part}")):
+                    tensors[f"heads.{h}.{part}"] = tensors[f"heads.{h}.{part}"]()
+            pshape = np.shape(tensors[f"heads.{h}.probes"])
+            if len(pshape) == 3:
+                k = pshape[1]
+            elif len(pshape) == 2 and pshape[0] % L1 == 0:
+                k = pshape[0] // L1
             else:
-                raise ValueError(f"heads.{h}.probes: expected (L+1, k, d) or ((L+1)·k, d), found {probes.shape}")
-            q = np.asarray(tensors[f"heads.{h}.query"]).shape[0]
-            out = HEAD_OUT.get(h, np.asarray(tensors[f"heads.{h}.proj"]).shape[0])
+                raise ValueError(f"heads.{h}.probes: expected (L+1, k, d) or ((L+1)·k, d), found {pshape}")
+            q = np.shape(tensors[f"heads.{h}.query"])[0]
+            out = HEAD_OUT.get(h, np.shape(tensors[f"heads.{h}.proj"])[0])
             slots += head_layout(cfg, h, k, q, out, head_layout_kind)
-    known = {s.role for s in slots} | {"heads.manifest"}
-    unknown = sorted(set(tensors) - known)
+    unknown = sorted(set(tensors) - {s.role for s in slots})
     if unknown:
         raise ValueError(f"write_archive: unknown roles {unknown[:5]}{'...' if len(unknown) > 5 else ''}")
+    missing = [s.role for s in slots if s.role not in tensors and s.role != "heads.manifest"]
+    if missing:
+        raise ValueError(f"write_archive: missing tensors {missing[:5]}{'...' if len(missing) > 5 else ''}")
 
-    blobs = []  # (dtype, shape, payload bytes, group, bits)
+    # pass 1: the directory (every size follows from shape, dtype, width and group)
+    plan = []  # (slot, bits, group, nbytes)
     for slot in slots:
-        role = slot.role
-        if role == "heads.manifest" and role not in tensors:
-            value = np.array([k for k, n in HEAD_CODES.items() if n in head_names], np.float32)
-        elif role not in tensors:
-            raise ValueError(f"write_archive: missing tensor {role!r} {slot.shape}")
-        else:
-            value = np.asarray(tensors[role], dtype=np.float32)
-        if role.endswith(".probes"):
-            value = value.reshape(slot.shape) if value.size == math.prod(slot.shape) else value
-        if value.shape != slot.shape:
-            raise ValueError(f"write_archive: {role} expected shape {slot.shape}, found {value.shape}")
         if slot.dtype == DTYPE_CQ:
-            head = role.startswith("heads.")
-            b = HEAD_BITS if head else int(_as_bits(bits, role, 4))
-            g = int(_as_bits(group_size, role, 128))
-            cqm = quantize(value, b, g)
-            payload = cqm.packed.tobytes() + cqm.norms.astype("<f2").tobytes()
-            blobs.append((DTYPE_CQ, slot.shape, payload, g, b))
-        elif slot.dtype == DTYPE_FP16:
-            half = value.astype("<f2")
-            if not np.isfinite(half).all() and np.isfinite(value).all():
-                raise ValueError(f"write_archive: {role} has values outside the float16 range")
-            blobs.append((DTYPE_FP16, slot.shape, half.tobytes(), 0, 0))
+            b = HEAD_BITS if slot.role.startswith("heads.") else int(_as_bits(bits, slot.role, 4))
+            g = int(_as_bits(group_size, slot.role, 128))
+            field_bits_of(b)
+            if g < 8 or g & (g - 1):
+                raise ValueError(f"write_archive: {slot.role}: group size must be a power of two >= 8, got {g}")
+            plan.append((slot, b, g, cq_nbytes(slot.shape[0], slot.shape[1], b, g)))
         else:
-            blobs.append((DTYPE_FP32, slot.shape, value.astype("<f4").tobytes(), 0, 0))
+            plan.append((slot, 0, 0, _dtype_nbytes(slot.dtype, slot.shape)))
     if tokenizer_bytes is not None:
-        blobs.append((DTYPE_RAW, (), bytes(tokenizer_bytes), 0, 0))
+        tokenizer_bytes = bytes(tokenizer_bytes)
+        plan.append((Slot("tokenizer", DTYPE_RAW, ()), 0, 0, len(tokenizer_bytes)))
 
-    codebook_group = int(group_size.get("default", 128)) if isinstance(group_size, dict) else int(group_size)
-    n = len(blobs)
+    n = len(plan)
     dir_start = HEADER_BYTES + 4 * CODEBOOK_LEN
     pos = _pad_to(dir_start + RECORD_BYTES * n)
     directory = bytearray()
     offsets = []
-    for dtype, shape, payload, g, b in blobs:
+    for slot, b, g, nbytes in plan:
         offsets.append(pos)
-        dims = list(shape) + [0] * (4 - len(shape))
-        directory += _RECORD_STRUCT.pack(dtype, len(shape), 0, *dims, pos, len(payload), g, b)
-        pos = _pad_to(pos + len(payload))
+        dims = list(slot.shape) + [0] * (4 - len(slot.shape))
+        directory += _RECORD_STRUCT.pack(slot.dtype, len(slot.shape), 0, *dims, pos, nbytes, g, b)
+        pos = _pad_to(pos + nbytes)
     orders = list(cfg.engram_orders) + [0] * (4 - len(cfg.engram_orders))
     sites = list(cfg.engram_sites) + [0] * (16 - len(cfg.engram_sites))
     mask = cfg.global_mask
@@ -1022,13 +1026,41 @@ def write_archive(path, config, tensors, bits=4, group_size=128, tokenizer_bytes
         cfg.num_engram_tables, cfg.engram_conv_taps, cfg.engram_conv_dilation,
         cfg.engram_seed_heads, len(cfg.engram_orders), *orders, len(cfg.engram_sites), *sites,
         cfg.rope_theta)
+    codebook_group = int(_as_bits(group_size, "default", 128))
     cb = np.concatenate([codebook(b, codebook_group) for b in (2, 3, 4)]).astype("<f4").tobytes()
+
+    # pass 2: the blobs, one tensor at a time
     path = Path(path)
     with open(path, "wb") as fh:
         fh.write(header + cb + bytes(directory))
         written = dir_start + len(directory)
-        for off, (_dtype, _shape, payload, _g, _b) in zip(offsets, blobs):
+        for off, (slot, b, g, nbytes) in zip(offsets, plan):
+            role = slot.role
+            if slot.dtype == DTYPE_RAW:
+                payload = tokenizer_bytes
+            else:
+                if role == "heads.manifest" and role not in tensors:
+                    value = np.array([c for c, name in HEAD_CODES.items() if name in head_names], np.float32)
+                else:
+                    value = value_of(role)
+                if role.endswith(".probes") and value.size == math.prod(slot.shape):
+                    value = value.reshape(slot.shape)
+                if value.shape != slot.shape:
+                    raise ValueError(f"write_archive: {role} expected shape {slot.shape}, found {value.shape}")
+                if slot.dtype == DTYPE_CQ:
+                    cqm = quantize(value, b, g)
+                    payload = cqm.packed.tobytes() + cqm.norms.astype("<f2").tobytes()
+                elif slot.dtype == DTYPE_FP16:
+                    if not np.isfinite(value).all():
+                        raise ValueError(f"write_archive: {role} contains NaN or infinity")
+                    half = value.astype("<f2")
+                    if not np.isfinite(half).all():
+                        raise ValueError(f"write_archive: {role} has values outside the float16 range")
+                    payload = half.tobytes()
+                else:
+                    payload = value.astype("<f4").tobytes()
+            assert len(payload) == nbytes, (role, len(payload), nbytes)
             fh.write(b"\0" * (off - written))
             fh.write(payload)
-            written = off + len(payload)
+            written = off + nbytes
     return path
