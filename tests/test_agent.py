@@ -1,0 +1,248 @@
+"""The Needle agent over scripted logits: envelope, conversation, prefix caching, run loop,
+events, cancellation in every phase, extraction, default-model error."""
+import json
+import threading
+
+import pytest
+
+import needle_cy.agent as agent_mod
+from conftest import fixture_path
+from needle_cy import ModelNotAvailableError, Needle, extract, tool
+from scripted_support import FiniteGrammar, ScriptedModel
+from test_generate_scripted import compile_tools
+
+LIGHT_CALL = '{"name":"set_light","arguments":{"room":"kitchen","on":true}}'
+TIMER_CALL = '{"name":"set_timer","arguments":{"minutes":5}}'
+BOOM_CALL = '{"name":"explode","arguments":{}}'
+
+
+@tool
+def set_light(room: str, on: bool):
+    """Turn a light on or off.
+
+    Args:
+        room: The room.
+        on: On or off.
+    """
+    return {"ok": True, "room": room, "on": on}
+
+
+@tool
+def set_timer(minutes: int):
+    """Start a timer."""
+    return {"ok": True, "minutes": minutes}
+
+
+@tool
+def explode():
+    """A tool whose device is broken."""
+    raise RuntimeError("device offline")
+
+
+ALL_SENTENCES = ["[]", f"[{LIGHT_CALL}]", f"[{TIMER_CALL}]", f"[{LIGHT_CALL},{TIMER_CALL}]",
+                 f"[{BOOM_CALL}]"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from needle_cy.tokenizer import Tokenizer
+    return Tokenizer.from_archive(str(fixture_path("needle3_tiny_a", "model.cact")))
+
+
+def make_agent(tok, turns, tools=(set_light, set_timer, explode), **kw):
+    model_kw = {k: kw.pop(k) for k in ("confidence_logit", "on_feed", "max_seq_len", "embedding") if k in kw}
+    model = ScriptedModel(tok, turns, **model_kw)
+    agent = Needle(model, tools=list(tools), tokenizer=tok, **kw)
+    if compile_tools is None:
+        agent.compile_grammar = lambda schemas, max_calls: FiniteGrammar(ALL_SENTENCES)
+    return agent, model
+
+
+def test_complete_envelope_and_conversation(tok):
+    agent, model = make_agent(tok, [f"<think>\nLight.\n</think>\n<tool_call>[{LIGHT_CALL}]",
+                                    "<tool_call>[]"], confidence_logit=3.0)
+    r = agent.complete("turn on the kitchen light")
+    for key in ("type", "success", "error", "error_code", "function_calls", "reasoning",
+                "confidence", "prefill_tps", "decode_tps", "peak_ram_mb"):
+        assert key in r
+    assert r["type"] == "call" and r["success"] and r["error"] is None
+    assert r["function_calls"] == [{"name": "set_light", "arguments": {"room": "kitchen", "on": True}}]
+    assert r["reasoning"] == "Light."
+    assert 0 < r["confidence"] <= 1 and r["peak_ram_mb"] > 0
+    assert r["tools"] == ["set_light", "set_timer", "explode"]
+    # The conversation is kept: tool results go in a <tool_result> turn.
+    r2 = agent.complete(json.dumps([{"ok": True}]))
+    assert r2["function_calls"] == []
+    text = tok.decode(model.history)
+    assert '<|im_start|>user\n<tool_result>[{"ok": true}]</tool_result><|im_end|>\n<|im_start|>assistant\n' in text
+    assert text.endswith("<tool_call>[]</tool_call><|im_end|>")
+
+
+def test_prefix_is_prefilled_once_and_reset_rewinds_to_it(tok):
+    agent, model = make_agent(tok, [f"<tool_call>[{TIMER_CALL}]"])
+    agent.complete("set a timer for five minutes")
+    prefix_len = len(agent._active.conversation.prefix_ids)
+    after_first = model.n_prefilled_tokens
+    assert after_first > prefix_len
+    agent.reset()
+    r = agent.complete("set a timer for five minutes")
+    assert r["function_calls"] == [json.loads(TIMER_CALL)]
+    # Second conversation: only the query turn and the closing tokens were prefilled.
+    assert model.n_prefilled_tokens - after_first == after_first - prefix_len
+    assert model.history[:prefix_len] == agent._active.conversation.prefix_ids
+    assert agent._active.conversation.ids == model.history
+
+
+def test_run_executes_feeds_back_and_stops_at_empty(tok):
+    agent, model = make_agent(tok, [f"<tool_call>[{LIGHT_CALL},{TIMER_CALL}]", f"<tool_call>[{BOOM_CALL}]",
+                                    "<tool_call>[]"])
+    r = agent.run("kitchen light on, five minute timer, and blow up")
+    assert r["steps"] == 2 and r["function_calls"] == []
+    assert r["results"] == [{"ok": True, "room": "kitchen", "on": True}, {"ok": True, "minutes": 5},
+                            {"error": "device offline"}]
+    assert '<tool_result>[{"error": "device offline"}]</tool_result>' in tok.decode(model.history)
+
+
+def test_unknown_tool_and_function_less_tool_results(tok):
+    schema = {"name": "schema_only", "parameters": {"type": "object", "properties": {}}}
+    agent, _ = make_agent(tok, [""], tools=(set_light, schema))
+    assert agent._execute({"name": "nope", "arguments": {}}) == {"error": "Unknown tool: nope"}
+    assert "no Python function" in agent._execute({"name": "schema_only", "arguments": {}})["error"]
+
+
+def test_step_cap(tok):
+    agent, _ = make_agent(tok, [f"<tool_call>[{TIMER_CALL}]"] * 10)
+    r = agent.run("keep setting timers", max_steps=3)
+    assert r["steps"] == 3 and len(r["results"]) == 3 and r["max_steps_reached"]
+    assert r["function_calls"] == [json.loads(TIMER_CALL)]
+
+
+def terminal(events):
+    return [e for e in events if e["type"] in ("done", "error")]
+
+
+def test_stream_event_order_and_exactly_one_termination(tok):
+    agent, _ = make_agent(tok, [f"<think>\nOk.\n</think>\n<tool_call>[{LIGHT_CALL}]"])
+    events = list(agent.stream("light"))
+    types = [e["type"] for e in events]
+    assert types[0] == "start" and types[-1] == "done" and len(terminal(events)) == 1
+    order = ["start", "thinking_start", "thinking_delta", "thinking_end", "toolcall_start",
+             "toolcall_delta", "toolcall_end", "done"]
+    squeezed = [t for i, t in enumerate(types) if i == 0 or t != types[i - 1]]
+    assert squeezed == order
+    assert events[-1]["response"]["function_calls"] == [json.loads(LIGHT_CALL)]
+
+
+def _cancel_when(agent_box, predicate):
+    state = {"done": False}
+
+    def on_feed(model, ids):
+        if not state["done"] and predicate(model, ids):
+            state["done"] = True
+            agent_box[0].cancel()
+    return on_feed
+
+
+@pytest.mark.parametrize("phase", ["prefix prefill", "turn prefill", "reasoning", "constrained"])
+def test_cancel_in_each_phase_leaves_the_agent_usable(tok, phase):
+    box = [None]
+    long_query = "please " * 80 + "turn on the light"
+    script = f"<think>\nThinking it over.\n</think>\n<tool_call>[{LIGHT_CALL}]"
+
+    def predicate(model, ids):
+        turn, k = model.turn_and_offset()
+        if phase == "prefix prefill":
+            return len(ids) == 64 and turn < 0
+        if phase == "turn prefill":
+            return len(ids) == 64 and turn < 0 and model.position > 64 and "please" in tok.decode(ids)
+        if phase == "reasoning":
+            return turn == 0 and k == 4
+        return len(ids) == 1 and ids[0] == tok.marker_id("<tool_call>")
+
+    agent, model = make_agent(tok, [script, script], on_feed=_cancel_when(box, predicate))
+    box[0] = agent
+    events = list(agent.stream(long_query))
+    end = terminal(events)
+    assert len(end) == 1 and end[0]["type"] == "error" and end[0]["error_code"] == "cancelled"
+    assert phase.split()[-1] in end[0]["error"]
+    assert agent.turns == 0
+    r = agent.complete(long_query)
+    assert r["success"] and r["function_calls"] == [json.loads(LIGHT_CALL)]
+    assert agent._active.conversation.ids == model.history
+
+
+def test_cancel_from_another_thread(tok):
+    reached, go = threading.Event(), threading.Event()
+
+    def on_feed(model, ids):
+        turn, k = model.turn_and_offset()
+        if turn == 0 and k == 3 and not reached.is_set():
+            reached.set()
+            go.wait(10)
+
+    agent, model = make_agent(tok, [f"<think>\nSlow thoughts here.\n</think>\n<tool_call>[{LIGHT_CALL}]"] * 2,
+                              on_feed=on_feed)
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault("r", agent.complete("light")))
+    worker.start()
+    assert reached.wait(10)
+    agent.cancel()
+    go.set()
+    worker.join(10)
+    assert out["r"]["error_code"] == "cancelled" and not out["r"]["success"]
+    assert agent.complete("light")["function_calls"] == [json.loads(LIGHT_CALL)]
+
+
+def test_closing_the_stream_mid_call_rolls_back(tok):
+    agent, model = make_agent(tok, [f"<tool_call>[{TIMER_CALL}]", f"<tool_call>[{LIGHT_CALL}]"])
+    agent.complete("timer")
+    before = list(model.history)
+    gen = agent.stream("light please")
+    for event in gen:
+        if event["type"] == "toolcall_delta":
+            break
+    gen.close()
+    assert model.history == before and agent.turns == 1
+    r = agent.complete("light please")
+    assert r["function_calls"] == [json.loads(LIGHT_CALL)]
+
+
+def test_retrieval_limits_the_prompt_and_the_grammar(tok):
+    tools = [{"name": f"tool_{i}", "description": f"does thing number {i}",
+              "parameters": {"type": "object", "properties": {}}} for i in range(8)]
+    tools[6]["description"] = "turn on the kitchen light"
+    agent, _ = make_agent(tok, ["<tool_call>[]"], tools=tools, max_retrieved_tools=3, retrieval="bm25")
+    if compile_tools is None:
+        seen = []
+        agent.compile_grammar = lambda schemas, max_calls: seen.append(schemas) or FiniteGrammar(["[]"])
+    r = agent.complete("turn on the kitchen light")
+    assert len(r["tools"]) == 3 and "tool_6" in r["tools"]
+    assert r["tools"] == sorted(r["tools"], key=lambda n: int(n.split("_")[1]))   # catalogue order
+    assert agent._active.conversation.tools_json.count('"name"') == 3
+
+
+def test_extract_returns_first_call_arguments(tok):
+    schema = {"title": "contact", "type": "object",
+              "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    model = ScriptedModel(tok, ['<tool_call>[{"name":"contact","arguments":{"name":"Ada"}}]'])
+    saved = agent_mod._compile_grammar
+    if compile_tools is None:
+        agent_mod._compile_grammar = lambda s, m: FiniteGrammar(
+            ['[{"name":"contact","arguments":{"name":"Ada"}}]', "[]"])
+    try:
+        assert extract("Ada called", schema, model=model, tokenizer=tok) == {"name": "Ada"}
+    finally:
+        agent_mod._compile_grammar = saved
+
+
+def test_model_none_without_default_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(agent_mod, "DEFAULT_MODEL_PATH", tmp_path / "default.cact")
+    with pytest.raises(ModelNotAvailableError, match="default model is not installed"):
+        Needle(tools=[set_light])
+
+
+def test_bad_arguments_are_rejected(tok):
+    with pytest.raises(ValueError, match="retrieval"):
+        make_agent(tok, [""], retrieval="magic")
+    with pytest.raises(FileNotFoundError, match="model archive not found"):
+        Needle("/nonexistent/model.cact")
