@@ -19,6 +19,7 @@ Engine interface (``needle_cy._model.CythonEngine`` implements the same one)
                                last position's logits.
 ``.step(token) -> [V]``        append one token.
 ``.reset()``                   empty state.
+``.set_sinks(n)``              change the sink count (only while ``position < window``).
 ``.snapshot()`` / ``.restore(snap)``  copy / reinstate the whole state (prefix caching).
 ``.head_outputs() -> dict``    probe heads pooled (online) over every token since reset:
                                ``{"embedding": float32[e] (unit), "confidence": float,
@@ -145,6 +146,18 @@ class ReferenceEngine:
 
     def reset(self):
         self.state = self._fresh_state()
+
+    def set_sinks(self, sinks):
+        """Change the pinned sink count; only valid while nothing was evicted (position < window)."""
+        if self.window is None:
+            return
+        if not 0 <= sinks < self.window:
+            raise ValueError(f"sinks must lie in [0, window) = [0, {self.window}), got {sinks}")
+        if self.state.position >= self.window:
+            from ..errors import ModelStateError
+            raise ModelStateError("set_sinks: the window has already wrapped")
+        self.sinks = int(sinks)
+        self.recent = self.window - self.sinks
 
     def snapshot(self):
         return self.state.copy()
