@@ -216,10 +216,9 @@ def quantize(W, bits, group_size=128):
         index = nearest_index(unit, levels)
         fields = trits_to_fields(index) if bits == TERNARY_BITS else index.astype(np.uint8)
         packed[r0:r1] = pack_indices(fields.reshape(r1 - r0, cols_padded), bits)
-        nu16 = nu.astype(np.float16)
-        if not np.isfinite(nu16).all():
+        if nu.max() > np.finfo(np.float16).max:
             raise ValueError("quantize: a group norm overflows float16 (|w| too large)")
-        norms[r0:r1] = nu16.reshape(r1 - r0, n_groups)
+        norms[r0:r1] = nu.astype(np.float16).reshape(r1 - r0, n_groups)
     return CQMatrix(rows=rows, cols=cols, bits=int(bits), group_size=g,
                     packed=packed, norms=norms, codebook=codebook(bits, g))
 
