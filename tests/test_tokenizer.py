@@ -52,12 +52,11 @@ def test_record_from_sentencepiece_equals_official_dump(model):
 
 
 def test_from_archive_path_and_archive():
-    archive_mod = pytest.importorskip("needle_cy.archive")
-    if not hasattr(archive_mod, "Archive"):
-        pytest.skip("needle_cy.archive.Archive not available yet")
+    from needle_cy.archive import Archive
+
     path = fixture_path("needle3_tiny_b", "model.cact")
     by_path = Tokenizer.from_archive(path)
-    by_archive = Tokenizer.from_archive(archive_mod.Archive.open(path))
+    by_archive = Tokenizer.from_archive(Archive.open(path))
     text = "<|im_start|>user\nturn on the lights<|im_end|>"
     assert by_path.encode(text) == by_archive.encode(text) == ref.encode(text, by_path.record)
 

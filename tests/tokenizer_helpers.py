@@ -6,24 +6,10 @@ from needle_cy.tokenizer import (BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, T
 
 
 def archive_tokenizer_bytes(path):
-    """The RAW tokenizer record of a .cact archive (via needle_cy.archive when it is available)."""
-    try:
-        from needle_cy.archive import Archive
-    except ImportError:
-        Archive = None
-    if Archive is not None and hasattr(Archive, "open"):
-        return Archive.open(path).tokenizer_bytes
-    # Stand-in until the archive reader lands: last RAW (dtype 4) directory record (spec §2.1, §2.4).
-    data = open(path, "rb").read()
-    _, num_tensors, codebook_len = struct.unpack_from("<3I", data, 0)
-    directory = 196 + 4 * codebook_len
-    found = None
-    for index in range(num_tensors):
-        base = directory + 44 * index
-        if data[base] == 4:
-            offset, nbytes = struct.unpack_from("<QQ", data, base + 20)
-            found = data[offset:offset + nbytes]
-    return found
+    """The RAW tokenizer record of a .cact archive."""
+    from needle_cy.archive import Archive
+
+    return Archive.open(path).tokenizer_bytes
 
 
 def toy_record(pieces, add_dummy_prefix=True, byte_fallback=True, with_bytes=True):
