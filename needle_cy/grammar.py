@@ -1,0 +1,1874 @@
+"""JSON Schema -> compiled grammar program, and the public grammar API.
+
+A schema compiles into a flat *program*: a table of nodes (one per distinct
+conjunction of subschemas), byte-level DFAs (patterns, formats, enums, property
+names, tool names) and exact decimal constraints.  The runtime (``_grammar`` in
+Cython, ``reference.grammar`` in pure Python, same semantics) walks the program
+byte by byte with a stack of frames.
+
+What is enforced, exactly (never accepting what the schema forbids):
+
+* ``type`` (single or list), ``enum``, ``const``, boolean schemas.
+* strings: ``minLength``/``maxLength`` in code points; ``pattern`` (ECMA-262
+  search semantics, subset below); ``format`` email, uuid, date, time,
+  date-time, ipv4, uri (rules in ``FORMAT_REGEX``); JSON escapes incl.
+  ``\\uXXXX`` surrogate pairs (lone surrogates refused); UTF-8 validated byte by
+  byte; control characters refused.
+* numbers: JSON number syntax, ``minimum``/``maximum``/``exclusive*`` (draft-4
+  boolean and numeric forms), ``multipleOf`` -- compared as exact decimals.
+  ``integer`` accepts integer *syntax* only (``1.0`` is refused: exact, not
+  complete).
+* arrays: ``items`` (schema or draft-4 list), ``prefixItems``,
+  ``additionalItems``, ``minItems``/``maxItems``, ``uniqueItems`` (a duplicate
+  item is refused at the byte that completes it; equality is JSON equality,
+  computed with a 64-bit canonical hash -- a hash collision can only refuse a
+  valid array, never accept an invalid one).
+* objects: ``properties``, ``required``, ``additionalProperties``,
+  ``patternProperties``, ``propertyNames`` (pattern/enum/const/format),
+  ``minProperties``/``maxProperties``; keys in any order, duplicate keys refused.
+* ``$ref`` (local: ``#``, ``#/$defs/..``, ``#/definitions/..``, any JSON pointer,
+  ``$id``-less anchors are not supported), recursion bounded by the frame stack.
+* ``allOf`` (merged statically), ``anyOf`` (parallel threads), ``oneOf``
+  (parallel threads; when two alternatives both complete the same value, it is
+  refused -- exact for every schema), ``not`` when the value set is a finite
+  ``enum``/``const`` (filtered statically).
+
+Regex subset (``pattern``, ``patternProperties``): literals, ``.``, classes
+``[...]``/``[^...]`` with ranges, ``\\d \\w \\s \\D \\W \\S`` (the intersection of
+the ECMA-262 and Python meanings, so both engines agree with what we accept),
+escapes ``\\n \\t \\r \\f \\v \\0 \\xHH \\uHHHH``, groups ``(..)``, ``(?:..)``,
+named groups, alternation, quantifiers ``* + ? {n} {n,} {n,m}`` (lazy forms
+too), ``^`` only at the start and ``$`` only at the end of the pattern or of a
+top-level alternative.  Anything else (look-around, back-references, ``\\b``,
+``\\p{..}``, inline flags) raises ``UnsupportedSchemaError``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import unicodedata
+from fractions import Fraction
+
+from .errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
+
+# ----------------------------------------------------------------------------
+# capacities (shared with the runtimes; the .pxd repeats them)
+MAX_DEPTH = 48          # frames per thread
+MAX_AUX = 192           # uint64 words per thread (seen-key bitsets, hashes)
+MAX_THREADS = 16        # parallel alternatives (anyOf/oneOf) per state
+NUM_BUF = 40            # bytes of one number's text
+MAX_DFA_STATES = 20000  # per compiled DFA
+MAX_TOOLS = 64
+
+# type bits
+T_NULL, T_TRUE, T_FALSE, T_INT, T_NUM, T_STR, T_ARR, T_OBJ = 1, 2, 4, 8, 16, 32, 64, 128
+T_BOOL = T_TRUE | T_FALSE
+T_ALL = 255
+TYPE_BITS = {"null": T_NULL, "boolean": T_BOOL, "integer": T_INT, "number": T_INT | T_NUM,
+             "string": T_STR, "array": T_ARR, "object": T_OBJ}
+
+NODE_VALUE, NODE_CHOICE = 0, 1
+ANY_NODE, NEVER_NODE = 0, 1
+
+# keywords
+ANNOTATIONS = {
+    "title", "description", "examples", "example", "default", "$comment", "$schema", "$id", "id",
+    "readOnly", "writeOnly", "deprecated", "$anchor", "$vocabulary", "contentMediaType",
+    "contentEncoding", "contentSchema", "definitions", "$defs", "markdownDescription",
+}
+SUPPORTED = {
+    "type", "enum", "const", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "items", "prefixItems", "additionalItems",
+    "minItems", "maxItems", "uniqueItems", "properties", "required", "additionalProperties",
+    "patternProperties", "propertyNames", "minProperties", "maxProperties", "$ref", "allOf",
+    "anyOf", "oneOf", "not",
+}
+KNOWN_UNSUPPORTED = {
+    "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas", "contains",
+    "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
+    "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "disallow", "extends", "divisibleBy",
+}
+ENFORCED_FORMATS = {"email", "uuid", "date", "time", "date-time", "ipv4", "uri"}
+UNENFORCED_STANDARD_FORMATS = {
+    "ipv6", "hostname", "idn-hostname", "idn-email", "iri", "iri-reference", "uri-reference",
+    "uri-template", "json-pointer", "relative-json-pointer", "regex", "duration",
+}
+
+# ============================================================================
+# exact decimals: value = (-1)**neg * int(digits) * 10**exp, digits without
+# leading/trailing zeros ("" for zero, then neg is False and exp 0)
+
+
+def norm_decimal(x):
+    """Normalise a JSON number (text or Python number) to (neg, digits, exp)."""
+    if isinstance(x, bool):
+        raise SchemaError(f"expected a number, found {x!r}")
+    if isinstance(x, int):
+        text = str(x)
+    elif isinstance(x, float):
+        if not math.isfinite(x):
+            raise SchemaError(f"non-finite number {x!r}")
+        text = repr(x)
+    else:
+        text = x
+    m = re.fullmatch(r"(-?)(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?", text)
+    if not m:
+        raise SchemaError(f"not a number: {text!r}")
+    neg = m.group(1) == "-"
+    ip, fp, ex = m.group(2), m.group(3) or "", int(m.group(4) or 0)
+    digits = (ip + fp).lstrip("0")
+    exp = ex - len(fp)
+    if not digits:
+        return (False, "", 0)
+    stripped = digits.rstrip("0")
+    exp += len(digits) - len(stripped)
+    return (neg, stripped, exp)
+
+
+def dec_to_fraction(d):
+    neg, digits, exp = d
+    v = Fraction(int(digits or "0")) * (Fraction(10) ** exp)
+    return -v if neg else v
+
+
+def dec_cmp(a, b):
+    fa, fb = dec_to_fraction(a), dec_to_fraction(b)
+    return (fa > fb) - (fa < fb)
+
+
+# ============================================================================
+# character sets (sorted disjoint inclusive code point ranges, no surrogates)
+
+MAX_CP = 0x10FFFF
+
+
+def cs_norm(ranges):
+    out = []
+    for lo, hi in sorted(ranges):
+        if lo > hi:
+            continue
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    # drop surrogates
+    res = []
+    for lo, hi in out:
+        if hi < 0xD800 or lo > 0xDFFF:
+            res.append((lo, hi))
+        else:
+            if lo < 0xD800:
+                res.append((lo, 0xD7FF))
+            if hi > 0xDFFF:
+                res.append((0xE000, hi))
+    return res
+
+
+def cs_complement(ranges):
+    res, prev = [], 0
+    for lo, hi in cs_norm(ranges):
+        if lo > prev:
+            res.append((prev, lo - 1))
+        prev = hi + 1
+    if prev <= MAX_CP:
+        res.append((prev, MAX_CP))
+    return cs_norm(res)
+
+
+def cs_from_pred(pred):
+    """Ranges of all code points satisfying pred (scans the BMP and beyond once)."""
+    res, start = [], None
+    for cp in range(MAX_CP + 1):
+        if 0xD800 <= cp <= 0xDFFF:
+            ok = False
+        else:
+            ok = pred(chr(cp))
+        if ok and start is None:
+            start = cp
+        elif not ok and start is not None:
+            res.append((start, cp - 1))
+            start = None
+    if start is not None:
+        res.append((start, MAX_CP))
+    return res
+
+
+_CLASS_CACHE = {}
+
+ECMA_SPACE = [(9, 13), (32, 32), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
+              (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]
+
+
+def class_ranges(letter):
+    """\\d \\w \\s and complements: the intersection of ECMA-262 and Python re semantics."""
+    if letter in _CLASS_CACHE:
+        return _CLASS_CACHE[letter]
+    if letter == "d":
+        r = [(48, 57)]
+    elif letter == "w":
+        r = [(48, 57), (65, 90), (95, 95), (97, 122)]
+    elif letter == "s":
+        r = [(lo, hi) for lo, hi in ECMA_SPACE if all(chr(c).isspace() for c in range(lo, hi + 1))]
+    elif letter == "D":  # not a digit for either engine
+        r = cs_complement(cs_from_pred(lambda c: unicodedata.category(c) == "Nd") + [(48, 57)])
+    elif letter == "W":
+        r = cs_complement(cs_from_pred(lambda c: c.isalnum() or c == "_") + class_ranges("w"))
+    elif letter == "S":
+        r = cs_complement(cs_from_pred(lambda c: c.isspace()) + ECMA_SPACE)
+    else:
+        raise KeyError(letter)
+    r = cs_norm(r)
+    _CLASS_CACHE[letter] = r
+    return r
+
+
+DOT_RANGES = cs_complement([(10, 10), (13, 13), (0x2028, 0x2029)])
+
+
+# ============================================================================
+# regex subset parser -> AST
+# AST: ("set", ranges) | ("cat", [..]) | ("alt", [..]) | ("rep", node, lo, hi|None)
+#      | ("eps",)
+
+
+class _RegexUnsupported(Exception):
+    pass
+
+
+class _RegexParser:
+    def __init__(self, text):
+        self.s = text
+        self.i = 0
+
+    def error(self, what):
+        raise _RegexUnsupported(f"{what} at offset {self.i} in pattern {self.s!r}")
+
+    def peek(self):
+        return self.s[self.i] if self.i < len(self.s) else None
+
+    def parse_top(self):
+        """Returns a list of (anchored_start, ast, anchored_end) top-level alternatives."""
+        alts = []
+        while True:
+            start = False
+            if self.peek() == "^":
+                self.i += 1
+                start = True
+            items = self.parse_seq(top=True)
+            end = False
+            if self.peek() == "$":
+                self.i += 1
+                end = True
+            alts.append((start, ("cat", items), end))
+            if self.peek() == "|":
+                self.i += 1
+                continue
+            if self.peek() is None:
+                return alts
+            self.error(f"unexpected {self.peek()!r}")
+
+    def parse_alt(self):
+        alts = [("cat", self.parse_seq())]
+        while self.peek() == "|":
+            self.i += 1
+            alts.append(("cat", self.parse_seq()))
+        return alts[0] if len(alts) == 1 else ("alt", alts)
+
+    def parse_seq(self, top=False):
+        items = []
+        while True:
+            c = self.peek()
+            if c is None or c == "|" or c == ")":
+                return items
+            if c == "$":
+                if top and (self.i + 1 == len(self.s) or self.s[self.i + 1] == "|"):
+                    return items
+                self.error("'$' not at the end")
+            if c == "^":
+                self.error("'^' not at the start")
+            atom = self.parse_atom()
+            atom = self.parse_quant(atom)
+            items.append(atom)
+
+    def parse_quant(self, atom):
+        while True:
+            c = self.peek()
+            if c in ("*", "+", "?"):
+                self.i += 1
+                lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+            elif c == "{":
+                m = re.match(r"\{(\d+)(,(\d*))?\}", self.s[self.i:])
+                if not m:
+                    return atom  # a literal '{' (ECMA annex B); handled by caller next round
+                self.i += m.end()
+                lo = int(m.group(1))
+                hi = lo if m.group(2) is None else (int(m.group(3)) if m.group(3) else None)
+                if hi is not None and hi < lo:
+                    self.error("bad repetition bounds")
+                if lo > 1000 or (hi or 0) > 1000:
+                    raise GrammarLimitError(f"repetition count over 1000 in pattern {self.s!r}")
+            else:
+                return atom
+            if self.peek() == "?":
+                self.i += 1  # lazy: same language
+            if self.peek() == "+":
+                self.error("possessive quantifier")
+            atom = ("rep", atom, lo, hi)
+
+    def parse_atom(self):
+        c = self.peek()
+        if c == "(":
+            self.i += 1
+            if self.s.startswith("?:", self.i):
+                self.i += 2
+            elif self.s.startswith("?<", self.i) and not self.s.startswith("?<=", self.i) \
+                    and not self.s.startswith("?<!", self.i):
+                j = self.s.find(">", self.i)
+                if j < 0:
+                    self.error("bad group name")
+                self.i = j + 1
+            elif self.s.startswith("?P<", self.i):
+                j = self.s.find(">", self.i)
+                self.i = j + 1
+            elif self.peek() == "?":
+                self.error("look-around or inline flag group")
+            node = self.parse_alt()
+            if self.peek() != ")":
+                self.error("missing ')'")
+            self.i += 1
+            return node
+        if c == "[":
+            return ("set", self.parse_class())
+        if c == ".":
+            self.i += 1
+            return ("set", DOT_RANGES)
+        if c == "\\":
+            return ("set", self.parse_escape(in_class=False))
+        if c in "*+?":
+            self.error("nothing to repeat")
+        if c == "{":
+            m = re.match(r"\{(\d+)(,(\d*))?\}", self.s[self.i:])
+            if m:
+                self.error("nothing to repeat")
+        self.i += 1
+        return ("set", [(ord(c), ord(c))])
+
+    def parse_escape(self, in_class):
+        self.i += 1
+        c = self.peek()
+        if c is None:
+            self.error("trailing backslash")
+        self.i += 1
+        if c in "dwsDWS":
+            return class_ranges(c)
+        simple = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11}
+        if c in simple:
+            return [(simple[c], simple[c])]
+        if c == "0" and not (self.peek() or "").isdigit():
+            return [(0, 0)]
+        if c == "x":
+            h = self.s[self.i:self.i + 2]
+            if not re.fullmatch(r"[0-9a-fA-F]{2}", h):
+                self.error("bad \\x escape")
+            self.i += 2
+            return [(int(h, 16), int(h, 16))]
+        if c == "u":
+            h = self.s[self.i:self.i + 4]
+            if not re.fullmatch(r"[0-9a-fA-F]{4}", h):
+                self.error("bad \\u escape")
+            self.i += 4
+            cp = int(h, 16)
+            if 0xD800 <= cp <= 0xDFFF:
+                self.error("surrogate escape")
+            return [(cp, cp)]
+        if c == "b" and in_class:
+            return [(8, 8)]
+        if c.isalnum():
+            self.error(f"unsupported escape \\{c}")
+        return [(ord(c), ord(c))]
+
+    def parse_class(self):
+        self.i += 1
+        neg = False
+        if self.peek() == "^":
+            neg = True
+            self.i += 1
+        ranges = []
+        first = True
+        while True:
+            c = self.peek()
+            if c is None:
+                self.error("missing ']'")
+            if c == "]" and not first:
+                self.i += 1
+                break
+            if c == "[" and self.s.startswith("[:", self.i):
+                self.error("POSIX class")
+            first = False
+            if c == "\\":
+                lo_set = self.parse_escape(in_class=True)
+            else:
+                self.i += 1
+                lo_set = [(ord(c), ord(c))]
+            if self.peek() == "-" and self.i + 1 < len(self.s) and self.s[self.i + 1] != "]":
+                if len(lo_set) != 1 or lo_set[0][0] != lo_set[0][1]:
+                    self.error("range from a class escape")
+                self.i += 1
+                c2 = self.peek()
+                if c2 == "\\":
+                    hi_set = self.parse_escape(in_class=True)
+                else:
+                    self.i += 1
+                    hi_set = [(ord(c2), ord(c2))]
+                if len(hi_set) != 1 or hi_set[0][0] != hi_set[0][1]:
+                    self.error("range to a class escape")
+                if hi_set[0][0] < lo_set[0][0]:
+                    self.error("reversed range")
+                ranges.append((lo_set[0][0], hi_set[0][0]))
+            else:
+                ranges.extend(lo_set)
+        ranges = cs_norm(ranges)
+        return cs_complement(ranges) if neg else ranges
+
+
+# ============================================================================
+# NFA over bytes, then DFA
+
+def _utf8_enc(cp):
+    return list(chr(cp).encode("utf-8"))
+
+
+def utf8_sequences(lo, hi):
+    """Split a code point range into lists of byte ranges, one list per UTF-8 shape."""
+    out = []
+    for a, b in ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF)):
+        l, h = max(lo, a), min(hi, b)
+        if l <= h:
+            _utf8_split(l, h, out)
+    return out
+
+
+def _utf8_split(lo, hi, out):
+    if lo > hi:
+        return
+    if lo <= 0xDFFF and hi >= 0xD800:
+        _utf8_split(lo, 0xD7FF, out)
+        _utf8_split(0xE000, hi, out)
+        return
+    n = len(_utf8_enc(lo))
+    for i in range(1, n):
+        m = (1 << (6 * i)) - 1
+        if (lo & ~m) != (hi & ~m):
+            if (lo & m) != 0:
+                _utf8_split(lo, lo | m, out)
+                _utf8_split((lo | m) + 1, hi, out)
+                return
+            if (hi & m) != m:
+                _utf8_split(lo, (hi & ~m) - 1, out)
+                _utf8_split(hi & ~m, hi, out)
+                return
+    a, b = _utf8_enc(lo), _utf8_enc(hi)
+    out.append(list(zip(a, b)))
+
+
+class NFA:
+    def __init__(self):
+        self.eps = []     # state -> list of states
+        self.edges = []   # state -> list of (lo, hi, target)
+
+    def new(self):
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def add_set(self, s, ranges, t):
+        for lo, hi in ranges:
+            for seq in utf8_sequences(lo, hi):
+                cur = s
+                for k, (a, b) in enumerate(seq):
+                    nxt = t if k == len(seq) - 1 else self.new()
+                    self.edges[cur].append((a, b, nxt))
+                    cur = nxt
+
+    def build(self, ast, s, t):
+        kind = ast[0]
+        if kind == "set":
+            self.add_set(s, ast[1], t)
+        elif kind == "eps":
+            self.eps[s].append(t)
+        elif kind == "cat":
+            cur = s
+            for item in ast[1]:
+                nxt = self.new()
+                self.build(item, cur, nxt)
+                cur = nxt
+            self.eps[cur].append(t)
+        elif kind == "alt":
+            for item in ast[1]:
+                self.build(item, s, t)
+        elif kind == "rep":
+            _, sub, lo, hi = ast
+            if len(self.eps) > 200000:
+                raise GrammarLimitError("pattern automaton too large")
+            cur = s
+            for _ in range(lo):
+                nxt = self.new()
+                self.build(sub, cur, nxt)
+                cur = nxt
+            if hi is None:
+                loop = self.new()
+                self.eps[cur].append(loop)
+                body_end = self.new()
+                self.build(sub, loop, body_end)
+                self.eps[body_end].append(loop)
+                self.eps[loop].append(t)
+            else:
+                self.eps[cur].append(t)
+                for _ in range(hi - lo):
+                    nxt = self.new()
+                    self.build(sub, cur, nxt)
+                    self.eps[nxt].append(t)
+                    cur = nxt
+        elif kind == "bytes_any":  # any byte sequence (UTF-8 validity is the frame's job)
+            loop = self.new()
+            self.eps[s].append(loop)
+            self.edges[loop].append((0, 255, loop))
+            self.eps[loop].append(t)
+        else:
+            raise AssertionError(kind)
+
+    def closure(self, states):
+        stack = list(states)
+        seen = set(states)
+        while stack:
+            x = stack.pop()
+            for y in self.eps[x]:
+                if y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        return frozenset(seen)
+
+
+class DFA:
+    """A byte DFA: trans[state][byte] -> state or -1; accept[state] is a label (-1 = reject)."""
+
+    def __init__(self, trans, accept):
+        self.trans = trans
+        self.accept = accept
+
+    @property
+    def n(self):
+        return len(self.trans)
+
+    def run(self, data, state=0):
+        for b in data:
+            if state < 0:
+                return -1
+            state = self.trans[state][b]
+        return state
+
+
+def nfa_to_dfa(nfa, start, final):
+    start_set = nfa.closure([start])
+    index = {start_set: 0}
+    sets = [start_set]
+    trans, accept = [], []
+    i = 0
+    while i < len(sets):
+        cur = sets[i]
+        i += 1
+        row = [-1] * 256
+        # group targets by byte using range events
+        by_byte = [None] * 256
+        for x in cur:
+            for lo, hi, t in nfa.edges[x]:
+                for b in range(lo, hi + 1):
+                    if by_byte[b] is None:
+                        by_byte[b] = set()
+                    by_byte[b].add(t)
+        memo = {}
+        for b in range(256):
+            tg = by_byte[b]
+            if not tg:
+                continue
+            key = frozenset(tg)
+            if key not in memo:
+                memo[key] = nfa.closure(tg)
+            tset = memo[key]
+            if tset not in index:
+                if len(sets) >= MAX_DFA_STATES:
+                    raise GrammarLimitError(f"automaton exceeds {MAX_DFA_STATES} states")
+                index[tset] = len(sets)
+                sets.append(tset)
+            row[b] = index[tset]
+        trans.append(row)
+        accept.append(0 if final in cur else -1)
+    return prune_dfa(DFA(trans, accept))
+
+
+def prune_dfa(d):
+    """Remove states from which no accepting state is reachable (they become -1)."""
+    n = d.n
+    rev = [[] for _ in range(n)]
+    for s in range(n):
+        for t in set(d.trans[s]):
+            if t >= 0:
+                rev[t].append(s)
+    live = [False] * n
+    stack = [s for s in range(n) if d.accept[s] >= 0]
+    for s in stack:
+        live[s] = True
+    while stack:
+        x = stack.pop()
+        for y in rev[x]:
+            if not live[y]:
+                live[y] = True
+                stack.append(y)
+    if not live[0]:
+        return DFA([[-1] * 256], [-1])
+    # renumber reachable live states from 0
+    order, idx = [0], {0: 0}
+    k = 0
+    while k < len(order):
+        s = order[k]
+        k += 1
+        for t in d.trans[s]:
+            if t >= 0 and live[t] and t not in idx:
+                idx[t] = len(order)
+                order.append(t)
+    trans = [[idx[t] if (t >= 0 and live[t]) else -1 for t in d.trans[s]] for s in order]
+    accept = [d.accept[s] for s in order]
+    return minimize_dfa(DFA(trans, accept))
+
+
+def minimize_dfa(d):
+    """Moore partition refinement (labels kept distinct)."""
+    n = d.n
+    part = {}
+    cls = []
+    for s in range(n):
+        key = d.accept[s]
+        if key not in part:
+            part[key] = len(part)
+        cls.append(part[key])
+    while True:
+        sig = {}
+        new = []
+        for s in range(n):
+            key = (cls[s], tuple(cls[t] if t >= 0 else -1 for t in d.trans[s]))
+            if key not in sig:
+                sig[key] = len(sig)
+            new.append(sig[key])
+        if len(sig) == len(set(cls)):
+            break
+        cls = new
+    # representative per class, class of state 0 becomes 0
+    order, idx = [], {}
+    stack = [0]
+    idx[cls[0]] = 0
+    order.append(0)
+    k = 0
+    while k < len(order):
+        s = order[k]
+        k += 1
+        for t in d.trans[s]:
+            if t >= 0 and cls[t] not in idx:
+                idx[cls[t]] = len(order)
+                order.append(t)
+    trans = [[idx[cls[t]] if t >= 0 else -1 for t in d.trans[s]] for s in order]
+    accept = [d.accept[s] for s in order]
+    return DFA(trans, accept)
+
+
+def regex_dfa(pattern, pointer="#"):
+    """Compile an ECMA-262 pattern (search semantics) to a byte DFA over UTF-8."""
+    try:
+        alts = _RegexParser(pattern).parse_top()
+    except _RegexUnsupported as exc:
+        raise UnsupportedSchemaError(f"unsupported regex: {exc} (at {pointer})",
+                                     keyword="pattern", pointer=pointer) from None
+    except RecursionError:
+        raise GrammarLimitError(f"pattern nesting too deep at {pointer}") from None
+    nfa = NFA()
+    s, t = nfa.new(), nfa.new()
+    for anchored_start, ast, anchored_end in alts:
+        items = []
+        if not anchored_start:
+            items.append(("bytes_any",))
+        items.append(ast)
+        if not anchored_end:
+            items.append(("bytes_any",))
+        nfa.build(("cat", items), s, t)
+    return nfa_to_dfa(nfa, s, t)
+
+
+def literal_dfa(strings, labels=None):
+    """A trie DFA accepting exactly the given byte strings; accept label = labels[i] (default 0)."""
+    trans, accept = [[-1] * 256], [-1]
+    for i, s in enumerate(strings):
+        cur = 0
+        for b in s:
+            if trans[cur][b] < 0:
+                trans.append([-1] * 256)
+                accept.append(-1)
+                trans[cur][b] = len(trans) - 1
+            cur = trans[cur][b]
+        accept[cur] = 0 if labels is None else labels[i]
+    return minimize_dfa(DFA(trans, accept)) if labels is None else DFA(trans, accept)
+
+
+def product_dfa(dfas, combine, complete=None):
+    """Product of DFAs; accept label = combine(tuple of component labels) (-1 = reject).
+
+    ``complete[i]`` True means component i is run with an explicit dead state so the
+    product stays alive after it dies (its label is then -1).
+    """
+    complete = complete or [False] * len(dfas)
+    start = tuple(0 for _ in dfas)
+    index = {start: 0}
+    states = [start]
+    trans, accept = [], []
+    i = 0
+    while i < len(states):
+        cur = states[i]
+        i += 1
+        row = [-1] * 256
+        for b in range(256):
+            nxt = []
+            ok = True
+            for d, s, c in zip(dfas, cur, complete):
+                t = d.trans[s][b] if s >= 0 else -1
+                if t < 0 and not c:
+                    ok = False
+                    break
+                nxt.append(t)
+            if not ok:
+                continue
+            nxt = tuple(nxt)
+            if nxt not in index:
+                if len(states) >= MAX_DFA_STATES:
+                    raise GrammarLimitError(f"automaton product exceeds {MAX_DFA_STATES} states")
+                index[nxt] = len(states)
+                states.append(nxt)
+            row[b] = index[nxt]
+        trans.append(row)
+        accept.append(combine(tuple(d.accept[s] if s >= 0 else -1 for d, s in zip(dfas, cur))))
+    return DFA(trans, accept)
+
+
+def intersect_dfas(dfas):
+    if len(dfas) == 1:
+        return dfas[0]
+    d = product_dfa(dfas, lambda labels: 0 if all(x >= 0 for x in labels) else -1)
+    return prune_dfa(d)
+
+
+# ----------------------------------------------------------------------------
+# formats as regexes (exact rules, documented)
+_DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+         r"|02-(?:0[1-9]|1\d|2[0-8]))")  # Feb 29 refused (leap years not tracked: exact, not complete)
+_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:[zZ]|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+FORMAT_REGEX = {
+    # RFC 3339 full-date, month lengths enforced, 29 February refused.
+    "date": "^" + _DATE + "$",
+    # RFC 3339 full-time with a mandatory offset; no leap second.
+    "time": "^" + _TIME + "$",
+    "date-time": "^" + _DATE + "[tT]" + _TIME + "$",
+    # dotted quad, no leading zeros
+    "ipv4": "^" + _OCTET + r"(?:\." + _OCTET + "){3}$",
+    # 8-4-4-4-12 hex digits
+    "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+    # local@domain: ASCII atext dot-atoms, domain labels of letters/digits/hyphens (not at ends)
+    "email": r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+             r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*$",
+    # absolute URI: scheme ":" then RFC 3986 characters (unreserved, reserved, %HH)
+    "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?#\[\]]|%[0-9A-Fa-f]{2})*$",
+}
+
+
+# ============================================================================
+# JSON helpers
+
+def compact(value):
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def json_equal(a, b):
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return type(a) == type(b) and a == b
+
+
+def number_texts(v):
+    """Texts accepted for an enum/const number: its repr, and N / N.0 for integral values."""
+    out = set()
+    if isinstance(v, int):
+        out.add(str(v))
+        out.add(str(v) + ".0")
+    else:
+        out.add(repr(v))
+        if v.is_integer() and abs(v) < 1e16:
+            out.add(str(int(v)))
+            out.add(str(int(v)) + ".0")
+    if "-0" in out:
+        out.discard("-0")
+    return sorted(out)
+
+
+# ============================================================================
+# schema compiler
+
+class _Part:
+    """One member of a conjunction: the schema at a JSON pointer minus some keywords."""
+    __slots__ = ("ptr", "excl")
+
+    def __init__(self, ptr, excl=frozenset()):
+        self.ptr = ptr
+        self.excl = excl
+
+    def key(self):
+        return (self.ptr, self.excl)
+
+
+def _escape_ptr(k):
+    return k.replace("~", "~0").replace("/", "~1")
+
+
+class Program:
+    """The compiled grammar program (plain Python lists; numpy views made on demand)."""
+
+    def __init__(self):
+        # nodes
+        self.kind = []
+        self.types = []
+        self.str_min = []
+        self.str_max = []
+        self.str_dfa = []
+        self.num_dfa = []
+        self.num_check = []
+        self.int_lo = []
+        self.int_hi = []
+        self.int_flags = []   # 1: lo present, 2: hi present
+        self.arr_prefix_off = []
+        self.arr_prefix_n = []
+        self.arr_items = []
+        self.arr_min = []
+        self.arr_max = []
+        self.arr_unique = []
+        self.obj_key_dfa = []
+        self.obj_nwords = []
+        self.obj_req_off = []
+        self.obj_min = []
+        self.obj_max = []
+        self.obj_other_ok = []  # 1 when keys outside the declared set can be valid
+        self.alt_off = []
+        self.alt_n = []
+        self.oneof = []
+        # pools
+        self.prefix_pool = []
+        self.alt_pool = []
+        self.words = []        # uint64 words: required bitsets, reach bitsets
+        # key classes (for key DFAs): class -> (prop index or -1, value node)
+        self.cls_prop = []
+        self.cls_node = []
+        # DFA arena
+        self.trans = []        # flat list, 256 per state
+        self.accept = []       # per state label: -1 reject, else >= 0 (key DFA: class id)
+        self.reach_off = []    # per state: offset into words of reachable-prop bitset (-1 none)
+        self.other = []        # per state: 1 if some non-declared valid key is reachable
+        # number checks: list of dicts (lo, lo_excl, hi, hi_excl, mult) of normalised decimals
+        self.num_checks = []
+        # tool-call outer language
+        self.tools_mode = 0
+        self.max_calls = 0
+        self.tool_dfa = -1
+        self.tool_nodes = []
+        self.tool_names = []
+        self.root = 0
+        self.n_props_words = 0
+
+    def add_dfa(self, dfa, reach=None, other=None):
+        base = len(self.accept)
+        for s in range(dfa.n):
+            row = dfa.trans[s]
+            self.trans.extend((t + base) if t >= 0 else -1 for t in row)
+            self.accept.append(dfa.accept[s])
+            if reach is not None:
+                off = len(self.words)
+                self.words.extend(reach[s])
+                self.reach_off.append(off)
+                self.other.append(other[s])
+            else:
+                self.reach_off.append(-1)
+                self.other.append(0)
+        return base
+
+    @property
+    def n_nodes(self):
+        return len(self.kind)
+
+
+def _schema_at(doc, ptr):
+    if ptr == "#" or ptr == "":
+        return doc
+    if not ptr.startswith("#/"):
+        raise UnsupportedSchemaError(f"non-local $ref {ptr!r}", keyword="$ref", pointer=ptr)
+    cur = doc
+    for raw in ptr[2:].split("/"):
+        tok = raw.replace("~1", "/").replace("~0", "~")
+        from urllib.parse import unquote
+        tok = unquote(tok)
+        if isinstance(cur, dict) and tok in cur:
+            cur = cur[tok]
+        elif isinstance(cur, list) and tok.isdigit() and int(tok) < len(cur):
+            cur = cur[int(tok)]
+        else:
+            raise SchemaError(f"$ref target {ptr!r} does not exist")
+    return cur
+
+
+class Compiler:
+    def __init__(self, doc, synthetic=None):
+        self.doc = doc
+        self.p = Program()
+        self.memo = {}
+        self.synthetic = {}   # pointer "~synN" -> schema dict
+        self.draft = self._draft(doc)
+        self._new_node_raw(types=T_ALL)          # ANY_NODE
+        self._new_node_raw(types=0)              # NEVER_NODE
+        self.memo[()] = ANY_NODE
+        self.depth = 0
+        self._fill_object(ANY_NODE, [])
+
+    @staticmethod
+    def _draft(doc):
+        s = doc.get("$schema", "") if isinstance(doc, dict) else ""
+        for d in ("draft-03", "draft-04", "draft-06", "draft-07"):
+            if d in s:
+                return int(d[-1])
+        if "2019-09" in s:
+            return 2019
+        return 2020
+
+    # -- schema access
+    def get(self, ptr):
+        if ptr.startswith("~syn"):
+            head, _, rest = ptr.partition("/")
+            base = self.synthetic[head]
+            if not rest:
+                return base
+            cur = base
+            for raw in rest.split("/"):
+                tok = raw.replace("~1", "/").replace("~0", "~")
+                cur = cur[int(tok)] if isinstance(cur, list) else cur[tok]
+            return cur
+        return _schema_at(self.doc, ptr)
+
+    def synth(self, schema):
+        name = f"~syn{len(self.synthetic)}"
+        self.synthetic[name] = schema
+        return name
+
+    def _new_node_raw(self, **kw):
+        p = self.p
+        nid = len(p.kind)
+        p.kind.append(kw.get("kind", NODE_VALUE))
+        p.types.append(kw.get("types", T_ALL))
+        p.str_min.append(0)
+        p.str_max.append(-1)
+        p.str_dfa.append(-1)
+        p.num_dfa.append(-1)
+        p.num_check.append(-1)
+        p.int_lo.append(0)
+        p.int_hi.append(0)
+        p.int_flags.append(0)
+        p.arr_prefix_off.append(0)
+        p.arr_prefix_n.append(0)
+        p.arr_items.append(ANY_NODE)
+        p.arr_min.append(0)
+        p.arr_max.append(-1)
+        p.arr_unique.append(0)
+        p.obj_key_dfa.append(-1)
+        p.obj_nwords.append(0)
+        p.obj_req_off.append(0)
+        p.obj_min.append(0)
+        p.obj_max.append(-1)
+        p.obj_other_ok.append(1)
+        p.alt_off.append(0)
+        p.alt_n.append(0)
+        p.oneof.append(0)
+        return nid
+
+    # -- conjunction expansion
+    def expand(self, parts):
+        """Flatten $ref and allOf; returns list of (_Part, dict) or None when false."""
+        out = []
+        seen = set()
+        stack = list(parts)
+        while stack:
+            part = stack.pop()
+            if part.key() in seen:
+                continue
+            seen.add(part.key())
+            sch = self.get(part.ptr)
+            if sch is True or sch == {}:
+                continue
+            if sch is False:
+                return None
+            if not isinstance(sch, dict):
+                raise SchemaError(f"schema at {part.ptr} is not an object or boolean")
+            self.check_keywords(sch, part.ptr)
+            excl = set(part.excl)
+            if "$ref" in sch and "$ref" not in excl:
+                ref = sch["$ref"]
+                if not isinstance(ref, str):
+                    raise SchemaError(f"$ref at {part.ptr} is not a string")
+                target = self.resolve_ref(ref, part.ptr)
+                stack.append(_Part(target))
+                excl.add("$ref")
+                if self.draft <= 7:
+                    # draft <= 7: siblings of $ref are ignored
+                    continue
+            if "allOf" in sch and "allOf" not in excl:
+                subs = sch["allOf"]
+                if not isinstance(subs, list):
+                    raise SchemaError(f"allOf at {part.ptr} is not a list")
+                for i in range(len(subs)):
+                    stack.append(_Part(f"{part.ptr}/allOf/{i}"))
+                excl.add("allOf")
+            out.append((_Part(part.ptr, frozenset(excl)), sch))
+        return out
+
+    def resolve_ref(self, ref, where):
+        if ref == "#":
+            return "#"
+        if ref.startswith("#/"):
+            # validate it exists
+            try:
+                _schema_at(self.doc, ref)
+            except SchemaError:
+                raise SchemaError(f"$ref {ref!r} at {where} does not resolve") from None
+            return ref
+        if ref.startswith("#"):
+            # plain-name anchor: search $anchor / id fragments
+            name = ref[1:]
+            found = self._find_anchor(self.doc, "#", name)
+            if found is None:
+                raise UnsupportedSchemaError(f"$ref {ref!r} (anchor) at {where}", keyword="$ref", pointer=where)
+            return found
+        raise UnsupportedSchemaError(f"remote $ref {ref!r} at {where}", keyword="$ref", pointer=where)
+
+    def _find_anchor(self, node, ptr, name):
+        if isinstance(node, dict):
+            if node.get("$anchor") == name or node.get("$id") == "#" + name or node.get("id") == "#" + name:
+                return ptr
+            for k, v in node.items():
+                if k in ("enum", "const", "default", "examples"):
+                    continue
+                r = self._find_anchor(v, f"{ptr}/{_escape_ptr(k)}", name)
+                if r:
+                    return r
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                r = self._find_anchor(v, f"{ptr}/{i}", name)
+                if r:
+                    return r
+        return None
+
+    def check_keywords(self, sch, ptr):
+        for k in sch:
+            if k in KNOWN_UNSUPPORTED:
+                if k in ("then", "else") and "if" not in sch:
+                    continue  # without "if" they do nothing
+                raise UnsupportedSchemaError(f"keyword {k!r} is not supported (at {ptr})", keyword=k,
+                                             pointer=f"{ptr}/{_escape_ptr(k)}")
+        if self.draft <= 4 and "id" in sch and isinstance(sch.get("id"), str) \
+                and not sch["id"].startswith("#") and ptr != "#":
+            raise UnsupportedSchemaError(f"embedded schema resource id {sch['id']!r} at {ptr}",
+                                         keyword="id", pointer=ptr)
+        if "$id" in sch and isinstance(sch.get("$id"), str) and ptr != "#" \
+                and not sch["$id"].startswith("#"):
+            raise UnsupportedSchemaError(f"embedded schema resource $id {sch['$id']!r} at {ptr}",
+                                         keyword="$id", pointer=ptr)
+
+    # -- node construction
+    def node(self, parts):
+        key = tuple(sorted(p.key() for p in parts))
+        if key in self.memo:
+            return self.memo[key]
+        self.depth += 1
+        if self.depth > 400:
+            raise GrammarLimitError("schema nesting too deep to compile")
+        try:
+            flat = self.expand(parts)
+            if flat is None:
+                self.memo[key] = NEVER_NODE
+                return NEVER_NODE
+            fkey = tuple(sorted(p.key() for p, _ in flat))
+            if fkey in self.memo:
+                self.memo[key] = self.memo[fkey]
+                return self.memo[fkey]
+            nid = self._new_node_raw()
+            self.memo[key] = nid
+            self.memo[fkey] = nid
+            self.fill(nid, flat)
+            return nid
+        finally:
+            self.depth -= 1
+
+    def fill(self, nid, flat):
+        p = self.p
+        # 1. choices: pick the first anyOf/oneOf and distribute the rest
+        for part, sch in flat:
+            for kw in ("anyOf", "oneOf"):
+                if kw in sch and kw not in part.excl:
+                    alts = sch[kw]
+                    if not isinstance(alts, list) or not alts:
+                        raise SchemaError(f"{kw} at {part.ptr} must be a non-empty list")
+                    rest = [q for q, _ in flat if q is not part]
+                    reduced = _Part(part.ptr, part.excl | {kw})
+                    if len(alts) > 64:
+                        raise GrammarLimitError(f"{kw} with {len(alts)} alternatives at {part.ptr}")
+                    alt_nodes = []
+                    for i in range(len(alts)):
+                        alt_nodes.append(self.node(rest + [reduced, _Part(f"{part.ptr}/{kw}/{i}")]))
+                    if kw == "anyOf":
+                        alt_nodes = [a for a in alt_nodes if a != NEVER_NODE]
+                        if not alt_nodes:
+                            self._make_never(nid)
+                            return
+                        if len(set(alt_nodes)) == 1:
+                            self._copy_node(nid, alt_nodes[0])
+                            return
+                        alt_nodes = list(dict.fromkeys(alt_nodes))
+                    else:
+                        # identical alternatives can never be "exactly one" together
+                        counts = {}
+                        for a in alt_nodes:
+                            counts[a] = counts.get(a, 0) + 1
+                        alt_nodes = [a for a in alt_nodes if a != NEVER_NODE and counts[a] == 1]
+                        if not alt_nodes:
+                            self._make_never(nid)
+                            return
+                        if len(alt_nodes) == 1:
+                            self._copy_node(nid, alt_nodes[0])
+                            return
+                    p.kind[nid] = NODE_CHOICE
+                    p.alt_off[nid] = len(p.alt_pool)
+                    p.alt_n[nid] = len(alt_nodes)
+                    p.alt_pool.extend(alt_nodes)
+                    p.oneof[nid] = 1 if kw == "oneOf" else 0
+                    return
+        # 2. a plain value node: merge keywords
+        types = T_ALL
+        enum_vals = None
+        for part, sch in flat:
+            ex = part.excl
+            if "type" in sch and "type" not in ex:
+                t = sch["type"]
+                tl = t if isinstance(t, list) else [t]
+                m = 0
+                for x in tl:
+                    if x == "any" and self.draft <= 3:
+                        m |= T_ALL
+                        continue
+                    if not isinstance(x, str) or x not in TYPE_BITS:
+                        if isinstance(x, dict):
+                            raise UnsupportedSchemaError(f"schema inside type at {part.ptr}", keyword="type",
+                                                         pointer=part.ptr + "/type")
+                        raise SchemaError(f"unknown type {x!r} at {part.ptr}")
+                    m |= TYPE_BITS[x]
+                types &= m
+            for kw in ("enum", "const"):
+                if kw in sch and kw not in ex:
+                    vals = sch[kw] if kw == "enum" else [sch[kw]]
+                    if not isinstance(vals, list):
+                        raise SchemaError(f"enum at {part.ptr} is not a list")
+                    if enum_vals is None:
+                        enum_vals = list(vals)
+                    else:
+                        enum_vals = [v for v in enum_vals if any(json_equal(v, w) for w in vals)]
+        nots = [(part, sch["not"]) for part, sch in flat if "not" in sch and "not" not in part.excl]
+        if enum_vals is not None:
+            # drop values of the wrong type; then filter by every other keyword by
+            # compiling the conjunction without enum/const and running each value
+            enum_vals = [v for v in enum_vals if _value_type_bit(v) & types]
+            rest_parts = [_Part(q.ptr, q.excl | {"enum", "const", "not"}) for q, _ in flat]
+            kept = []
+            for v in enum_vals:
+                if not self._value_ok(v, rest_parts):
+                    continue
+                if any(self._value_ok(v, [_Part(f"{q.ptr}/not")]) for q, _ in nots):
+                    continue
+                kept.append(v)
+            self._make_enum(nid, kept)
+            return
+        if nots:
+            # `not` without a finite value set: a few exact static forms
+            for part, sub in nots:
+                if sub is True or sub == {}:
+                    self._make_never(nid)
+                    return
+                if sub is False:
+                    continue
+                if isinstance(sub, dict) and set(sub) - ANNOTATIONS <= {"type"} and "type" in sub:
+                    t = sub["type"]
+                    tl = t if isinstance(t, list) else [t]
+                    m = 0
+                    for x in tl:
+                        m |= TYPE_BITS.get(x, 0)
+                    if m & T_INT and not m & T_NUM:
+                        # not integer: numbers stay allowed (only non-integer syntax is impossible to
+                        # separate from integers statically) -> refuse
+                        raise UnsupportedSchemaError(f"'not' over integer at {part.ptr}", keyword="not",
+                                                     pointer=part.ptr + "/not")
+                    types &= ~m
+                    continue
+                if isinstance(sub, dict) and set(sub) - ANNOTATIONS <= {"required"} and \
+                        isinstance(sub.get("required"), list) and len(sub["required"]) == 0:
+                    # not {required: []} = not (object => true) = non-objects only... objects always
+                    # satisfy it, so objects are excluded
+                    types &= ~T_OBJ
+                    continue
+                raise UnsupportedSchemaError(f"'not' is only supported with enum/const or a type (at {part.ptr})",
+                                             keyword="not", pointer=part.ptr + "/not")
+        p.types[nid] = types
+        if types & T_STR:
+            self._fill_string(nid, flat)
+        if types & T_INT:
+            self._fill_number(nid, flat, types)
+        if types & T_ARR:
+            self._fill_array(nid, flat)
+        if types & T_OBJ:
+            self._fill_object(nid, flat)
+
+    def _make_never(self, nid):
+        self.p.kind[nid] = NODE_VALUE
+        self.p.types[nid] = 0
+
+    def _copy_node(self, nid, src):
+        p = self.p
+        for name in ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num_check", "int_lo",
+                     "int_hi", "int_flags", "arr_prefix_off", "arr_prefix_n", "arr_items", "arr_min",
+                     "arr_max", "arr_unique", "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min",
+                     "obj_max", "obj_other_ok", "alt_off", "alt_n", "oneof"):
+            arr = getattr(p, name)
+            arr[nid] = arr[src]
+        if src >= len(p.kind) or p.kind[src] is None:
+            raise AssertionError
+
+    def _value_ok(self, value, parts):
+        """Whether a concrete JSON value satisfies a conjunction (compiled + run on the reference)."""
+        from .reference.grammar import ReferenceState
+        sub = Compiler(self.doc)
+        sub.synthetic = dict(self.synthetic)
+        sub.draft = self.draft
+        root = sub.node(parts)
+        sub.p.root = root
+        st = ReferenceState(sub.p)
+        try:
+            data = compact(value).encode("utf-8")
+        except ValueError:
+            return False
+        return st.feed(data) and st.is_complete()
+
+    def _make_enum(self, nid, values):
+        """A node accepting exactly the given values."""
+        p = self.p
+        strs = [v for v in values if isinstance(v, str)]
+        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        comps = [v for v in values if isinstance(v, (list, dict))]
+        types = 0
+        for v in values:
+            if v is None:
+                types |= T_NULL
+            elif v is True:
+                types |= T_TRUE
+            elif v is False:
+                types |= T_FALSE
+        if strs:
+            types |= T_STR
+            p.str_dfa[nid] = p.add_dfa(literal_dfa(sorted({s.encode("utf-8") for s in strs})))
+        if nums:
+            types |= T_INT | T_NUM
+            texts = sorted({t.encode() for v in nums for t in number_texts(v)})
+            p.num_dfa[nid] = p.add_dfa(literal_dfa(texts))
+        if not comps:
+            p.types[nid] = types
+            return
+        # composite values: a choice of the scalar part and one exact schema per value
+        alts = []
+        if types:
+            scalar = self._new_node_raw()
+            for name in ("types", "str_dfa", "num_dfa"):
+                getattr(p, name)[scalar] = getattr(p, name)[nid]
+            p.types[scalar] = types
+            alts.append(scalar)
+        uniq = []
+        for v in comps:
+            if not any(json_equal(v, w) for w in uniq):
+                uniq.append(v)
+        for v in uniq:
+            alts.append(self.node([_Part(self.synth(_const_schema(v)))]))
+        if len(alts) == 1:
+            self._copy_node(nid, alts[0])
+            return
+        p.kind[nid] = NODE_CHOICE
+        p.alt_off[nid] = len(p.alt_pool)
+        p.alt_n[nid] = len(alts)
+        p.alt_pool.extend(alts)
+        p.oneof[nid] = 0
+
+    def _fill_string(self, nid, flat):
+        p = self.p
+        dfas = []
+        for part, sch in flat:
+            ex = part.excl
+            if "minLength" in sch and "minLength" not in ex:
+                p.str_min[nid] = max(p.str_min[nid], _nonneg_int(sch["minLength"], part.ptr, "minLength"))
+            if "maxLength" in sch and "maxLength" not in ex:
+                v = _nonneg_int(sch["maxLength"], part.ptr, "maxLength")
+                p.str_max[nid] = v if p.str_max[nid] < 0 else min(p.str_max[nid], v)
+            if "pattern" in sch and "pattern" not in ex:
+                pat = sch["pattern"]
+                if not isinstance(pat, str):
+                    raise SchemaError(f"pattern at {part.ptr} is not a string")
+                dfas.append(self._pattern(pat, part.ptr + "/pattern"))
+            if "format" in sch and "format" not in ex:
+                f = sch["format"]
+                if f in ENFORCED_FORMATS:
+                    dfas.append(self._pattern(FORMAT_REGEX[f], part.ptr + "/format"))
+                elif f in UNENFORCED_STANDARD_FORMATS:
+                    raise UnsupportedSchemaError(f"format {f!r} is not enforced (at {part.ptr})",
+                                                 keyword="format", pointer=part.ptr + "/format")
+                # other (non-standard) formats are annotations
+        if dfas:
+            p.str_dfa[nid] = p.add_dfa(intersect_dfas(dfas))
+
+    _pattern_cache = {}
+
+    def _pattern(self, pat, ptr):
+        if pat not in Compiler._pattern_cache:
+            Compiler._pattern_cache[pat] = regex_dfa(pat, ptr)
+        return Compiler._pattern_cache[pat]
+
+    def _fill_number(self, nid, flat, types):
+        p = self.p
+        lo = hi = None   # (dec, exclusive)
+        mults = []
+        for part, sch in flat:
+            ex = part.excl
+            for kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
+                if kw not in sch or kw in ex:
+                    continue
+                v = sch[kw]
+                if kw in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(v, bool):
+                    continue  # draft-4 form: handled with minimum/maximum
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                    raise SchemaError(f"{kw} at {part.ptr} is not a number")
+                d = norm_decimal(v)
+                if kw == "multipleOf":
+                    if dec_to_fraction(d) <= 0:
+                        raise SchemaError(f"multipleOf at {part.ptr} must be > 0")
+                    if len(d[1]) > 18:
+                        raise GrammarLimitError(f"multipleOf with more than 18 digits at {part.ptr}")
+                    mults.append(d)
+                    continue
+                is_min = kw in ("minimum", "exclusiveMinimum")
+                excl = kw.startswith("exclusive") or (
+                    sch.get("exclusiveMinimum" if is_min else "exclusiveMaximum") is True)
+                if is_min:
+                    if lo is None or dec_cmp(d, lo[0]) > 0 or (dec_cmp(d, lo[0]) == 0 and excl):
+                        lo = (d, excl)
+                else:
+                    if hi is None or dec_cmp(d, hi[0]) < 0 or (dec_cmp(d, hi[0]) == 0 and excl):
+                        hi = (d, excl)
+        mult = None
+        if mults:
+            fr = [dec_to_fraction(m) for m in mults]
+            # lcm of rationals: lcm(numerators) / gcd(denominators)
+            num = 1
+            den = 0
+            for f in fr:
+                num = num * f.numerator // math.gcd(num, f.numerator)
+                den = math.gcd(den, f.denominator)
+            mval = Fraction(num, den)
+            # back to a decimal (den divides a power of 10 since all were decimals)
+            e = 0
+            while (mval * 10 ** e).denominator != 1:
+                e += 1
+            mult = norm_decimal(str(int(mval * 10 ** e)) + ("e-%d" % e if e else ""))
+            if len(mult[1]) > 18:
+                raise GrammarLimitError("multipleOf combination with more than 18 digits")
+        if lo is None and hi is None and mult is None:
+            return
+        if lo is not None and hi is not None:
+            c = dec_cmp(lo[0], hi[0])
+            if c > 0 or (c == 0 and (lo[1] or hi[1])):
+                p.types[nid] &= ~(T_INT | T_NUM)
+                return
+        p.num_check[nid] = len(p.num_checks)
+        p.num_checks.append({"lo": lo, "hi": hi, "mult": mult})
+        # integer early bounds (inclusive, int64 range)
+        flags = 0
+        if lo is not None:
+            f = dec_to_fraction(lo[0])
+            v = math.floor(f) + 1 if (lo[1] and f == math.floor(f)) else math.ceil(f)
+            if -2 ** 62 < v < 2 ** 62:
+                p.int_lo[nid] = int(v)
+                flags |= 1
+        if hi is not None:
+            f = dec_to_fraction(hi[0])
+            v = math.ceil(f) - 1 if (hi[1] and f == math.ceil(f)) else math.floor(f)
+            if -2 ** 62 < v < 2 ** 62:
+                p.int_hi[nid] = int(v)
+                flags |= 2
+        p.int_flags[nid] = flags
+
+    def _fill_array(self, nid, flat):
+        p = self.p
+        for part, sch in flat:
+            ex = part.excl
+            if "minItems" in sch and "minItems" not in ex:
+                p.arr_min[nid] = max(p.arr_min[nid], _nonneg_int(sch["minItems"], part.ptr, "minItems"))
+            if "maxItems" in sch and "maxItems" not in ex:
+                v = _nonneg_int(sch["maxItems"], part.ptr, "maxItems")
+                p.arr_max[nid] = v if p.arr_max[nid] < 0 else min(p.arr_max[nid], v)
+            if sch.get("uniqueItems") is True and "uniqueItems" not in ex:
+                p.arr_unique[nid] = 1
+        # rebuild precisely per source
+        sources = []
+        for part, sch in flat:
+            ex = part.excl
+            tl, tail = None, None
+            if "prefixItems" in sch and "prefixItems" not in ex and self.draft >= 2020:
+                tl = (f"{part.ptr}/prefixItems", len(sch["prefixItems"]))
+                if "items" in sch and "items" not in ex:
+                    tail = f"{part.ptr}/items"
+            elif "items" in sch and "items" not in ex:
+                if isinstance(sch["items"], list):
+                    tl = (f"{part.ptr}/items", len(sch["items"]))
+                    if "additionalItems" in sch and "additionalItems" not in ex:
+                        tail = f"{part.ptr}/additionalItems"
+                else:
+                    tail = f"{part.ptr}/items"
+            sources.append((tl, tail))
+        n_prefix = max([tl[1] for tl, _ in sources if tl is not None], default=0)
+        node_ids = []
+        for i in range(n_prefix + 1):
+            conj = []
+            for tl, tail in sources:
+                if tl is not None and i < tl[1]:
+                    conj.append(_Part(f"{tl[0]}/{i}"))
+                elif tail is not None:
+                    conj.append(_Part(tail))
+            node_ids.append(self.node(conj) if conj else ANY_NODE)
+        p.arr_prefix_off[nid] = len(p.prefix_pool)
+        p.arr_prefix_n[nid] = n_prefix
+        p.prefix_pool.extend(node_ids[:n_prefix])
+        p.arr_items[nid] = node_ids[n_prefix]
+        # tighten maxItems when the items after the prefix are impossible
+        if node_ids[n_prefix] == NEVER_NODE:
+            mx = n_prefix
+            for i in range(n_prefix):
+                if node_ids[i] == NEVER_NODE:
+                    mx = i
+                    break
+            p.arr_max[nid] = mx if p.arr_max[nid] < 0 else min(p.arr_max[nid], mx)
+        if p.arr_max[nid] >= 0 and p.arr_min[nid] > p.arr_max[nid]:
+            p.types[nid] &= ~T_ARR
+
+    def _fill_object(self, nid, flat):
+        p = self.p
+        props = {}         # name -> list of parts
+        patterns = []      # (regex, part pointer)
+        required = set()
+        additional_sources = []   # per source: (declared names set, pattern list, additional ptr or None)
+        name_dfas = []
+        for part, sch in flat:
+            ex = part.excl
+            names = set()
+            pats = []
+            if "properties" in sch and "properties" not in ex:
+                pr = sch["properties"]
+                if not isinstance(pr, dict):
+                    raise SchemaError(f"properties at {part.ptr} is not an object")
+                for k in pr:
+                    props.setdefault(k, [])
+                    names.add(k)
+            if "patternProperties" in sch and "patternProperties" not in ex:
+                for k in sch["patternProperties"]:
+                    pats.append((k, f"{part.ptr}/patternProperties/{_escape_ptr(k)}"))
+            if "required" in sch and "required" not in ex:
+                req = sch["required"]
+                if isinstance(req, list):
+                    required.update(req)
+                elif isinstance(req, bool) and self.draft <= 3:
+                    pass
+                else:
+                    raise SchemaError(f"required at {part.ptr} is not a list")
+            if "minProperties" in sch and "minProperties" not in ex:
+                p.obj_min[nid] = max(p.obj_min[nid], _nonneg_int(sch["minProperties"], part.ptr, "minProperties"))
+            if "maxProperties" in sch and "maxProperties" not in ex:
+                v = _nonneg_int(sch["maxProperties"], part.ptr, "maxProperties")
+                p.obj_max[nid] = v if p.obj_max[nid] < 0 else min(p.obj_max[nid], v)
+            addl = None
+            if "additionalProperties" in sch and "additionalProperties" not in ex:
+                addl = f"{part.ptr}/additionalProperties"
+            additional_sources.append((part, names, pats, addl))
+            if "propertyNames" in sch and "propertyNames" not in ex:
+                name_dfas.append(self._names_dfa(f"{part.ptr}/propertyNames"))
+            patterns.extend(pats)
+        for k in required:
+            props.setdefault(k, [])
+        names = sorted(props)
+        if len(names) > 64 * 8:
+            raise GrammarLimitError(f"object with {len(names)} declared properties")
+
+        def value_parts(key_name, matched_patterns):
+            """Conjunction for a key: per source its property, matching patterns, else additional."""
+            conj = []
+            for part, src_names, pats, addl in additional_sources:
+                hit = False
+                if key_name is not None and key_name in src_names:
+                    conj.append(_Part(f"{part.ptr}/properties/{_escape_ptr(key_name)}"))
+                    hit = True
+                for (rx, pptr) in pats:
+                    if rx in matched_patterns:
+                        conj.append(_Part(pptr))
+                        hit = True
+                if not hit and addl is not None:
+                    conj.append(_Part(addl))
+            return conj
+
+        pattern_list = sorted(set(rx for rx, _ in patterns))
+        pattern_dfas = [self._pattern(rx, "patternProperties") for rx in pattern_list]
+
+        def matched(name):
+            out = set()
+            for rx, d in zip(pattern_list, pattern_dfas):
+                st = d.run(name.encode("utf-8"))
+                if st >= 0 and d.accept[st] >= 0:
+                    out.add(rx)
+            return frozenset(out)
+
+        # key classes: declared names first
+        classes = {}     # (prop index or -1, frozenset patterns) -> class id
+        cls_prop, cls_node = [], []
+
+        def class_id(pidx, pats):
+            key = (pidx, pats)
+            if key not in classes:
+                name = names[pidx] if pidx >= 0 else None
+                node = self.node(value_parts(name, pats))
+                classes[key] = len(cls_prop)
+                cls_prop.append(pidx)
+                cls_node.append(node)
+            return classes[key]
+
+        name_labels = []
+        for i, k in enumerate(names):
+            name_labels.append(class_id(i, matched(k)))
+        # product DFA: names trie x patterns x propertyNames
+        trie = literal_dfa([k.encode("utf-8") for k in names], labels=list(range(len(names)))) \
+            if names else DFA([[-1] * 256], [-1])
+        comps = [trie] + pattern_dfas + name_dfas
+        complete = [True] * (1 + len(pattern_dfas)) + [False] * len(name_dfas)
+        n_pat = len(pattern_dfas)
+
+        def combine(labels):
+            for j in range(n_pat + 1, len(labels)):
+                if labels[j] < 0:
+                    return -1
+            if labels[0] >= 0:
+                return name_labels[labels[0]]
+            pats = frozenset(rx for rx, lab in zip(pattern_list, labels[1:1 + n_pat]) if lab >= 0)
+            return class_id(-1, pats)
+
+        key_dfa = product_dfa(comps, combine, complete)
+        # classes whose value schema is impossible are not valid keys
+        acc = [a if (a >= 0 and cls_node[a] != NEVER_NODE) else -1 for a in key_dfa.accept]
+        key_dfa = prune_dfa_keep(DFA(key_dfa.trans, acc))
+        nwords = max(1, (len(names) + 63) // 64)
+        reach, other = _reach_sets(key_dfa, cls_prop, nwords)
+        cls_base = len(p.cls_prop)
+        p.cls_prop.extend(cls_prop)
+        p.cls_node.extend(cls_node)
+        key_dfa = DFA(key_dfa.trans, [a + cls_base if a >= 0 else -1 for a in key_dfa.accept])
+        p.obj_key_dfa[nid] = p.add_dfa(key_dfa, reach, other)
+        p.obj_nwords[nid] = nwords
+        req_words = [0] * nwords
+        for k in required:
+            i = names.index(k)
+            if class_id(i, matched(k)) is not None and cls_node[name_labels[i]] == NEVER_NODE:
+                p.types[nid] &= ~T_OBJ  # a required property can never be valid
+            req_words[i // 64] |= 1 << (i % 64)
+        p.obj_req_off[nid] = len(p.words)
+        p.words.extend(req_words)
+        p.obj_other_ok[nid] = 1 if any(other) else 0
+        if p.obj_max[nid] >= 0 and p.obj_min[nid] > p.obj_max[nid]:
+            p.types[nid] &= ~T_OBJ
+        if p.obj_max[nid] >= 0 and len(required) > p.obj_max[nid]:
+            p.types[nid] &= ~T_OBJ
+
+    def _names_dfa(self, ptr):
+        """propertyNames: a string-only schema made of pattern/enum/const/format/type/maxLength-free parts."""
+        sch = self.get(ptr)
+        if sch is True or sch == {}:
+            return DFA([[0] * 256], [0])
+        if sch is False:
+            return DFA([[-1] * 256], [-1])
+        flat = self.expand([_Part(ptr)])
+        if flat is None:
+            return DFA([[-1] * 256], [-1])
+        dfas = []
+        for part, s in flat:
+            for k in s:
+                if k in ANNOTATIONS or k in part.excl:
+                    continue
+                if k == "type":
+                    if s[k] != "string" and "string" not in (s[k] if isinstance(s[k], list) else []):
+                        return DFA([[-1] * 256], [-1])
+                elif k == "pattern":
+                    dfas.append(self._pattern(s[k], f"{part.ptr}/pattern"))
+                elif k in ("enum", "const"):
+                    vals = s[k] if k == "enum" else [s[k]]
+                    dfas.append(literal_dfa(sorted({v.encode("utf-8") for v in vals if isinstance(v, str)}))
+                                if any(isinstance(v, str) for v in vals) else DFA([[-1] * 256], [-1]))
+                elif k == "format":
+                    if s[k] in ENFORCED_FORMATS:
+                        dfas.append(self._pattern(FORMAT_REGEX[s[k]], f"{part.ptr}/format"))
+                    elif s[k] in UNENFORCED_STANDARD_FORMATS:
+                        raise UnsupportedSchemaError(f"format {s[k]!r} in propertyNames", keyword="format",
+                                                     pointer=f"{part.ptr}/format")
+                elif k == "maxLength" or k == "minLength":
+                    n = _nonneg_int(s[k], part.ptr, k)
+                    any_cp = ("set", cs_norm([(0, MAX_CP)]))
+                    ast = ("rep", any_cp, n, None) if k == "minLength" else ("rep", any_cp, 0, n)
+                    nfa = NFA()
+                    a, b = nfa.new(), nfa.new()
+                    nfa.build(ast, a, b)
+                    dfas.append(nfa_to_dfa(nfa, a, b))
+                elif k in SUPPORTED:
+                    raise UnsupportedSchemaError(f"keyword {k!r} inside propertyNames", keyword=k,
+                                                 pointer=f"{part.ptr}/{k}")
+        if not dfas:
+            return DFA([[0] * 256], [0])
+        return intersect_dfas(dfas)
+
+
+def prune_dfa_keep(d):
+    """Like prune_dfa but without minimisation (labels are class ids)."""
+    n = d.n
+    rev = [[] for _ in range(n)]
+    for s in range(n):
+        for t in set(d.trans[s]):
+            if t >= 0:
+                rev[t].append(s)
+    live = [False] * n
+    stack = [s for s in range(n) if d.accept[s] >= 0]
+    for s in stack:
+        live[s] = True
+    while stack:
+        x = stack.pop()
+        for y in rev[x]:
+            if not live[y]:
+                live[y] = True
+                stack.append(y)
+    if not live[0]:
+        return DFA([[-1] * 256], [-1])
+    order, idx = [0], {0: 0}
+    k = 0
+    while k < len(order):
+        s = order[k]
+        k += 1
+        for t in d.trans[s]:
+            if t >= 0 and live[t] and t not in idx:
+                idx[t] = len(order)
+                order.append(t)
+    trans = [[idx[t] if (t >= 0 and live[t]) else -1 for t in d.trans[s]] for s in order]
+    return DFA(trans, [d.accept[s] for s in order])
+
+
+def _reach_sets(d, cls_prop, nwords):
+    """Per state: bitset of declared properties reachable, and whether another valid key is."""
+    n = d.n
+    reach = [0] * n
+    other = [0] * n
+    for s in range(n):
+        a = d.accept[s]
+        if a >= 0:
+            if cls_prop[a] >= 0:
+                reach[s] |= 1 << cls_prop[a]
+            else:
+                other[s] = 1
+    changed = True
+    while changed:
+        changed = False
+        for s in range(n - 1, -1, -1):
+            r, o = reach[s], other[s]
+            for t in set(d.trans[s]):
+                if t >= 0:
+                    r |= reach[t]
+                    o |= other[t]
+            if r != reach[s] or o != other[s]:
+                reach[s], other[s] = r, o
+                changed = True
+    words = [[(r >> (64 * w)) & 0xFFFFFFFFFFFFFFFF for w in range(nwords)] for r in reach]
+    return words, other
+
+
+def _const_schema(v):
+    if isinstance(v, dict):
+        return {"type": "object", "properties": {k: _const_schema(x) for k, x in v.items()},
+                "required": list(v), "additionalProperties": False}
+    if isinstance(v, list):
+        return {"type": "array", "prefixItems": [_const_schema(x) for x in v], "items": False,
+                "minItems": len(v)}
+    return {"const": v}
+
+
+def _value_type_bit(v):
+    if v is None:
+        return T_NULL
+    if v is True:
+        return T_TRUE
+    if v is False:
+        return T_FALSE
+    if isinstance(v, int):
+        return T_INT
+    if isinstance(v, float):
+        return T_INT if v.is_integer() else T_NUM
+    if isinstance(v, str):
+        return T_STR
+    if isinstance(v, list):
+        return T_ARR
+    if isinstance(v, dict):
+        return T_OBJ
+    return 0
+
+
+def _nonneg_int(v, ptr, kw):
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise SchemaError(f"{kw} at {ptr} must be a non-negative integer, found {v!r}")
+    return v
+
+
+# ============================================================================
+# public API
+
+def compile_program(schema):
+    if not isinstance(schema, (dict, bool)):
+        raise SchemaError(f"a schema must be an object or a boolean, found {type(schema).__name__}")
+    c = Compiler(schema)
+    root = c.node([_Part("#")])
+    c.p.root = root
+    return c.p
+
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-:]+")
+
+
+def compile_tools_program(tools, max_calls=4):
+    if not isinstance(tools, (list, tuple)):
+        raise SchemaError("tools must be a list of {name, description, parameters}")
+    if len(tools) > MAX_TOOLS:
+        raise GrammarLimitError(f"{len(tools)} tools; at most {MAX_TOOLS} per grammar")
+    if not isinstance(max_calls, int) or max_calls < 0:
+        raise SchemaError(f"max_calls must be a non-negative integer, found {max_calls!r}")
+    names = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or "name" not in t:
+            raise SchemaError(f"tool #{i} has no name")
+        n = t["name"]
+        if not isinstance(n, str) or not _NAME_RE.fullmatch(n):
+            raise SchemaError(f"tool #{i} name {n!r}: expected letters, digits, '_', '.', '-', ':'")
+        if n in names:
+            raise SchemaError(f"tool name {n!r} appears twice")
+        names.append(n)
+    doc = {"$defs": {str(i): (t.get("parameters", {"type": "object"}) if t.get("parameters") is not None
+                              else {"type": "object"}) for i, t in enumerate(tools)}}
+    c = Compiler(doc)
+    nodes = []
+    for i, t in enumerate(tools):
+        params = t.get("parameters")
+        c.draft = Compiler._draft(params) if isinstance(params, dict) else 2020
+        # parameters are their own document: rebase "#/..." refs inside them
+        sub = Compiler(params if params is not None else {"type": "object"})
+        sub.p = c.p
+        sub.memo = {(): ANY_NODE}
+        nodes.append(sub.node([_Part("#")]))
+    p = c.p
+    p.tools_mode = 1
+    p.max_calls = max_calls
+    p.tool_names = names
+    p.tool_nodes = nodes
+    if names:
+        trie = literal_dfa([n.encode() for n in names], labels=list(range(len(names))))
+        # prune tools whose parameters can never be valid
+        acc = [a if (a >= 0 and nodes[a] != NEVER_NODE) else -1 for a in trie.accept]
+        trie = prune_dfa_keep(DFA(trie.trans, acc))
+        cls = list(range(len(names)))
+        reach, other = _reach_sets(trie, cls, 1)
+        p.tool_dfa = p.add_dfa(trie, reach, other)
+    else:
+        p.tool_dfa = p.add_dfa(DFA([[-1] * 256], [-1]), [[0]], [0])
+    p.root = ANY_NODE
+    return p
+
+
+def _runtime():
+    try:
+        from . import _grammar
+        return _grammar
+    except ImportError:  # pragma: no cover - the extension is part of the build
+        return None
+
+
+class Grammar:
+    """A compiled grammar: ``start()`` a state, then feed bytes or whole token pieces."""
+
+    def __init__(self, program, backend="cython"):
+        self.program = program
+        mod = _runtime() if backend == "cython" else None
+        if mod is not None:
+            self._impl = mod.CGrammar(program)
+        else:
+            from .reference.grammar import ReferenceGrammar
+            self._impl = ReferenceGrammar(program)
+        self.backend = "cython" if mod is not None else "python"
+
+    def start(self):
+        return self._impl.start()
+
+    def accepts(self, data):
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        st = self.start()
+        return st.feed(data) and st.is_complete()
+
+    def allowed_tokens(self, state, piece_table):
+        return self._impl.allowed_tokens(state, piece_table)
+
+    def best_allowed(self, state, logits, piece_table, close_string=False):
+        return self._impl.best_allowed(state, logits, piece_table, close_string)
+
+
+def compile_schema(schema, backend="cython"):
+    """Compile a JSON Schema (dict or bool) into a Grammar over its compact JSON values."""
+    return Grammar(compile_program(schema), backend)
+
+
+def compile_tools(tools, max_calls=4, backend="cython"):
+    """Grammar of a call list: ``[{"name":..,"arguments":..},...]`` or ``[]``."""
+    return Grammar(compile_tools_program(tools, max_calls), backend)
