@@ -85,9 +85,10 @@ def effective_kv_window(weights):
     """The model's KV window: the header's ``kv_window``, or the §9.1 budget when it is 0."""
     if weights.kv_window > 0:
         return min(weights.kv_window, weights.max_seq_len)
-    return kv_budget_window(weights.num_layers, weights.global_layers, weights.engram_layers,
-                            weights.d_model, weights.num_kv_heads, weights.qk_head_dim,
-                            weights.v_head_dim, weights.sliding_window, weights.max_seq_len)
+    budget = kv_budget_window(weights.num_layers, weights.global_layers, weights.engram_layers,
+                              weights.d_model, weights.num_kv_heads, weights.qk_head_dim,
+                              weights.v_head_dim, weights.sliding_window, weights.max_seq_len)
+    return min(budget, weights.max_seq_len)     # the 160-position floor can exceed a tiny max_seq_len
 
 
 def _make_engine(backend, weights, numerics, window, sinks, threads):
