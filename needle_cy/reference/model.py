@@ -2,7 +2,7 @@
 
 Engine interface (``needle_cy._model.CythonEngine`` implements the same one)
 -----------------------------------------------------------------------------
-``Engine(weights, numerics="deploy", window=None, sinks=0)``
+``Engine(weights, numerics="deploy", window=None, sinks=0)``  (the Cython engine also takes ``threads=``)
     ``weights``: a :class:`needle_cy.weights.ModelWeights` (full archive or rung).
     ``numerics``: ``"deploy"`` = A8 activations/queries and KV quantization at the
     header's ``kv_bits`` (what the archives were trained for); ``"float"`` = no
