@@ -1053,9 +1053,9 @@ def write_archive(path, config, tensors, bits=4, group_size=128, tokenizer_bytes
                 elif slot.dtype == DTYPE_FP16:
                     if not np.isfinite(value).all():
                         raise ValueError(f"write_archive: {role} contains NaN or infinity")
-                    half = value.astype("<f2")
-                    if not np.isfinite(half).all():
+                    if value.size and np.abs(value).max() > np.finfo(np.float16).max:
                         raise ValueError(f"write_archive: {role} has values outside the float16 range")
+                    half = value.astype("<f2")
                     payload = half.tobytes()
                 else:
                     payload = value.astype("<f4").tobytes()

@@ -10,6 +10,7 @@ codewords by the norm and rotates back (``Hg`` is its own inverse).
 Everything here is written for clarity, not speed: ``needle_cy._cq`` is the
 fast twin and its tests diff against these functions.
 """
+import functools
 import math
 
 import numpy as np
@@ -81,19 +82,25 @@ def trits_to_fields(trit_index):
     return ((np.asarray(trit_index, np.int64) - 1) & 3).astype(np.uint8)
 
 
+@functools.lru_cache(maxsize=32)
+def _sylvester_signs(g):
+    """±1 Sylvester matrix by the doubling rule S_2n = [[S, S], [S, −S]] (read-only, cached)."""
+    signs = np.ones((1, 1), np.int8)
+    while signs.shape[0] < g:
+        signs = np.block([[signs, signs], [signs, -signs]])
+    signs.setflags(write=False)
+    return signs
+
+
 def hadamard_matrix(group_size):
-    """Sylvester–Hadamard matrix / sqrt(g), float32: Hg[i,j] = (−1)^popcount(i&j)/sqrt(g)."""
+    """Sylvester–Hadamard matrix / sqrt(g), float32: Hg[i,j] = (−1)^popcount(i&j)/sqrt(g).
+
+    Natural (Sylvester) order, each entry ±float32(1/sqrt(g)) (spec §3.1).
+    """
     g = int(group_size)
     if g < 1 or g & (g - 1):
         raise ValueError(f"Hadamard size must be a power of two, got {group_size}")
-    i = np.arange(g)
-    both = i[:, None] & i[None, :]
-    parity = np.zeros_like(both)
-    while both.any():
-        parity ^= both & 1
-        both = both >> 1
-    scale = np.float32(1.0 / math.sqrt(g))
-    return np.where(parity == 1, -scale, scale).astype(np.float32)
+    return _sylvester_signs(g) * np.float32(1.0 / math.sqrt(g))
 
 
 def fwht(x):

@@ -1,14 +1,12 @@
-"""Helpers shared by tests and benchmarks (random archives of any geometry).
+"""Helpers shared by tests and benchmarks (random archives of any geometry)."""
+import warnings
 
-Names are loaded lazily so ``python -m needle_cy.testing.make_random_archive``
-runs the module once (no runpy double-import warning).
-"""
+# ``python -m needle_cy.testing.make_random_archive`` imports this package first,
+# which already imports the module; runpy then warns that it is in sys.modules.
+# Harmless here (the module has no import-time side effects), so silence exactly that.
+warnings.filterwarnings("ignore", message=r".*'needle_cy\.testing\.make_random_archive' found in sys\.modules",
+                        category=RuntimeWarning)
+
+from .make_random_archive import make_random_archive, random_config, random_tensors  # noqa: E402
+
 __all__ = ["make_random_archive", "random_config", "random_tensors"]
-
-
-def __getattr__(name):
-    if name in __all__:
-        from . import make_random_archive as module
-
-        return getattr(module, name)
-    raise AttributeError(f"module 'needle_cy.testing' has no attribute {name!r}")
