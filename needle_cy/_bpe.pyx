@@ -39,22 +39,23 @@ cdef uint32_t DEAD = 0xFFFFFFFFu          # key of a symbol merged into its left
 cdef uint32_t META_SPACE = 0x2581         # "▁"
 cdef Py_ssize_t BMP = 0x10000             # code points below this use the direct table
 
-cdef struct HashSlot:
-    uint64_t key
-    int32_t value          # -1 = empty slot
+cdef uint64_t EMPTY_KEY = 0xFFFFFFFFFFFFFFFFULL  # no (left, right) key can be all ones
+
+cdef struct HashTable:     # open addressing, linear probing; keys and values apart so a probe
+    uint64_t* keys         # walks 8-byte keys only
+    int32_t* values
+    uint64_t mask
+    int shift              # Fibonacci hashing: slot = (key * golden) >> shift
 
 cdef struct Symbol:
     uint32_t key           # piece id, NOT_A_PIECE | code point, or DEAD once merged away
     int32_t prev
     int32_t next
 
-cdef struct Candidate:
+cdef struct Candidate:     # 12 bytes: the heap is the hot memory on long segments
     float score
-    int32_t left
-    int32_t right
-    uint32_t left_key
-    uint32_t right_key
-    int32_t merged
+    int32_t left           # original position of the left symbol
+    int32_t merged         # the piece the pair forms; its length validates the entry
 
 cdef struct Workspace:     # per-call scratch, grown on demand (encode is re-entrant)
     Symbol* symbols
@@ -66,11 +67,16 @@ cdef struct Workspace:     # per-call scratch, grown on demand (encode is re-ent
     bint failed
 
 
-cdef inline uint64_t _hash(uint64_t key) noexcept nogil:
-    key ^= key >> 29
-    key *= 0xBF58476D1CE4E5B9ULL
-    key ^= key >> 32
-    return key
+cdef inline int32_t _lookup(const HashTable* table, uint64_t key) noexcept nogil:
+    cdef uint64_t slot = (key * 0x9E3779B97F4A7C15ULL) >> table.shift
+    cdef uint64_t found
+    while True:
+        found = table.keys[slot]
+        if found == key:
+            return table.values[slot]
+        if found == EMPTY_KEY:
+            return -1
+        slot = (slot + 1) & table.mask
 
 
 cdef inline bint _better(const Candidate* a, const Candidate* b) noexcept nogil:
@@ -113,10 +119,9 @@ cdef inline Candidate _heap_pop(Candidate* heap, Py_ssize_t* size) noexcept nogi
 cdef class BPEEncoder:
     """Encoder state for one vocabulary: pair table, character table, markers, byte ids."""
 
-    cdef HashSlot* pairs
-    cdef uint64_t pair_mask
-    cdef HashSlot* astral_chars     # code points ≥ 0x10000 → piece id
-    cdef uint64_t astral_mask
+    cdef HashTable pairs            # (left key << 32 | right key) → merged piece id
+    cdef HashTable astral_chars     # code points ≥ 0x10000 → piece id
+    cdef int32_t* piece_len         # surface length in code points
     cdef int32_t* bmp_chars         # code point < 0x10000 → piece id or -1
     cdef float* scores
     cdef int32_t byte_ids[256]
@@ -134,8 +139,11 @@ cdef class BPEEncoder:
     cdef bint marker_nonascii_first
 
     def __cinit__(self):
-        self.pairs = NULL
-        self.astral_chars = NULL
+        self.pairs.keys = NULL
+        self.pairs.values = NULL
+        self.astral_chars.keys = NULL
+        self.astral_chars.values = NULL
+        self.piece_len = NULL
         self.bmp_chars = NULL
         self.scores = NULL
         self.marker_cps = NULL
@@ -160,11 +168,13 @@ cdef class BPEEncoder:
             self.byte_ids[i] = byte_ids[i]
 
         self.scores = <float*>malloc(max(n, 1) * sizeof(float))
+        self.piece_len = <int32_t*>malloc(max(n, 1) * sizeof(int32_t))
         self.bmp_chars = <int32_t*>malloc(BMP * sizeof(int32_t))
-        if self.scores == NULL or self.bmp_chars == NULL:
+        if self.scores == NULL or self.piece_len == NULL or self.bmp_chars == NULL:
             raise MemoryError()
         for i in range(n):
             self.scores[i] = scores[i]
+            self.piece_len[i] = len(pieces[i])
         for i in range(BMP):
             self.bmp_chars[i] = -1
 
@@ -201,8 +211,8 @@ cdef class BPEEncoder:
                 right = symbol_key(surface[k:])
                 if left is not None and right is not None:
                     pair_table[(<uint64_t>left << 32) | <uint64_t>right] = i
-        self.pairs = self._build_hash(pair_table, &self.pair_mask)
-        self.astral_chars = self._build_hash(astral, &self.astral_mask)
+        self._build_hash(pair_table, &self.pairs)
+        self._build_hash(astral, &self.astral_chars)
 
         markers = sorted(((surface, i) for i, (surface, t) in enumerate(zip(pieces, types)) if t == 3),
                          key=lambda m: (-len(m[0]), m[1]))
@@ -232,29 +242,36 @@ cdef class BPEEncoder:
             else:
                 self.marker_nonascii_first = True
 
-    cdef HashSlot* _build_hash(self, dict table, uint64_t* mask) except NULL:
-        cdef uint64_t cap = 16, slot
-        cdef HashSlot* slots
-        while cap < 2 * len(table) + 16:
+    cdef int _build_hash(self, dict table, HashTable* out) except -1:
+        cdef uint64_t cap = 16, slot, key
+        cdef int bits = 4
+        while cap < 2 * <uint64_t>len(table) + 16:
             cap <<= 1
-        slots = <HashSlot*>malloc(cap * sizeof(HashSlot))
-        if slots == NULL:
+            bits += 1
+        out.keys = <uint64_t*>malloc(cap * sizeof(uint64_t))
+        out.values = <int32_t*>malloc(cap * sizeof(int32_t))
+        if out.keys == NULL or out.values == NULL:
             raise MemoryError()
         for slot in range(cap):
-            slots[slot].key = 0
-            slots[slot].value = -1
-        mask[0] = cap - 1
-        for key, value in table.items():
-            slot = _hash(<uint64_t>key) & mask[0]
-            while slots[slot].value != -1:
-                slot = (slot + 1) & mask[0]
-            slots[slot].key = <uint64_t>key
-            slots[slot].value = value
-        return slots
+            out.keys[slot] = EMPTY_KEY
+            out.values[slot] = -1
+        out.mask = cap - 1
+        out.shift = 64 - bits
+        for py_key, value in table.items():
+            key = <uint64_t>py_key
+            slot = (key * 0x9E3779B97F4A7C15ULL) >> out.shift
+            while out.keys[slot] != EMPTY_KEY:
+                slot = (slot + 1) & out.mask
+            out.keys[slot] = key
+            out.values[slot] = value
+        return 0
 
     def __dealloc__(self):
-        free(self.pairs)
-        free(self.astral_chars)
+        free(self.pairs.keys)
+        free(self.pairs.values)
+        free(self.astral_chars.keys)
+        free(self.astral_chars.values)
+        free(self.piece_len)
         free(self.bmp_chars)
         free(self.scores)
         free(self.marker_cps)
@@ -267,20 +284,12 @@ cdef class BPEEncoder:
         """True when segments are cut into independent chunks in front of every "▁"."""
         return self.split_before_space
 
-    cdef inline int32_t _lookup(self, const HashSlot* slots, uint64_t mask, uint64_t key) noexcept nogil:
-        cdef uint64_t slot = _hash(key) & mask
-        while slots[slot].value != -1:
-            if slots[slot].key == key:
-                return slots[slot].value
-            slot = (slot + 1) & mask
-        return -1
-
     cdef inline uint32_t _char_key(self, uint32_t cp) noexcept nogil:
         cdef int32_t piece_id
         if cp < BMP:
             piece_id = self.bmp_chars[cp]
         else:
-            piece_id = self._lookup(self.astral_chars, self.astral_mask, cp)
+            piece_id = _lookup(&self.astral_chars, cp)
         if piece_id >= 0:
             return <uint32_t>piece_id
         return NOT_A_PIECE | cp
@@ -337,16 +346,12 @@ cdef class BPEEncoder:
 
     cdef inline void _push_pair(self, Workspace* ws, Py_ssize_t* heap_size,
                                 int32_t left, int32_t right) noexcept nogil:
-        cdef uint32_t left_key = ws.symbols[left].key, right_key = ws.symbols[right].key
-        cdef int32_t merged = self._lookup(self.pairs, self.pair_mask,
-                                           (<uint64_t>left_key << 32) | right_key)
+        cdef int32_t merged = _lookup(&self.pairs, (<uint64_t>ws.symbols[left].key << 32)
+                                      | ws.symbols[right].key)
         cdef Candidate c
         if merged >= 0:
             c.score = self.scores[merged]
             c.left = left
-            c.right = right
-            c.left_key = left_key
-            c.right_key = right_key
             c.merged = merged
             _heap_push(ws.heap, heap_size, c)
 
@@ -369,7 +374,7 @@ cdef class BPEEncoder:
     cdef void _bpe_chunk(self, Workspace* ws, const uint32_t* cps, Py_ssize_t n) noexcept nogil:
         """Merge one chunk of ``n`` code points and emit its ids."""
         cdef Py_ssize_t i, heap_size = 0
-        cdef int32_t left, right, after
+        cdef int32_t left, right, after, end
         cdef Candidate c
         cdef Symbol* symbols
         if n == 1:  # the common one-character chunk needs no heap
@@ -388,10 +393,18 @@ cdef class BPEEncoder:
         while heap_size > 0:
             c = _heap_pop(ws.heap, &heap_size)
             left = c.left
-            right = c.right
-            # Stale entry: one side was merged since this pair was pushed.
-            if (symbols[left].next != right or symbols[left].key != c.left_key
-                    or symbols[right].key != c.right_key):
+            # Lazy invalidation.  Symbols are contiguous runs of the text, so the pair at
+            # ``left`` still forms ``merged`` iff it spans exactly that piece's length (same
+            # text → same concatenation).  Otherwise one side changed since the push.
+            if symbols[left].key == DEAD:
+                continue
+            right = symbols[left].next
+            if right < 0:
+                continue
+            end = symbols[right].next
+            if end < 0:
+                end = <int32_t>n
+            if end - left != self.piece_len[c.merged]:
                 continue
             after = symbols[right].next
             symbols[left].key = <uint32_t>c.merged
