@@ -318,3 +318,17 @@ def test_set_sink_tokens(archive_dir):
         a.set_sink_tokens(2)
     with pytest.raises(ValueError):
         b.set_sink_tokens(12)
+
+
+def test_fp16_head_layout_and_rung_heads(archive_dir):
+    """Older archives store the head matrices as FP16 (probes (L+1, k, d)); rungs slice their rows."""
+    path = small_archive(archive_dir, "fp16heads", head_layout="fp16")
+    for depth in (None, 3):
+        m = Model.load(path, backend="numpy", depth=depth)
+        assert not hasattr(m.weights.heads["router"].probes, "packed")
+        assert m.weights.heads["router"].probes.shape[0] == m.weights.num_layers + 1
+        m.prefill(IDS[:15])
+        online = m.head_outputs()
+        whole = m.engine.heads_from_cells(m.engine.forward_cells(IDS[:15])[1])
+        for k in online:
+            np.testing.assert_allclose(online[k], whole[k], rtol=1e-5, atol=1e-6)

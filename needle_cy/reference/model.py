@@ -173,7 +173,7 @@ class ReferenceEngine:
 
     def forward_cells(self, ids):
         state = self._fresh_state()
-        logits, cells = self._run_chunk(state, ids, all_logits=True)
+        logits, cells = self._run_chunk(state, ids, all_logits=True, pool=False)
         return logits, cells
 
     def prefill(self, ids):
@@ -192,7 +192,7 @@ class ReferenceEngine:
         return self._heads_from_pools(state)
 
     # ---------------------------------------------------------- forward pass
-    def _run_chunk(self, st, ids, all_logits):
+    def _run_chunk(self, st, ids, all_logits, pool=True):
         """Advance ``st`` by the tokens ``ids``; return (logits, cells) of the chunk."""
         w = self.w
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -215,7 +215,7 @@ class ReferenceEngine:
             cells[:, layer.index + 1] = ops.lane_mean(lanes)
 
         # probe heads: fold every new token into the online pools  (spec §5.5)
-        for name, head in w.heads.items():
+        for name, head in (w.heads.items() if pool else ()):
             probes = self._head_probes(head)
             for t in range(T):
                 ops.probe_pool_update(st.pools[name], cells[t], probes)
