@@ -44,7 +44,9 @@ Context and what the model sees when the window wraps
   system + tools): call ``set_sink_tokens(len(prefix_ids))`` any time before the
   window first wraps.
 * The probe heads pool (online, spec §5.5) over every token since ``reset()``,
-  each token's cells computed under the windowed attention above.
+  each token's cells computed under the windowed attention above.  PAD (id 0)
+  positions are left out of the pooling (spec §5.1); the blocks see a PAD like
+  any other token (encoded text never contains one).
 """
 from __future__ import annotations
 

@@ -332,3 +332,16 @@ def test_fp16_head_layout_and_rung_heads(archive_dir):
         whole = m.engine.heads_from_cells(m.engine.forward_cells(IDS[:15])[1])
         for k in online:
             np.testing.assert_allclose(online[k], whole[k], rtol=1e-5, atol=1e-6)
+
+
+def test_pad_tokens_are_left_out_of_head_pooling(archive_dir):
+    m = Model.load(small_archive(archive_dir), backend="numpy")
+    ids = IDS[:12].copy()
+    ids[[3, 7]] = 0                                   # PAD (spec §5.1: keep[t] = tok[t] != PAD)
+    m.prefill(ids)
+    cells = m.engine.forward_cells(ids)[1]
+    masked = m.engine.heads_from_cells(cells, ids)
+    unmasked = m.engine.heads_from_cells(cells)
+    online = m.head_outputs()
+    np.testing.assert_allclose(online["router"], masked["router"], rtol=1e-5, atol=1e-6)
+    assert np.abs(online["router"] - unmasked["router"]).max() > 1e-4

@@ -44,6 +44,7 @@ from .cq import dequantize, dequantize_rows
 
 F32 = np.float32
 NUMERICS = ("deploy", "float")
+PAD_ID = 0          # cells of PAD tokens are left out of the probe pooling (spec §5.1 keep mask)
 
 
 # ---------------------------------------------------------------------------
@@ -218,7 +219,7 @@ class ReferenceEngine:
         for name, head in (w.heads.items() if pool else ()):
             probes = self._head_probes(head)
             for t in range(T):
-                ops.probe_pool_update(st.pools[name], cells[t], probes)
+                ops.probe_pool_update(st.pools[name], cells[t], probes, keep=bool(ids[t] != PAD_ID))
 
         # output: final norm, A8, tied head                      (spec §4.9)
         h = cells[:, -1] if all_logits else cells[-1:, -1]
@@ -345,16 +346,21 @@ class ReferenceEngine:
             pool = st.pools[name]
             if pool.count_empty:
                 from ..errors import ModelStateError
-                raise ModelStateError("head_outputs: no token has been fed since reset")
+                raise ModelStateError("head_outputs: no (non-PAD) token has been fed since reset")
             z = ops.probe_pool_rows(ops.probe_pool_tokens_online(pool), head.gain,
                                     self._dense(head.query), head.row_bias)
             out[name] = ops.HEAD_POST[name](ops.probe_head_output(z, self._dense(head.proj), head.bias))
         return out
 
-    def heads_from_cells(self, cells):
-        """Head outputs from whole-sequence cells ``[T, D+1, d]`` (non-online pooling, for tests)."""
+    def heads_from_cells(self, cells, ids=None):
+        """Head outputs from whole-sequence cells ``[T, D+1, d]`` (non-online pooling, for tests).
+
+        ``ids`` (optional) drops the PAD positions from the pooling like the online form does.
+        """
+        keep = None if ids is None else np.asarray(ids) != PAD_ID
         out = {}
         for name, head in self.w.heads.items():
-            z = ops.probe_pool(cells, self._head_probes(head), head.gain, self._dense(head.query), head.row_bias)
+            z = ops.probe_pool(cells, self._head_probes(head), head.gain, self._dense(head.query),
+                               head.row_bias, keep)
             out[name] = ops.HEAD_POST[name](ops.probe_head_output(z, self._dense(head.proj), head.bias))
         return out
