@@ -1,0 +1,70 @@
+# cython: language_level=3
+"""C surface of the CQ kernels (spec §3.4–§3.6), cimportable by other Cython modules.
+
+A CQ matrix is used through a prepared ``CQWeight`` (made once per matrix by the
+Python-level ``needle_cy._cq.prepare(cq_matrix)``, which validates everything and
+caches the result).  Its ``view`` is a plain C struct of pointers and sizes that
+the nogil functions below read; they never touch Python objects, never check
+their arguments (the Python wrappers and ``prepare`` did) and never allocate:
+the caller owns every buffer, including the float32 workspace whose size
+``cq_work_floats`` tells.
+
+Typical use from the forward pass (``_model.pyx``)::
+
+    from needle_cy._cq cimport CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul
+    from needle_cy._cq import prepare
+
+    cdef CQWeight wq = prepare(archive.tensor("layers.0.q_proj"))   # once, at load
+    cdef const CQView* q = &wq.view
+    # work: at least cq_work_floats(q, T, threads) float32s (reusable across calls)
+    cq_matvec(q, x, y, work, threads)                   # y[rows] = W · x[cols]
+    cq_matmul(q, X, T, x_stride, Y, y_stride, work, threads)   # Y[T, rows] = X[T, cols] · Wᵀ
+    cq_dequantize_row(emb, token_id, out, scratch)     # out[cols], scratch[group_size]
+
+Threads: ``threads`` is an upper bound (resolve it once with
+``needle_cy.threads.get_num_threads``); small products use fewer threads
+because an OpenMP fork costs more than it saves below ~64 K multiply–adds per
+thread.  Results do not depend on the thread count (each output is summed by
+one thread in a fixed order).
+"""
+from libc.stdint cimport uint8_t
+
+
+ctypedef struct CQView:
+    const uint8_t* packed      # [rows, row_bytes] LSB-first fields (spec §3.4); rows contiguous
+    const uint8_t* packed_end  # packed + rows·row_bytes: SIMD loads never read at or past it
+    const float* norms         # float32 [rows, norm_stride]; zero past n_groups, 8 spare floats at the end
+    Py_ssize_t rows
+    Py_ssize_t cols
+    Py_ssize_t cols_padded     # n_groups · group_size
+    Py_ssize_t n_groups
+    Py_ssize_t row_bytes
+    Py_ssize_t norm_stride
+    Py_ssize_t chunk_fields    # fields per SIMD chunk (8 lanes × fields per 32-bit lane)
+    Py_ssize_t chunk_bytes     # packed bytes per SIMD chunk (32, or 24 at 3 bits)
+    Py_ssize_t n_chunks        # chunks per row: ceil(cols_padded / chunk_fields)
+    Py_ssize_t padded_len      # n_chunks · chunk_fields: length of one rotated activation
+    int bits                   # 1, 2, 3, 4 or 5 (ternary)
+    int field_bits             # bits per stored field (2 for ternary)
+    int group_size
+    int simd                   # 1 when the AVX2 kernels can run this matrix on this CPU
+    float codebook[16]         # codeword of each raw field value (unused entries 0)
+    float simd_table[16]       # register tables of the AVX2 path (see _cq.pyx)
+
+
+cdef class CQWeight:
+    cdef CQView view
+    cdef object _packed        # keeps the packed bytes (often a view of the archive mmap) alive
+    cdef object _norms32       # owns view.norms
+    cdef object _codebook
+
+
+cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil
+cdef int cq_effective_threads(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil
+cdef void cq_matvec(const CQView* w, const float* x, float* y, float* work,
+                    int threads) noexcept nogil
+cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
+                    float* Y, Py_ssize_t y_stride, float* work, int threads) noexcept nogil
+cdef void cq_dequantize_row(const CQView* w, Py_ssize_t row, float* out,
+                            float* scratch) noexcept nogil
+cdef void cq_fwht_scaled(float* v, Py_ssize_t n, float scale) noexcept nogil

@@ -1,0 +1,791 @@
+# cython: language_level=3
+"""Packed CQ matrix products (spec §3.6): y = W·x and Y = X·Wᵀ without dequantizing W.
+
+For every input group γ the activation is rotated once, x̃_γ = Hg·x_γ (a fast
+Walsh–Hadamard transform shared by all rows), and then
+
+    y_r = Σ_γ ν_rγ · Σ_j cb[i_rγj] · x̃_γ[j]
+
+is evaluated directly on the packed indices.  The NumPy twin is
+``needle_cy.reference.cq``; tests diff the two.
+
+Two inner loops:
+
+* AVX2 (x86-64 CPUs with AVX2+FMA, chosen at run time): the codebook lives in a
+  register and ``vpermps`` turns eight packed indices into eight codewords at
+  once.  A 32-byte chunk of a row is loaded into eight 32-bit lanes; lane l
+  holds F consecutive fields (F = 32/bits; at 3 bits, 3 bytes → 8 fields are
+  spread into each lane first).  Step s shifts every lane right by s·bits, so
+  the low bits of each lane are field s of that lane, and ``vpermps`` (which
+  reads the low 3 bits of each lane) looks the codewords up.  The activation
+  is stored once per call in the matching transposed order (``xp``), so each
+  step is one FMA with a contiguous load.  4-bit indices need two 8-entry
+  tables and a blend on bit 3; 1- and 2-bit (and ternary) tables repeat the
+  codebook so the ignored upper index bits do not matter.  A lane never
+  straddles two groups (F ≤ group size), so per-lane group norms are applied
+  once per chunk.  The matmul decodes each step once and reuses the codewords
+  for a block of 8 tokens (8 independent accumulators).
+* Portable scalar Cython (any CPU, any width): byte-wise decoding with codebook
+  lookups, one group at a time; the matmul decodes a group's codewords once
+  into a small per-thread buffer and reuses them for every token.
+
+Norms are converted from FP16 to float32 once, when a matrix is prepared
+(``prepare``): the kernels read a float32 copy padded per row (4 bytes per
+group, i.e. 1/32 bit per weight at g = 128) instead of converting on the fly.
+``prepare`` caches the prepared ``CQWeight`` per ``CQMatrix`` (weakly), so the
+Python-level ``matvec``/``matmul`` pay the conversion once per matrix.
+"""
+import math
+import weakref
+
+import numpy as np
+cimport numpy as cnp
+from cython.parallel cimport prange, threadid
+from libc.stdint cimport uint8_t, uint32_t, int64_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy, memset
+
+from .threads import get_num_threads
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <stddef.h>
+    #include <string.h>
+
+    /* AVX2 kernels, compiled with a target attribute so that even a portable
+       build (no -march) has them; used only when the CPU reports AVX2+FMA. */
+    #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+    #include <immintrin.h>
+    #define NC_CQ_X86 1
+    #define NC_CQ_TARGET __attribute__((target("avx2,fma")))
+    #define NC_CQ_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
+
+    static int nc_cq_cpu_has_avx2(void) {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+
+    /* Eight 32-bit lanes of packed fields.  Never reads at or past `end`. */
+    NC_CQ_INLINE __m256i nc_cq_load_chunk(const uint8_t* p, const uint8_t* end, const int fb) {
+        __m256i v;
+        if (end - p >= 32) {
+            v = _mm256_loadu_si256((const __m256i*)p);
+        } else {
+            uint8_t buf[32];
+            memset(buf, 0, sizeof buf);
+            memcpy(buf, p, (size_t)(end - p));
+            v = _mm256_loadu_si256((const __m256i*)buf);
+        }
+        if (fb == 3) {
+            /* 24 bytes = 8 runs of 3 bytes (8 fields each): run l → lane l. */
+            v = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 1, 2, 2, 3, 4, 5, 5));
+            v = _mm256_shuffle_epi8(v, _mm256_setr_epi8(
+                0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
+                0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1));
+        }
+        return v;
+    }
+
+    /* Codewords of the low field of every lane. */
+    NC_CQ_INLINE __m256 nc_cq_decode(__m256i v, __m256 tlo, __m256 thi, const int fb) {
+        /* ≤ 2 bits: the in-lane vpermilps (reads index bits 0–1) is cheaper than vpermps */
+        if (fb <= 2) return _mm256_permutevar_ps(tlo, v);
+        __m256 lo = _mm256_permutevar8x32_ps(tlo, v);
+        if (fb == 4) {
+            __m256 hi = _mm256_permutevar8x32_ps(thi, v);
+            return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
+        }
+        return lo;
+    }
+
+    NC_CQ_INLINE float nc_cq_hsum(__m256 v) {
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        return _mm_cvtss_f32(s);
+    }
+
+    /* Lane l of a chunk covers fields l·F ... l·F + F − 1, all inside group (l·F)/g of the chunk. */
+    NC_CQ_INLINE __m256i nc_cq_lane_groups(const int F, int g) {
+        return _mm256_setr_epi32(0, F / g, 2 * F / g, 3 * F / g, 4 * F / g, 5 * F / g, 6 * F / g, 7 * F / g);
+    }
+
+    /* Group norm of each lane of chunk c (g is a power of two: g_shift = log2 g). */
+    NC_CQ_INLINE __m256 nc_cq_norm_lanes(const float* nrow, ptrdiff_t c, const int C, int g,
+                                         int g_shift, __m256i lane_groups) {
+        if (g >= C) return _mm256_broadcast_ss(nrow + ((c * C) >> g_shift));
+        return _mm256_permutevar8x32_ps(_mm256_loadu_ps(nrow + ((c * C) >> g_shift)), lane_groups);
+    }
+
+    /* One row · one rotated activation (matvec). */
+    NC_CQ_INLINE float nc_cq_row_dot_fb(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                        const float* xp, ptrdiff_t n_chunks, int g,
+                                        const float* table, const int fb) {
+        const int F = (fb == 3) ? 8 : 32 / fb;
+        const int C = 8 * F;
+        const int CB = (fb == 3) ? 24 : 32;
+        const __m256 tlo = _mm256_loadu_ps(table), thi = _mm256_loadu_ps(table + 8);
+        const int g_shift = __builtin_ctz((unsigned)g);
+        const __m256i lane_groups = nc_cq_lane_groups(F, g);
+        __m256 total = _mm256_setzero_ps();
+        for (ptrdiff_t c = 0; c < n_chunks; c++) {
+            __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
+            const float* xc = xp + c * C;
+            /* four accumulators: the FMA latency chain would otherwise bound the loop */
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+            for (int s = 0; s < F; s += 4) {
+                a0 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xc + 8 * s), a0);
+                v = _mm256_srli_epi32(v, fb);
+                a1 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xc + 8 * s + 8), a1);
+                v = _mm256_srli_epi32(v, fb);
+                a2 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xc + 8 * s + 16), a2);
+                v = _mm256_srli_epi32(v, fb);
+                a3 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xc + 8 * s + 24), a3);
+                v = _mm256_srli_epi32(v, fb);
+            }
+            __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
+            total = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                                    nv, total);
+        }
+        return nc_cq_hsum(total);
+    }
+
+    /* One row · NT rotated activations (matmul): each step is decoded once and
+       scaled by the lane norms, then used by NT independent accumulators. */
+    NC_CQ_INLINE void nc_cq_row_tokens_fb(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                          const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
+                                          int g, const float* table, float* y, ptrdiff_t y_stride,
+                                          const int fb, const int NT) {
+        const int F = (fb == 3) ? 8 : 32 / fb;
+        const int C = 8 * F;
+        const int CB = (fb == 3) ? 24 : 32;
+        const __m256 tlo = _mm256_loadu_ps(table), thi = _mm256_loadu_ps(table + 8);
+        const int g_shift = __builtin_ctz((unsigned)g);
+        const __m256i lane_groups = nc_cq_lane_groups(F, g);
+        __m256 acc[8];
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+        for (ptrdiff_t c = 0; c < n_chunks; c++) {
+            __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
+            const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
+            const float* xc = xp + c * C;
+            for (int s = 0; s < F; s++) {
+                const __m256 w = _mm256_mul_ps(nc_cq_decode(v, tlo, thi, fb), nv);
+                for (int t = 0; t < NT; t++)
+                    acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
+                v = _mm256_srli_epi32(v, fb);
+            }
+        }
+        for (int t = 0; t < NT; t++) y[t * y_stride] = nc_cq_hsum(acc[t]);
+    }
+
+    #define NC_CQ_SPECIALISE(FB)                                                               \\
+    static NC_CQ_TARGET float nc_cq_row_dot_##FB(const uint8_t* row, const uint8_t* end,       \\
+            const float* nrow, const float* xp, ptrdiff_t n_chunks, int g, const float* table) { \\
+        return nc_cq_row_dot_fb(row, end, nrow, xp, n_chunks, g, table, FB);                   \\
+    }                                                                                          \\
+    static NC_CQ_TARGET void nc_cq_row_tokens_##FB(const uint8_t* row, const uint8_t* end,     \\
+            const float* nrow, const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks, int g, \\
+            const float* table, int nt, float* y, ptrdiff_t y_stride) {                        \\
+        for (; nt >= 8; nt -= 8, xp += 8 * xp_stride, y += 8 * y_stride)                      \\
+            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 8); \\
+        if (nt >= 4) {                                                                         \\
+            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 4); \\
+            nt -= 4; xp += 4 * xp_stride; y += 4 * y_stride;                                   \\
+        }                                                                                      \\
+        if (nt >= 2) {                                                                         \\
+            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 2); \\
+            nt -= 2; xp += 2 * xp_stride; y += 2 * y_stride;                                   \\
+        }                                                                                      \\
+        if (nt)                                                                                \\
+            y[0] = nc_cq_row_dot_fb(row, end, nrow, xp, n_chunks, g, table, FB);               \\
+    }
+    NC_CQ_SPECIALISE(1)
+    NC_CQ_SPECIALISE(2)
+    NC_CQ_SPECIALISE(3)
+    NC_CQ_SPECIALISE(4)
+
+    static float nc_cq_avx2_row_dot(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                    const float* xp, ptrdiff_t n_chunks, int fb, int g,
+                                    const float* table) {
+        switch (fb) {
+        case 1: return nc_cq_row_dot_1(row, end, nrow, xp, n_chunks, g, table);
+        case 2: return nc_cq_row_dot_2(row, end, nrow, xp, n_chunks, g, table);
+        case 3: return nc_cq_row_dot_3(row, end, nrow, xp, n_chunks, g, table);
+        default: return nc_cq_row_dot_4(row, end, nrow, xp, n_chunks, g, table);
+        }
+    }
+
+    static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                      const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
+                                      int fb, int g, const float* table, int nt,
+                                      float* y, ptrdiff_t y_stride) {
+        switch (fb) {
+        case 1: nc_cq_row_tokens_1(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
+        case 2: nc_cq_row_tokens_2(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
+        case 3: nc_cq_row_tokens_3(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
+        default: nc_cq_row_tokens_4(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
+        }
+    }
+    #else
+    static int nc_cq_cpu_has_avx2(void) { return 0; }
+    static float nc_cq_avx2_row_dot(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                    const float* xp, ptrdiff_t n_chunks, int fb, int g,
+                                    const float* table) { return 0.0f; }
+    static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                      const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
+                                      int fb, int g, const float* table, int nt,
+                                      float* y, ptrdiff_t y_stride) {}
+    #endif
+
+    /* Run-time switch for tests and comparisons (1 = use AVX2 where possible). */
+    static int nc_cq_simd_enabled = -1;
+    static int nc_cq_use_simd(int view_simd) {
+        if (nc_cq_simd_enabled < 0) nc_cq_simd_enabled = nc_cq_cpu_has_avx2();
+        return view_simd && nc_cq_simd_enabled;
+    }
+    """
+    int nc_cq_cpu_has_avx2() nogil
+    int nc_cq_simd_enabled
+    int nc_cq_use_simd(int view_simd) noexcept nogil
+    float nc_cq_avx2_row_dot(const uint8_t* row, const uint8_t* end, const float* nrow,
+                             const float* xp, Py_ssize_t n_chunks, int fb, int g,
+                             const float* table) noexcept nogil
+    void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
+                               const float* xp, Py_ssize_t xp_stride, Py_ssize_t n_chunks,
+                               int fb, int g, const float* table, int nt,
+                               float* y, Py_ssize_t y_stride) noexcept nogil
+
+
+TERNARY_BITS = 5
+# Below this many multiply–adds per thread an OpenMP fork costs more than it saves.
+cdef Py_ssize_t MIN_MACS_PER_THREAD = 65536
+# Matmul blocking: rows that share one block of rotated tokens while it is in L1/L2.
+cdef Py_ssize_t ROW_BLOCK = 16
+cdef Py_ssize_t TOKEN_BLOCK = 8
+
+
+# ---------------------------------------------------------------------------
+# rotation (spec §3.1): x̃ = Hg·x per group, shared by every row
+# ---------------------------------------------------------------------------
+
+cdef void cq_fwht_scaled(float* v, Py_ssize_t n, float scale) noexcept nogil:
+    """In-place Walsh–Hadamard transform (Sylvester order) of length n, times scale."""
+    cdef Py_ssize_t h = 1, i, j
+    cdef float a, b
+    while h < n:
+        i = 0
+        while i < n:
+            for j in range(i, i + h):
+                a = v[j]
+                b = v[j + h]
+                v[j] = a + b
+                v[j + h] = a - b
+            i += 2 * h
+        h *= 2
+    for j in range(n):
+        v[j] *= scale
+
+
+cdef inline float _hadamard_scale(int g) noexcept nogil:
+    # float32(1/sqrt(g)), the entry magnitude of Hg as the package builds it
+    return <float>(1.0 / (<double>g) ** 0.5)
+
+
+cdef void _rotate_token(const CQView* w, const float* x, float* xt, float* xp,
+                        bint simd) noexcept nogil:
+    """xt = zero-padded x with every group rotated; xp = xt in the AVX2 lane order."""
+    cdef Py_ssize_t g = w.group_size, P = w.padded_len, C = w.chunk_fields
+    cdef Py_ssize_t F = C // 8, c, s, l, gamma
+    cdef float scale = _hadamard_scale(w.group_size)
+    cdef const float* src
+    cdef float* dst
+    memcpy(xt, x, w.cols * sizeof(float))
+    memset(xt + w.cols, 0, (P - w.cols) * sizeof(float))
+    for gamma in range(w.n_groups):
+        cq_fwht_scaled(xt + gamma * g, g, scale)
+    if simd:
+        # chunk c, lane l holds fields c·C + l·F + s (s = 0..F−1); step s reads all lanes
+        for c in range(w.n_chunks):
+            src = xt + c * C
+            dst = xp + c * C
+            for l in range(8):
+                for s in range(F):
+                    dst[s * 8 + l] = src[l * F + s]
+
+
+# ---------------------------------------------------------------------------
+# portable scalar inner loops
+# ---------------------------------------------------------------------------
+
+cdef inline float _group_dot_scalar(const uint8_t* p, const float* cb, const float* x,
+                                    Py_ssize_t g, int fb) noexcept nogil:
+    """Σ_j cb[field_j] · x[j] over one group of g fields starting at byte p."""
+    cdef float acc0 = 0, acc1 = 0
+    cdef Py_ssize_t k
+    cdef uint32_t b
+    if fb == 4:
+        for k in range(g >> 1):
+            b = p[k]
+            acc0 = acc0 + cb[b & 15] * x[2 * k]
+            acc1 = acc1 + cb[b >> 4] * x[2 * k + 1]
+    elif fb == 2:
+        for k in range(g >> 2):
+            b = p[k]
+            acc0 = acc0 + cb[b & 3] * x[4 * k] + cb[(b >> 2) & 3] * x[4 * k + 1]
+            acc1 = acc1 + cb[(b >> 4) & 3] * x[4 * k + 2] + cb[b >> 6] * x[4 * k + 3]
+    elif fb == 1:
+        for k in range(g >> 3):
+            b = p[k]
+            acc0 = (acc0 + cb[b & 1] * x[8 * k] + cb[(b >> 1) & 1] * x[8 * k + 1]
+                    + cb[(b >> 2) & 1] * x[8 * k + 2] + cb[(b >> 3) & 1] * x[8 * k + 3])
+            acc1 = (acc1 + cb[(b >> 4) & 1] * x[8 * k + 4] + cb[(b >> 5) & 1] * x[8 * k + 5]
+                    + cb[(b >> 6) & 1] * x[8 * k + 6] + cb[b >> 7] * x[8 * k + 7])
+    else:  # 3 bits: 3 bytes hold 8 fields
+        for k in range(g >> 3):
+            b = p[3 * k] | (<uint32_t>p[3 * k + 1] << 8) | (<uint32_t>p[3 * k + 2] << 16)
+            acc0 = (acc0 + cb[b & 7] * x[8 * k] + cb[(b >> 3) & 7] * x[8 * k + 1]
+                    + cb[(b >> 6) & 7] * x[8 * k + 2] + cb[(b >> 9) & 7] * x[8 * k + 3])
+            acc1 = (acc1 + cb[(b >> 12) & 7] * x[8 * k + 4] + cb[(b >> 15) & 7] * x[8 * k + 5]
+                    + cb[(b >> 18) & 7] * x[8 * k + 6] + cb[(b >> 21) & 7] * x[8 * k + 7])
+    return acc0 + acc1
+
+
+cdef inline void _group_decode(const uint8_t* p, const float* cb, float* out,
+                               Py_ssize_t g, int fb) noexcept nogil:
+    """out[j] = cb[field_j] for one group (the unit codewords, no norm, no rotation)."""
+    cdef Py_ssize_t k, s
+    cdef uint32_t b, mask = (1u << fb) - 1
+    if fb == 3:
+        for k in range(g >> 3):
+            b = p[3 * k] | (<uint32_t>p[3 * k + 1] << 8) | (<uint32_t>p[3 * k + 2] << 16)
+            for s in range(8):
+                out[8 * k + s] = cb[(b >> (3 * s)) & 7]
+    else:
+        for k in range(g * fb // 8):
+            b = p[k]
+            for s in range(8 // fb):
+                out[k * (8 // fb) + s] = cb[(b >> (s * fb)) & mask]
+
+
+cdef float _row_dot_scalar(const CQView* w, Py_ssize_t r, const float* xt) noexcept nogil:
+    cdef Py_ssize_t g = w.group_size, gamma
+    cdef Py_ssize_t group_bytes = g * w.field_bits // 8
+    cdef const uint8_t* row = w.packed + r * w.row_bytes
+    cdef const float* nrow = w.norms + r * w.norm_stride
+    cdef float y = 0
+    for gamma in range(w.n_groups):
+        y = y + nrow[gamma] * _group_dot_scalar(row + gamma * group_bytes, w.codebook,
+                                                xt + gamma * g, g, w.field_bits)
+    return y
+
+
+# ---------------------------------------------------------------------------
+# the C surface (declared in _cq.pxd)
+# ---------------------------------------------------------------------------
+
+cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil:
+    """Workspace the kernels need: rotated tokens twice (plain and lane order) + scratch."""
+    if threads < 1:
+        threads = 1
+    return 2 * n_tokens * w.padded_len + threads * w.group_size
+
+
+cdef int cq_effective_threads(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil:
+    cdef Py_ssize_t by_work = w.rows * w.cols * n_tokens // MIN_MACS_PER_THREAD
+    cdef Py_ssize_t n = threads
+    if n > by_work:
+        n = by_work
+    if n > w.rows:
+        n = w.rows
+    if n < 1:
+        n = 1
+    return <int>n
+
+
+cdef void cq_matvec(const CQView* w, const float* x, float* y, float* work,
+                    int threads) noexcept nogil:
+    """y[rows] = W · x[cols].  work: cq_work_floats(w, 1, threads) floats."""
+    cdef bint simd = nc_cq_use_simd(w.simd)
+    cdef float* xt = work
+    cdef float* xp = work + w.padded_len
+    cdef int n = cq_effective_threads(w, 1, threads)
+    cdef Py_ssize_t r
+    _rotate_token(w, x, xt, xp, simd)
+    if simd:
+        if n == 1:
+            for r in range(w.rows):
+                y[r] = nc_cq_avx2_row_dot(w.packed + r * w.row_bytes, w.packed_end,
+                                          w.norms + r * w.norm_stride, xp, w.n_chunks,
+                                          w.field_bits, w.group_size, w.simd_table)
+        else:
+            for r in prange(w.rows, num_threads=n, schedule="static"):
+                y[r] = nc_cq_avx2_row_dot(w.packed + r * w.row_bytes, w.packed_end,
+                                          w.norms + r * w.norm_stride, xp, w.n_chunks,
+                                          w.field_bits, w.group_size, w.simd_table)
+    else:
+        if n == 1:
+            for r in range(w.rows):
+                y[r] = _row_dot_scalar(w, r, xt)
+        else:
+            for r in prange(w.rows, num_threads=n, schedule="static"):
+                y[r] = _row_dot_scalar(w, r, xt)
+
+
+cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const float* xp,
+                            Py_ssize_t n_tokens, float* Y, Py_ssize_t y_stride) noexcept nogil:
+    cdef Py_ssize_t t0, r, P = w.padded_len
+    cdef int nt
+    t0 = 0
+    while t0 < n_tokens:
+        nt = <int>(n_tokens - t0 if n_tokens - t0 < TOKEN_BLOCK else TOKEN_BLOCK)
+        for r in range(r0, r1):
+            nc_cq_avx2_row_tokens(w.packed + r * w.row_bytes, w.packed_end,
+                                  w.norms + r * w.norm_stride, xp + t0 * P, P, w.n_chunks,
+                                  w.field_bits, w.group_size, w.simd_table, nt,
+                                  Y + t0 * y_stride + r, y_stride)
+        t0 += TOKEN_BLOCK
+
+
+cdef void _matmul_row_scalar(const CQView* w, Py_ssize_t r, const float* xt, Py_ssize_t n_tokens,
+                             float* Y, Py_ssize_t y_stride, float* vals) noexcept nogil:
+    """One row for every token; each group's codewords are decoded once into vals."""
+    cdef Py_ssize_t g = w.group_size, gamma, t, j, P = w.padded_len
+    cdef Py_ssize_t group_bytes = g * w.field_bits // 8
+    cdef const uint8_t* row = w.packed + r * w.row_bytes
+    cdef const float* nrow = w.norms + r * w.norm_stride
+    cdef const float* xg
+    cdef float acc
+    for t in range(n_tokens):
+        Y[t * y_stride + r] = 0
+    for gamma in range(w.n_groups):
+        _group_decode(row + gamma * group_bytes, w.codebook, vals, g, w.field_bits)
+        for t in range(n_tokens):
+            xg = xt + t * P + gamma * g
+            acc = 0
+            for j in range(g):
+                acc = acc + vals[j] * xg[j]
+            Y[t * y_stride + r] += nrow[gamma] * acc
+
+
+cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
+                    float* Y, Py_ssize_t y_stride, float* work, int threads) noexcept nogil:
+    """Y[t, r] = Σ_c W[r, c]·X[t, c] for T = n_tokens rows of X (row stride x_stride)
+    into Y (row stride y_stride).  work: cq_work_floats(w, n_tokens, threads) floats."""
+    cdef bint simd = nc_cq_use_simd(w.simd)
+    cdef Py_ssize_t P = w.padded_len, t, rb, r, r0, r1
+    cdef Py_ssize_t n_blocks = (w.rows + ROW_BLOCK - 1) // ROW_BLOCK
+    cdef float* xt = work
+    cdef float* xp = work + n_tokens * P
+    cdef float* scratch = work + 2 * n_tokens * P
+    cdef int n = cq_effective_threads(w, n_tokens, threads)
+    if n_tokens < 1:
+        return
+    if n == 1 or n_tokens == 1:
+        for t in range(n_tokens):
+            _rotate_token(w, X + t * x_stride, xt + t * P, xp + t * P, simd)
+    else:
+        for t in prange(n_tokens, num_threads=n, schedule="static"):
+            _rotate_token(w, X + t * x_stride, xt + t * P, xp + t * P, simd)
+    if simd:
+        if n == 1:
+            _matmul_rows_simd(w, 0, w.rows, xp, n_tokens, Y, y_stride)
+        else:
+            for rb in prange(n_blocks, num_threads=n, schedule="static"):
+                r0 = rb * ROW_BLOCK
+                r1 = r0 + ROW_BLOCK
+                if r1 > w.rows:
+                    r1 = w.rows
+                _matmul_rows_simd(w, r0, r1, xp, n_tokens, Y, y_stride)
+    else:
+        if n == 1:
+            for r in range(w.rows):
+                _matmul_row_scalar(w, r, xt, n_tokens, Y, y_stride, scratch)
+        else:
+            for r in prange(w.rows, num_threads=n, schedule="static"):
+                _matmul_row_scalar(w, r, xt, n_tokens, Y, y_stride,
+                                   scratch + threadid() * w.group_size)
+
+
+cdef void cq_dequantize_row(const CQView* w, Py_ssize_t row, float* out,
+                            float* scratch) noexcept nogil:
+    """out[cols] = row of W (spec §3.5): (ν·cb[fields])·Hg per group.  scratch: g floats."""
+    cdef Py_ssize_t g = w.group_size, gamma, j, n
+    cdef Py_ssize_t group_bytes = g * w.field_bits // 8
+    cdef const uint8_t* prow = w.packed + row * w.row_bytes
+    cdef const float* nrow = w.norms + row * w.norm_stride
+    cdef float scale = _hadamard_scale(w.group_size)
+    cdef float nu
+    for gamma in range(w.n_groups):
+        _group_decode(prow + gamma * group_bytes, w.codebook, scratch, g, w.field_bits)
+        nu = nrow[gamma]
+        for j in range(g):
+            scratch[j] = scratch[j] * nu
+        cq_fwht_scaled(scratch, g, scale)
+        n = w.cols - gamma * g
+        if n > g:
+            n = g
+        memcpy(out + gamma * g, scratch, n * sizeof(float))
+
+
+# ---------------------------------------------------------------------------
+# prepared matrices
+# ---------------------------------------------------------------------------
+
+def _fail(what, expected, found):
+    raise ValueError(f"{what}: expected {expected}, found {found}")
+
+
+def _describe(arr):
+    if isinstance(arr, np.ndarray):
+        return f"{arr.dtype} array of shape {arr.shape}"
+    return type(arr).__name__
+
+
+cdef class CQWeight:
+    """A CQ matrix made ready for the kernels: validated, float32 norms, C view.
+
+    Build it with ``prepare(cq_matrix)`` (cached) or ``CQWeight(cq_matrix)``.
+    It keeps the packed bytes alive but not the ``CQMatrix`` object.
+    """
+
+    def __init__(self, W):
+        cdef Py_ssize_t rows, cols, g, fb, n_groups, cols_padded, row_bytes, F, C, n_chunks, norm_stride
+        cdef int bits, i
+        for name in ("rows", "cols", "bits", "group_size", "packed", "norms", "codebook"):
+            if not hasattr(W, name):
+                raise ValueError(f"CQWeight: expected a CQMatrix (with .{name}), found {type(W).__name__}")
+        rows, cols, bits, g = int(W.rows), int(W.cols), int(W.bits), int(W.group_size)
+        if bits not in (1, 2, 3, 4, TERNARY_BITS):
+            _fail("CQ bits", "1, 2, 3, 4 or 5 (ternary)", bits)
+        if g < 8 or g & (g - 1):
+            _fail("CQ group_size", "a power of two >= 8", g)
+        if rows < 1 or cols < 1:
+            _fail("CQ shape", "rows >= 1 and cols >= 1", (rows, cols))
+        fb = 2 if bits == TERNARY_BITS else bits
+        n_groups = (cols + g - 1) // g  # typed C ints: no -(-a // b) ceil
+        cols_padded = n_groups * g
+        row_bytes = cols_padded * fb // 8
+        packed, norms, codebook = W.packed, W.norms, W.codebook
+        if (not isinstance(packed, np.ndarray) or packed.dtype != np.uint8
+                or packed.shape != (rows, row_bytes) or not packed.flags.c_contiguous):
+            _fail("CQ packed", f"C-contiguous uint8 array of shape {(rows, row_bytes)}", _describe(packed))
+        if (not isinstance(norms, np.ndarray) or norms.dtype not in (np.float16, np.float32)
+                or norms.shape != (rows, n_groups)):
+            _fail("CQ norms", f"float16 array of shape {(rows, n_groups)}", _describe(norms))
+        if (not isinstance(codebook, np.ndarray) or codebook.dtype != np.float32
+                or codebook.shape != (1 << fb,)):
+            _fail("CQ codebook", f"float32 array of shape {(1 << fb,)}", _describe(codebook))
+        if not np.isfinite(codebook).all():
+            _fail("CQ codebook", "finite values", codebook)
+
+        # SIMD chunk geometry: 8 lanes of F fields (F = 32/fb, or 8 at 3 bits)
+        F = 8 if fb == 3 else 32 // fb
+        C = 8 * F
+        n_chunks = (cols_padded + C - 1) // C
+        norm_stride = (n_chunks * C + g - 1) // g
+        norms32 = np.zeros(rows * norm_stride + 8, np.float32)
+        norms32[: rows * norm_stride].reshape(rows, norm_stride)[:, :n_groups] = norms
+        if not np.isfinite(norms32).all():
+            _fail("CQ norms", "finite values", "NaN or infinity")
+
+        self._packed = packed
+        self._norms32 = norms32
+        self._codebook = np.ascontiguousarray(codebook)
+        cdef const cnp.uint8_t[:, ::1] pv = packed
+        cdef float[::1] nv = norms32
+        cdef CQView* v = &self.view
+        v.packed = &pv[0, 0]
+        v.packed_end = v.packed + rows * row_bytes
+        v.norms = &nv[0]
+        v.rows = rows
+        v.cols = cols
+        v.cols_padded = cols_padded
+        v.n_groups = n_groups
+        v.row_bytes = row_bytes
+        v.norm_stride = norm_stride
+        v.chunk_fields = C
+        v.chunk_bytes = C * fb // 8
+        v.n_chunks = n_chunks
+        v.padded_len = n_chunks * C
+        v.bits = bits
+        v.field_bits = fb
+        v.group_size = g
+        # a lane's F fields must lie in one group for the per-lane norms
+        v.simd = 1 if (nc_cq_cpu_has_avx2() and g >= F) else 0
+        for i in range(16):
+            v.codebook[i] = codebook[i] if i < (1 << fb) else 0.0
+        # register tables: vpermps reads the low 3 bits of an index, so narrow
+        # codebooks are repeated; 4 bits use entries 0–7 and 8–15 plus a blend
+        for i in range(16):
+            if fb == 4:
+                v.simd_table[i] = codebook[i]
+            elif i < 8:
+                v.simd_table[i] = codebook[i & ((1 << fb) - 1)]
+            else:
+                v.simd_table[i] = 0.0
+
+    @property
+    def rows(self):
+        return self.view.rows
+
+    @property
+    def cols(self):
+        return self.view.cols
+
+    @property
+    def bits(self):
+        return self.view.bits
+
+    @property
+    def group_size(self):
+        return self.view.group_size
+
+    @property
+    def simd(self):
+        """True when the AVX2 kernels run this matrix (CPU support and group size permitting)."""
+        return bool(nc_cq_use_simd(self.view.simd))
+
+    def __repr__(self):
+        return (f"CQWeight({self.view.rows}x{self.view.cols}, bits={self.view.bits}, "
+                f"group_size={self.view.group_size}, kernel={'avx2' if self.simd else 'scalar'})")
+
+
+_prepared = weakref.WeakKeyDictionary()
+
+
+def prepare(W):
+    """The CQWeight of a CQMatrix (built once per matrix and cached weakly)."""
+    if isinstance(W, CQWeight):
+        return W
+    try:
+        cached = _prepared.get(W)
+    except TypeError:  # not weak-referenceable / hashable: no caching
+        return CQWeight(W)
+    if cached is None:
+        cached = CQWeight(W)
+        _prepared[W] = cached
+    return cached
+
+
+def simd_kernel():
+    """Name of the inner loop in use: 'avx2' or 'scalar'."""
+    return "avx2" if nc_cq_use_simd(1) else "scalar"
+
+
+def set_simd(enabled):
+    """Allow (True, the default where the CPU has AVX2+FMA) or forbid the AVX2 kernels.
+
+    For tests and comparisons; returns the previous setting."""
+    global nc_cq_simd_enabled
+    previous = bool(nc_cq_use_simd(1))
+    nc_cq_simd_enabled = 1 if (enabled and nc_cq_cpu_has_avx2()) else 0
+    return previous
+
+
+# ---------------------------------------------------------------------------
+# Python wrappers: validate, then run the nogil kernels
+# ---------------------------------------------------------------------------
+
+def _as_float32(name, a, shape):
+    arr = np.asarray(a)
+    if arr.dtype.kind != "f":
+        _fail(name, "a float array", _describe(arr))
+    if arr.shape != shape:
+        _fail(f"{name} shape", shape, arr.shape)
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _check_out(name, out, shape):
+    if out is None:
+        return np.empty(shape, np.float32)
+    if (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        _fail(name, f"writeable C-contiguous float32 array of shape {shape}", _describe(out))
+    return out
+
+
+def matvec(W, x, out=None, threads=None):
+    """y = W · x: W a CQMatrix (or CQWeight) [rows, cols], x [cols] → float32 [rows]."""
+    cdef CQWeight cw = prepare(W)
+    cdef const CQView* v = &cw.view
+    xa = _as_float32("matvec x", x, (v.cols,))
+    y = _check_out("matvec out", out, (v.rows,))
+    cdef int n = get_num_threads(threads)
+    cdef const float[::1] xv = xa
+    cdef float[::1] yv = y
+    cdef Py_ssize_t nwork = cq_work_floats(v, 1, n)
+    cdef float* work = <float*>malloc(nwork * sizeof(float))
+    if work == NULL:
+        raise MemoryError(f"matvec: cannot allocate {nwork * 4} bytes of workspace")
+    try:
+        with nogil:
+            cq_matvec(v, &xv[0], &yv[0], work, n)
+    finally:
+        free(work)
+    return y
+
+
+def matmul(W, X, out=None, threads=None):
+    """Y = X · Wᵀ: X [T, cols] → float32 [T, rows] (every token in one pass over W)."""
+    cdef CQWeight cw = prepare(W)
+    cdef const CQView* v = &cw.view
+    Xa = np.asarray(X)
+    if Xa.ndim != 2:
+        _fail("matmul X", f"a 2-D [T, {v.cols}] array", _describe(Xa))
+    Xa = _as_float32("matmul X", Xa, (Xa.shape[0], v.cols))
+    cdef Py_ssize_t T = Xa.shape[0]
+    Y = _check_out("matmul out", out, (T, v.rows))
+    if T == 0:
+        return Y
+    cdef int n = get_num_threads(threads)
+    cdef const float[:, ::1] xv = Xa
+    cdef float[:, ::1] yv = Y
+    cdef Py_ssize_t nwork = cq_work_floats(v, T, n)
+    cdef float* work = <float*>malloc(nwork * sizeof(float))
+    if work == NULL:
+        raise MemoryError(f"matmul: cannot allocate {nwork * 4} bytes of workspace")
+    try:
+        with nogil:
+            cq_matmul(v, &xv[0, 0], T, v.cols, &yv[0, 0], v.rows, work, n)
+    finally:
+        free(work)
+    return Y
+
+
+def dequantize_rows(W, ids, out=None):
+    """Decode the rows ``ids`` of W (an embedding gather): float32 [len(ids), cols]."""
+    cdef CQWeight cw = prepare(W)
+    cdef const CQView* v = &cw.view
+    ida = np.asarray(ids)
+    if ida.size and ida.dtype.kind not in "iu":
+        _fail("dequantize_rows ids", "integer row indices", _describe(ida))
+    ida = np.ascontiguousarray(ida.reshape(-1), dtype=np.int64)
+    if ida.size and (ida.min() < 0 or ida.max() >= v.rows):
+        raise IndexError(f"dequantize_rows: row ids must lie in [0, {v.rows}), "
+                         f"found {int(ida.min())}..{int(ida.max())}")
+    cdef Py_ssize_t n = ida.shape[0], k
+    rows_out = _check_out("dequantize_rows out", out, (n, v.cols))
+    if n == 0:
+        return rows_out
+    cdef int64_t[::1] idv = ida
+    cdef float[:, ::1] ov = rows_out
+    cdef float* scratch = <float*>malloc(v.group_size * sizeof(float))
+    if scratch == NULL:
+        raise MemoryError("dequantize_rows: cannot allocate scratch")
+    try:
+        with nogil:
+            for k in range(n):
+                cq_dequantize_row(v, idv[k], &ov[k, 0], scratch)
+    finally:
+        free(scratch)
+    return rows_out
+
+
+def dequantize(W):
+    """Decode the whole matrix: float32 [rows, cols] (tests and tools; kernels never do this)."""
+    cdef CQWeight cw = prepare(W)
+    return dequantize_rows(cw, np.arange(cw.view.rows))
