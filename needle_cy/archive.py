@@ -16,7 +16,7 @@ found.
 """
 import math
 import struct
-from dataclasses import dataclass, field, fields as dc_fields, replace
+from dataclasses import dataclass, fields as dc_fields
 from pathlib import Path
 
 import numpy as np
@@ -659,7 +659,8 @@ class Archive:
         if has_tokenizer:
             roles[-1] = "tokenizer"
             self._check_slot(records[-1], Slot("tokenizer", DTYPE_RAW, ()), fail)
-        self.records = [replace(r, role=role) for r, role in zip(records, roles)]
+        self.records = [Record(r.index, r.dtype, r.ndim, r.shape, r.offset, r.nbytes, r.group_size, r.bits, role)
+                        for r, role in zip(records, roles)]
         self.roles = {r.role: r.index for r in self.records}
         self.heads = tuple(self.head_info)
 
