@@ -48,3 +48,10 @@ class LadderError(NeedleError, ValueError):
 
 class ModelStateError(NeedleError, RuntimeError):
     """A model call does not fit its state (head outputs before any token, a foreign snapshot)."""
+
+
+class UnknownMarkerError(TokenizerError, KeyError):
+    """``Tokenizer.marker_id`` was asked for a text that is not one of the vocabulary's markers."""
+
+    def __str__(self):  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""

@@ -16,7 +16,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-from .errors import TokenizerError
+from .errors import TokenizerError, UnknownMarkerError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 3, 4
 TYPE_NAMES = {NORMAL: "NORMAL", UNKNOWN: "UNKNOWN", CONTROL: "CONTROL",
@@ -33,13 +33,6 @@ CHAT_MARKERS = (
 _HEADER = struct.Struct("<5IBBH")   # n_pieces, pad, eos, bos, unk, add_dummy_prefix, byte_fallback, zero
 _PIECE = struct.Struct("<fBH")      # score, type, surface_len (then the surface bytes)
 _BYTE_SURFACE = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")
-
-
-class UnknownMarkerError(TokenizerError, KeyError):
-    """``marker_id`` was asked for a text that is not a USER_DEFINED piece."""
-
-    def __str__(self):  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -232,6 +225,7 @@ class Tokenizer:
             else:
                 decode_bytes.append(surface.encode("utf-8"))
         self._decode_bytes = decode_bytes
+        self._piece_table = None
         self._markers = {}
         for piece_id, (surface, piece_type) in enumerate(zip(record.pieces, record.types)):
             if piece_type == USER_DEFINED:
@@ -337,13 +331,13 @@ class Tokenizer:
         size = self.vocab_size if size is None else int(size)
         if size < 0:
             raise TokenizerError(f"piece_table size = {size}, expected >= 0")
-        meta = META_SPACE.encode()
-        table = []
-        for piece_id in range(size):
-            if piece_id >= self.vocab_size or self.record.types[piece_id] not in (NORMAL, BYTE):
-                table.append(None)
-            else:
-                table.append(self._decode_bytes[piece_id].replace(meta, b" "))
+        if self._piece_table is None:  # built once per vocabulary
+            meta = META_SPACE.encode()
+            self._piece_table = [
+                self._decode_bytes[i].replace(meta, b" ") if piece_type in (NORMAL, BYTE) else None
+                for i, piece_type in enumerate(self.record.types)]
+        table = self._piece_table[:size]
+        table.extend([None] * (size - len(table)))
         return table
 
     # -- encode / decode ------------------------------------------------------------
