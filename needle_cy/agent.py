@@ -17,6 +17,7 @@ Which tools the prefix holds is decided at the first turn of a conversation by
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -67,6 +68,8 @@ class Needle:
         ``embedding`` or ``auto``), see ``needle_cy.retrieval``.
     reasoning_limit: tokens of free reasoning before a turn declines with ``[]``.
     constrained: ``False`` decodes the call freely and validates it afterwards.
+    force_call: enter the call block even when the model stops or hits the reasoning cap
+        (the grammar may still produce ``[]``); off by default.
     tool_index_path: on-disk cache of tool embeddings (embedding retrieval).
     tokenizer: override (for a ``Model`` object without an archive).
     """
@@ -75,7 +78,7 @@ class Needle:
                  tool_token_budget=None, max_retrieved_tools=5, retrieval="auto",
                  reasoning_limit=256, constrained=True, threads=None, backend="cython",
                  max_new_tokens=512, string_token_cap=64, tool_index_path=None,
-                 tokenizer=None, stateless=False):
+                 tokenizer=None, stateless=False, force_call=False):
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -93,7 +96,8 @@ class Needle:
         self.settings = DecodeSettings(max_new_tokens=int(max_new_tokens),
                                        reasoning_limit=int(reasoning_limit),
                                        string_token_cap=int(string_token_cap),
-                                       constrained=bool(constrained))
+                                       constrained=bool(constrained),
+                                       force_call=bool(force_call))
         self.stateless = stateless
         self.tool_index_path = tool_index_path
         self._cancel = threading.Event()
@@ -105,7 +109,8 @@ class Needle:
         self._piece_table = None
         self.turns = 0
         self.compile_grammar = _compile_grammar     # replaceable (tests use a stand-in)
-        vocab_out = getattr(self.model.config, "out_vocab", 0) or getattr(self.model.config, "vocab", 0)
+        vocab_out = getattr(self.model, "out_vocab", None) or getattr(self.model.config, "out_vocab", 0) \
+            or getattr(self.model.config, "vocab", 0)
         self._out_vocab = int(vocab_out)
 
     # ------------------------------------------------------------ tool selection
@@ -229,8 +234,7 @@ class Needle:
                 new_ids = conv.query_ids(str(text))
             settings = self.settings
             if max_new_tokens is not None:
-                settings = DecodeSettings(int(max_new_tokens), settings.reasoning_limit,
-                                          settings.string_token_cap, settings.constrained)
+                settings = dataclasses.replace(settings, max_new_tokens=int(max_new_tokens))
             res = yield from run_turn(model, self.tokenizer, entry.grammar, new_ids, settings,
                                       self.piece_table, cancel=self._cancel)
             envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start)
@@ -275,6 +279,7 @@ class Needle:
             return 0.0
         model.reset()
         ids = entry.conversation.prefix_ids
+        self._pin_prefix(len(ids))
         max_seq = int(getattr(model.config, "max_seq_len", 1 << 30))
         if len(ids) + 8 > max_seq:
             from .errors import ContextOverflowError
@@ -289,6 +294,17 @@ class Needle:
         entry.snapshot = model.snapshot()
         return time.perf_counter() - t0
         yield  # pragma: no cover  (makes this a generator)
+
+    def _pin_prefix(self, n):
+        """Pin BOS + system + tools as KV sinks (spec §9.2) so long conversations keep them."""
+        setter = getattr(self.model, "set_sink_tokens", None)
+        window = getattr(self.model, "kv_window", None)
+        if setter is None or window is None:
+            return
+        try:
+            setter(min(n, int(window) - 1))
+        except NeedleError:
+            pass   # the model refuses (window already wrapped): keep its current policy
 
     def _rollback(self, snapshot, entry, conv_len, prev_active, prev_turns):
         self._active, self.turns = prev_active, prev_turns

@@ -63,6 +63,7 @@ class DecodeSettings:
     reasoning_limit: int = 256       # tokens before <tool_call>; then the turn declines
     string_token_cap: int = 64       # tokens inside one free string value; then close it
     constrained: bool = True
+    force_call: bool = False         # enter <tool_call> even when the model stops or declines
 
 
 @dataclass
@@ -229,6 +230,16 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
         reasoning_parts.append(think_decoder.flush())
     res.reasoning = "".join(reasoning_parts).replace("<think>", "").replace("</think>", "").strip()
 
+    if stop in ("refusal", "reasoning_limit") and settings.force_call and len(generated) < budget:
+        # Forced entry into the call block: close an open <think> first, then <tool_call>.
+        forced = (list(tokenizer.encode("\n</think>\n", dummy_prefix=False)) if in_think else [])
+        if not forced:
+            probs.append(token_probability(logits, ids.tool_call))
+        if forced:
+            model.prefill(forced)
+        generated.extend(forced + [ids.tool_call])
+        stop = "tool_call"
+
     if stop != "tool_call":
         # Decline or refusal: close the assistant turn so the conversation stays well formed.
         closing = []
@@ -267,6 +278,8 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
             close = settings.string_token_cap > 0 and string_run >= settings.string_token_cap
             g0 = clock()
             token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=close)
+            if token < 0 and close:   # cannot close right here (e.g. mid-escape): continue it
+                token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=False)
             grammar_s += clock() - g0
             if token < 0:
                 res.error = "the grammar allows no token here (dead end); this is a bug in needle_cy"
