@@ -1,0 +1,52 @@
+# cython: language_level=3
+"""C surface of the forward-pass operators (spec §3.8–§5), shared with _model.pyx.
+
+Every function works on raw float32 pointers, takes no Python objects and
+never allocates: callers (the Python wrappers in _ops.pyx, the engine in
+_model.pyx) validate shapes first and own every buffer.
+"""
+from libc.stdint cimport uint32_t, int64_t
+
+# activation / KV quantizers
+cdef float a8_inplace(float* x, Py_ssize_t n, float qmax) noexcept nogil
+cdef float fp16_round(float x) noexcept nogil
+cdef void fwht_inplace(float* x, Py_ssize_t n) noexcept nogil
+cdef void kv_cq_inplace(float* x, Py_ssize_t dh, const float* levels, int n_levels) noexcept nogil
+
+# norms
+cdef void zc_rmsnorm_c(const float* x, const float* scale, float* out, Py_ssize_t n) noexcept nogil
+cdef void rms_unit_c(const float* x, float* out, Py_ssize_t n) noexcept nogil
+
+# attention pieces
+cdef void rope_c(float* x, Py_ssize_t dh, const float* cos_row, const float* sin_row) noexcept nogil
+cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t channels,
+                      const float* const* history, float* out) noexcept nogil
+cdef void attend_c(const float* q, const float* k_cache, const float* v_cache,
+                   Py_ssize_t dq, Py_ssize_t dv, float scale,
+                   Py_ssize_t sink_lo, Py_ssize_t sink_end, Py_ssize_t lo, Py_ssize_t hi,
+                   float* scores, float* out) noexcept nogil
+cdef float sigmoid_c(float x) noexcept nogil
+
+# engram
+cdef uint32_t engram_hash_c(const int64_t* tokens, Py_ssize_t t, int order,
+                            uint32_t seed) noexcept nogil
+
+# mHC
+cdef void sinkhorn_c(float* M, int n, int iters) noexcept nogil
+
+# Monarch MLP
+cdef void kron_apply_c(const float* z, const float* A, const float* B,
+                       Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) noexcept nogil
+cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
+                        const float* d1, const float* d2, const float* b2,
+                        const float* d3, const float* d4,
+                        const float* w1a, const float* w1b, const float* w2a,
+                        const float* w2b, const float* w3a, const float* w3b,
+                        Py_ssize_t ba, Py_ssize_t bb,
+                        const float* cond_v, const float* cond_u,
+                        const int64_t* p1, const int64_t* p2,
+                        float* work, float* out) noexcept nogil
+
+# probe pooling (online softmax over tokens)
+cdef void pool_update_c(const float* cell, Py_ssize_t d, float score,
+                        float* run_max, float* run_den, float* run_sum) noexcept nogil

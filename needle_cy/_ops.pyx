@@ -1,0 +1,1210 @@
+# cython: language_level=3, wraparound=True
+"""Forward-pass operators of Needle 3 in C (spec §3.8–§5), float32.
+
+Each operator exists twice: a ``cdef ... nogil`` function on raw pointers
+(declared in ``_ops.pxd``; the engine in ``_model.pyx`` calls these in its hot
+loop) and a Python wrapper with the same name and semantics as the NumPy twin
+in ``needle_cy.reference.ops`` (the differential tests compare the two).
+Wrappers check shapes and dtypes before handing pointers to the C level,
+which trusts them (bounds checking is off).
+"""
+import numpy as np
+cimport numpy as cnp
+from libc.math cimport sqrtf, expf, logf, fabsf, rintf, cosf, sinf, INFINITY
+from libc.stdint cimport uint32_t, int64_t
+from libc.string cimport memcpy, memset
+
+cnp.import_array()
+
+cdef float RMS_EPS = 1e-6
+cdef float CQ_NORM_EPS = 1e-12
+cdef Py_ssize_t KV_GROUP = 64
+
+# ---------------------------------------------------------------------------
+# quantizers (spec §3.8, §3.9)
+# ---------------------------------------------------------------------------
+
+cdef float a8_inplace(float* x, Py_ssize_t n, float qmax) noexcept nogil:
+    """Symmetric per-vector fake-quant: k = clip(rint(x/s), -qmax-1, qmax), x = k·s.
+
+    ``rintf`` rounds half to even in the default rounding mode, like
+    ``np.round``.  Returns the scale s."""
+    cdef Py_ssize_t j
+    cdef float amax = 0.0, s, k, lo = -qmax - 1.0
+    for j in range(n):
+        if fabsf(x[j]) > amax:
+            amax = fabsf(x[j])
+    s = amax / qmax if amax > 0 else <float>1.0
+    for j in range(n):
+        k = rintf(x[j] / s)
+        if k < lo:
+            k = lo
+        elif k > qmax:
+            k = qmax
+        x[j] = k * s
+    return s
+
+
+cdef union _F32Bits:
+    float f
+    uint32_t u
+
+
+cdef float fp16_round(float x) noexcept nogil:
+    """x rounded to the nearest IEEE half (ties to even), returned as float32."""
+    cdef _F32Bits v
+    cdef uint32_t sign, ax, lsb
+    cdef float a
+    v.f = x
+    sign = v.u & 0x80000000u
+    ax = v.u & 0x7fffffffu
+    if ax >= 0x7f800000u:                  # inf / nan stay
+        return x
+    if ax >= 0x477ff000u:                  # >= 65520 rounds to infinity in half
+        v.u = sign | 0x7f800000u
+        return v.f
+    if ax < 0x38800000u:                   # below 2^-14: half subnormal, quantum 2^-24
+        a = rintf(fabsf(x) * 16777216.0) * (1.0 / 16777216.0)
+        return -a if sign else a
+    lsb = (ax >> 13) & 1u                  # keep 10 mantissa bits, round half to even
+    ax = (ax + 0xfffu + lsb) & ~<uint32_t>0x1fffu
+    v.u = sign | ax
+    return v.f
+
+
+cdef void fwht_inplace(float* x, Py_ssize_t n) noexcept nogil:
+    """Unnormalised Walsh–Hadamard butterflies (Sylvester order), n a power of two."""
+    cdef Py_ssize_t h = 1, i, j
+    cdef float a, b
+    while h < n:
+        i = 0
+        while i < n:
+            for j in range(i, i + h):
+                a = x[j]
+                b = x[j + h]
+                x[j] = a + b
+                x[j + h] = a - b
+            i += 2 * h
+        h *= 2
+
+
+cdef void kv_cq_inplace(float* x, Py_ssize_t dh, const float* levels, int n_levels) noexcept nogil:
+    """CQ fake-quant of one head vector over groups of 64 (spec §3.9), in place.
+
+    Zero-pad to a multiple of 64, rotate with H64, ν = ||r||, nearest level of
+    r/max(ν, 1e-12) (ties to the lower level: strict < in the scan), decode
+    with ν rounded to FP16, rotate back, drop the padding."""
+    cdef float buf[64]
+    cdef Py_ssize_t g0, j, m, k
+    cdef float nu, inv, best, dist, u
+    cdef int idx
+    g0 = 0
+    while g0 < dh:
+        m = dh - g0 if dh - g0 < KV_GROUP else KV_GROUP
+        for j in range(m):
+            buf[j] = x[g0 + j]
+        for j in range(m, KV_GROUP):
+            buf[j] = 0.0
+        fwht_inplace(buf, KV_GROUP)
+        nu = 0.0
+        for j in range(KV_GROUP):
+            buf[j] = buf[j] * <float>0.125          # H64 = butterflies / 8 (exact)
+            nu = nu + buf[j] * buf[j]
+        nu = sqrtf(nu)
+        inv = nu if nu > CQ_NORM_EPS else CQ_NORM_EPS
+        for j in range(KV_GROUP):
+            u = buf[j] / inv
+            idx = 0
+            best = fabsf(u - levels[0])
+            for k in range(1, n_levels):
+                dist = fabsf(u - levels[k])
+                if dist < best:
+                    best = dist
+                    idx = <int>k
+            buf[j] = levels[idx]
+        nu = fp16_round(nu)
+        for j in range(KV_GROUP):
+            buf[j] = nu * buf[j]
+        fwht_inplace(buf, KV_GROUP)
+        for j in range(m):
+            x[g0 + j] = buf[j] * <float>0.125
+        g0 += KV_GROUP
+
+
+# ---------------------------------------------------------------------------
+# norms (spec §4.2)
+# ---------------------------------------------------------------------------
+
+cdef inline float _inv_rms(const float* x, Py_ssize_t n) noexcept nogil:
+    # mean square accumulated in double (close to NumPy's pairwise float32 sum)
+    cdef double acc = 0.0
+    cdef Py_ssize_t j
+    for j in range(n):
+        acc += <double>x[j] * <double>x[j]
+    cdef float ms = <float>(acc / n)
+    return <float>1.0 / sqrtf(ms + RMS_EPS)
+
+
+cdef void zc_rmsnorm_c(const float* x, const float* scale, float* out, Py_ssize_t n) noexcept nogil:
+    """y = (1 + s) ⊙ x / sqrt(mean(x²) + 1e-6)."""
+    cdef float r = _inv_rms(x, n)
+    cdef Py_ssize_t j
+    for j in range(n):
+        out[j] = (x[j] * r) * (<float>1.0 + scale[j])
+
+
+cdef void rms_unit_c(const float* x, float* out, Py_ssize_t n) noexcept nogil:
+    """y = x · rsqrt(mean(x²) + 1e-6)."""
+    cdef float r = _inv_rms(x, n)
+    cdef Py_ssize_t j
+    for j in range(n):
+        out[j] = x[j] * r
+
+
+# ---------------------------------------------------------------------------
+# attention pieces (spec §4.7)
+# ---------------------------------------------------------------------------
+
+cdef float sigmoid_c(float x) noexcept nogil:
+    return <float>1.0 / (<float>1.0 + expf(-x))
+
+
+cdef void rope_c(float* x, Py_ssize_t dh, const float* cos_row, const float* sin_row) noexcept nogil:
+    """Rotate-half RoPE of one head vector with the tables of its position."""
+    cdef Py_ssize_t half = dh // 2, i
+    cdef float a, b
+    for i in range(half):
+        a = x[i]
+        b = x[i + half]
+        x[i] = a * cos_row[i] - b * sin_row[i]
+        x[i + half] = b * cos_row[i] + a * sin_row[i]
+
+
+cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t channels,
+                      const float* const* history, float* out) noexcept nogil:
+    """Causal depthwise conv at one position: out = Σ_j taps[j] ⊙ history[j].
+
+    ``history[j]`` is the input vector at t − j·dilation, or NULL where that
+    position does not exist or is not visible (its term is dropped)."""
+    cdef Py_ssize_t j, c
+    cdef const float* h
+    cdef const float* tj
+    for c in range(channels):
+        out[c] = 0.0
+    for j in range(n_taps):
+        h = history[j]
+        if h == NULL:
+            continue
+        tj = taps + j * channels
+        for c in range(channels):
+            out[c] = out[c] + tj[c] * h[c]
+
+
+cdef void attend_c(const float* q, const float* k_cache, const float* v_cache,
+                   Py_ssize_t dq, Py_ssize_t dv, float scale,
+                   Py_ssize_t sink_lo, Py_ssize_t sink_end, Py_ssize_t lo, Py_ssize_t hi,
+                   float* scores, float* out) noexcept nogil:
+    """One query head against one KV head's cache (rows [slot, dq] / [slot, dv]).
+
+    Visible cache rows: [sink_lo, sink_end) ∪ [lo, hi] (caller guarantees
+    sink_end ≤ lo ≤ hi; an empty sink range has sink_lo ≥ sink_end).  Scores are
+    q·k·scale, softmax in float32, out = Σ p·v.  ``scores`` needs hi + 1 floats."""
+    cdef Py_ssize_t j, i, r, a, b
+    cdef float s, mx = -INFINITY, den = 0.0, p
+    cdef const float* kj
+    cdef const float* vj
+    for r in range(2):
+        a = sink_lo if r == 0 else lo
+        b = sink_end if r == 0 else hi + 1
+        for j in range(a, b):
+            kj = k_cache + j * dq
+            s = 0.0
+            for i in range(dq):
+                s = s + q[i] * kj[i]
+            s = s * scale
+            scores[j] = s
+            if s > mx:
+                mx = s
+    for i in range(dv):
+        out[i] = 0.0
+    for r in range(2):
+        a = sink_lo if r == 0 else lo
+        b = sink_end if r == 0 else hi + 1
+        for j in range(a, b):
+            p = expf(scores[j] - mx)
+            scores[j] = p
+            den = den + p
+    for r in range(2):
+        a = sink_lo if r == 0 else lo
+        b = sink_end if r == 0 else hi + 1
+        for j in range(a, b):
+            p = scores[j]
+            vj = v_cache + j * dv
+            for i in range(dv):
+                out[i] = out[i] + p * vj[i]
+    p = <float>1.0 / den
+    for i in range(dv):
+        out[i] = out[i] * p
+
+
+# ---------------------------------------------------------------------------
+# engram hash (spec §4.4)
+# ---------------------------------------------------------------------------
+
+cdef uint32_t engram_hash_c(const int64_t* tokens, Py_ssize_t t, int order,
+                            uint32_t seed) noexcept nogil:
+    """Hash of the n-gram ending at position t (tokens before 0 read as 0), mod 2³²."""
+    cdef uint32_t acc = seed, tok
+    cdef int j
+    for j in range(order):
+        tok = <uint32_t>tokens[t - j] if t - j >= 0 else 0u
+        acc = (acc ^ tok) * <uint32_t>0x01000193u
+    acc = acc ^ (acc >> 15)
+    return acc
+
+
+# ---------------------------------------------------------------------------
+# mHC (spec §4.5)
+# ---------------------------------------------------------------------------
+
+cdef void sinkhorn_c(float* M, int n, int iters) noexcept nogil:
+    """Log-domain Sinkhorn on an n×n matrix in place; on return M = exp(M)."""
+    cdef int it, i, j
+    cdef float mx, acc, lse
+    for it in range(iters):
+        for i in range(n):
+            mx = -INFINITY
+            for j in range(n):
+                if M[i * n + j] > mx:
+                    mx = M[i * n + j]
+            acc = 0.0
+            for j in range(n):
+                acc = acc + expf(M[i * n + j] - mx)
+            lse = mx + logf(acc)
+            for j in range(n):
+                M[i * n + j] = M[i * n + j] - lse
+        for j in range(n):
+            mx = -INFINITY
+            for i in range(n):
+                if M[i * n + j] > mx:
+                    mx = M[i * n + j]
+            acc = 0.0
+            for i in range(n):
+                acc = acc + expf(M[i * n + j] - mx)
+            lse = mx + logf(acc)
+            for i in range(n):
+                M[i * n + j] = M[i * n + j] - lse
+    for i in range(n * n):
+        M[i] = expf(M[i])
+
+
+# ---------------------------------------------------------------------------
+# Monarch Hadamard MLP (spec §4.8)
+# ---------------------------------------------------------------------------
+
+cdef void kron_apply_c(const float* z, const float* A, const float* B,
+                       Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) noexcept nogil:
+    """out = flatten(Aᵀ · Z · B) with Z = z viewed [ba, bb] row-major.
+
+    Two small matmuls whose inner loops run along contiguous rows (they
+    vectorise): tmp = Aᵀ·Z, then out = tmp·B."""
+    cdef Py_ssize_t i, j, k, l
+    cdef float a
+    cdef const float* zrow
+    cdef float* trow
+    cdef const float* brow
+    cdef float* orow
+    for k in range(ba * bb):
+        tmp[k] = 0.0
+    for i in range(ba):
+        zrow = z + i * bb
+        for k in range(ba):
+            a = A[i * ba + k]
+            trow = tmp + k * bb
+            for j in range(bb):
+                trow[j] = trow[j] + a * zrow[j]
+    for k in range(ba * bb):
+        out[k] = 0.0
+    for k in range(ba):
+        trow = tmp + k * bb
+        orow = out + k * bb
+        for j in range(bb):
+            a = trow[j]
+            brow = B + j * bb
+            for l in range(bb):
+                orow[l] = orow[l] + a * brow[l]
+
+
+cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
+                        const float* d1, const float* d2, const float* b2,
+                        const float* d3, const float* d4,
+                        const float* w1a, const float* w1b, const float* w2a,
+                        const float* w2b, const float* w3a, const float* w3b,
+                        Py_ssize_t ba, Py_ssize_t bb,
+                        const float* cond_v, const float* cond_u,
+                        const int64_t* p1, const int64_t* p2,
+                        float* work, float* out) noexcept nogil:
+    """MLP(m) → out[d].  ``work`` holds 4·N + R floats."""
+    cdef float* z = work
+    cdef float* c = work + N
+    cdef float* k = work + 2 * N
+    cdef float* tmp = work + 3 * N
+    cdef float* logit = work + 4 * N
+    cdef Py_ssize_t i, r
+    cdef float mx, den, v, w
+    # conditioning: c = 1 + softmax(m · cond_v) · cond_u
+    for r in range(R):
+        logit[r] = 0.0
+    for i in range(d):
+        v = m[i]
+        for r in range(R):
+            logit[r] = logit[r] + v * cond_v[i * R + r]
+    mx = logit[0]
+    for r in range(1, R):
+        if logit[r] > mx:
+            mx = logit[r]
+    den = 0.0
+    for r in range(R):
+        logit[r] = expf(logit[r] - mx)
+        den = den + logit[r]
+    for r in range(R):
+        logit[r] = logit[r] / den
+    for i in range(N):
+        c[i] = 0.0
+    for r in range(R):
+        w = logit[r]
+        for i in range(N):
+            c[i] = c[i] + w * cond_u[r * N + i]
+    for i in range(N):
+        c[i] = <float>1.0 + c[i]
+    # z = K(d1 ⊙ [m, 0…]; A1, B1)[p1]
+    for i in range(d):
+        z[i] = d1[i] * m[i]
+    for i in range(d, N):
+        z[i] = 0.0
+    kron_apply_c(z, w1a, w1b, ba, bb, tmp, k)
+    for i in range(N):
+        z[i] = k[p1[i]]
+    # z = K(silu(d2 ⊙ c ⊙ z + b2); A2, B2)[p2]
+    for i in range(N):
+        v = d2[i] * c[i] * z[i] + b2[i]
+        z[i] = v / (<float>1.0 + expf(-v))
+    kron_apply_c(z, w2a, w2b, ba, bb, tmp, k)
+    for i in range(N):
+        z[i] = k[p2[i]]
+    # z = K(d3 ⊙ z; A3, B3); out = (d4 ⊙ z)[:d]
+    for i in range(N):
+        z[i] = d3[i] * z[i]
+    kron_apply_c(z, w3a, w3b, ba, bb, tmp, k)
+    for i in range(d):
+        out[i] = d4[i] * k[i]
+
+
+# ---------------------------------------------------------------------------
+# probe pooling (spec §5.2, §5.5)
+# ---------------------------------------------------------------------------
+
+cdef void pool_update_c(const float* cell, Py_ssize_t d, float score,
+                        float* run_max, float* run_den, float* run_sum) noexcept nogil:
+    """Fold one token into an online softmax-weighted sum over tokens.
+
+    Keeps the running max m, denominator Σ e^(s−m) and Σ e^(s−m)·cell, so the
+    pooled vector Σ π_t cell_t = run_sum / run_den at any time."""
+    cdef float old = run_max[0], w, rescale
+    cdef Py_ssize_t i
+    if score > old:
+        rescale = expf(old - score)       # 0 for the first token (old = -inf)
+        run_den[0] = run_den[0] * rescale + 1.0
+        for i in range(d):
+            run_sum[i] = run_sum[i] * rescale + cell[i]
+        run_max[0] = score
+    else:
+        w = expf(score - old)
+        run_den[0] = run_den[0] + w
+        for i in range(d):
+            run_sum[i] = run_sum[i] + w * cell[i]
+
+
+# ===========================================================================
+# Python wrappers: same names, arguments and semantics as needle_cy.reference.ops
+# (the differential tests compare each pair).  Arguments are converted to
+# contiguous float32 and checked here; the C functions above trust them.
+# ===========================================================================
+
+F32 = np.float32
+RMS_EPS_PY = 1e-6
+CQ_NORM_FLOOR = 1e-12
+L2_EPS = 1e-12
+SINKHORN_ITERS = 20
+ENGRAM_SEED = 0x9E3779B9
+ENGRAM_PRIME = 0x01000193
+ENGRAM_SHIFT = 15
+MHC_PRE_OWN, MHC_PRE_OTHER = 4.0, -4.0
+MHC_POST_OWN, MHC_POST_OTHER = 0.0, -4.0
+KV_CQ_GROUP = 64
+
+LLOYD_MAX_LEVELS = {
+    2: (-1.5066708475715247, -0.45144060939344055, 0.4529474939511613, 1.5099326242547164),
+    3: (-2.141247862845774, -1.3337164609389895, -0.7483982925010272, -0.23774016363616235,
+        0.2500446195658646, 0.7555868210708537, 1.3379826350451236, 2.1476362705161423),
+    4: (-2.709990028558534, -2.0444556051349227, -1.5947570221842273, -1.233336191082712,
+        -0.9222139662739897, -0.6395373737252813, -0.37266394934485414, -0.11445072030649898,
+        0.14380628677643073, 0.4039889754802918, 0.6726933686864701, 0.9614053009735016,
+        1.2755257831234952, 1.6370587960592824, 2.0844263722579237, 2.7410141261982846),
+}
+
+
+def _f32(x):
+    return np.asarray(x, dtype=np.float32)
+
+
+def _as_rows(x):
+    """Fresh float32 C-contiguous copy of x and a [rows, last] view of it."""
+    a = np.array(x, dtype=np.float32, copy=True, order="C")
+    if a.ndim == 0:
+        raise ValueError("expected an array with at least one axis, got a scalar")
+    n = a.shape[-1]
+    return a, a.reshape(-1, n) if n else a.reshape(-1, 1)[:0]
+
+
+# --- elementwise -----------------------------------------------------------
+
+def sigmoid(x):
+    """σ(x) = 1 / (1 + e^-x), float32."""
+    shape = np.shape(x)
+    out, rows = _as_rows(np.reshape(np.asarray(x, np.float32), (-1,)))
+    cdef float[:, ::1] v = rows
+    cdef Py_ssize_t j
+    for j in range(v.shape[1]):
+        v[0, j] = sigmoid_c(v[0, j])
+    return out.reshape(shape)
+
+
+def silu(x):
+    """silu(x) = x · σ(x), float32."""
+    x = _f32(x)
+    return (x * sigmoid(x)).astype(np.float32)
+
+
+def softmax(x, axis=-1):
+    """Numerically stable softmax over ``axis``, float32; −inf entries get 0."""
+    a = np.moveaxis(np.asarray(x, dtype=np.float32), axis, -1)
+    out, rows = _as_rows(a)
+    cdef float[:, ::1] v = rows
+    cdef Py_ssize_t r, j, n = v.shape[1]
+    cdef float mx, den
+    with nogil:
+        for r in range(v.shape[0]):
+            mx = -INFINITY
+            for j in range(n):
+                if v[r, j] > mx:
+                    mx = v[r, j]
+            den = 0.0
+            for j in range(n):
+                v[r, j] = expf(v[r, j] - mx)
+                den = den + v[r, j]
+            for j in range(n):
+                v[r, j] = v[r, j] / den
+    return np.moveaxis(out, -1, axis)
+
+
+# --- quantizers -------------------------------------------------------------
+
+def a8(x, bits=8):
+    """Symmetric per-vector activation fake-quant over the last axis (spec §3.8)."""
+    cdef float qmax = float((1 << (int(bits) - 1)) - 1)
+    out, rows = _as_rows(x)
+    cdef float[:, ::1] v = rows
+    cdef Py_ssize_t r
+    with nogil:
+        for r in range(v.shape[0]):
+            a8_inplace(&v[r, 0], v.shape[1], qmax)
+    return out
+
+
+def hadamard(g):
+    """Orthonormal Sylvester–Hadamard matrix H_g (float32 entries ±1/sqrt(g))."""
+    g = int(g)
+    if g < 1 or g & (g - 1):
+        raise ValueError(f"hadamard: size must be a power of two, got {g}")
+    i = np.arange(g)
+    both = i[:, None] & i[None, :]
+    parity = np.zeros_like(both)
+    while both.any():
+        parity ^= both & 1
+        both >>= 1
+    s = np.float32(1.0 / np.sqrt(g))
+    return np.where(parity == 1, -s, s).astype(np.float32)
+
+
+def kv_codebook(bits, group=KV_CQ_GROUP):
+    """KV-cache CQ codebook float32(level / sqrt(group)) for widths 2, 3, 4 (spec §3.9)."""
+    if bits not in LLOYD_MAX_LEVELS:
+        raise ValueError(f"kv_codebook: KV CQ width must be 2, 3 or 4, got {bits}")
+    return (np.array(LLOYD_MAX_LEVELS[bits], np.float64) / np.sqrt(group)).astype(np.float32)
+
+
+def nearest_codeword(u, codebook):
+    """Index of the nearest entry of an ascending codebook; ties go to the lower index."""
+    uu = np.ascontiguousarray(u, dtype=np.float32)
+    cb = np.ascontiguousarray(codebook, dtype=np.float32)
+    out = np.empty(uu.shape, np.int64)
+    flat_u = uu.reshape(-1)
+    flat_o = out.reshape(-1)
+    cdef float[::1] uv = flat_u
+    cdef float[::1] cv = cb
+    cdef int64_t[::1] ov = flat_o
+    cdef Py_ssize_t i, k, n_cb = cb.shape[0]
+    cdef float best, dist
+    with nogil:
+        for i in range(uv.shape[0]):
+            ov[i] = 0
+            best = fabsf(uv[i] - cv[0])
+            for k in range(1, n_cb):
+                dist = fabsf(uv[i] - cv[k])
+                if dist < best:
+                    best = dist
+                    ov[i] = k
+    return out
+
+
+def kv_quant_int8(x):
+    """KV quantizer at kv_bits ≥ 8: A8 per head vector (last axis)."""
+    return a8(x)
+
+
+def kv_quant_cq(x, bits, group=KV_CQ_GROUP):
+    """KV quantizer at kv_bits ∈ {2, 3, 4}: CQ fake-quant over groups of 64 (spec §3.9)."""
+    if int(group) != KV_CQ_GROUP:
+        raise ValueError(f"kv_quant_cq: only group {KV_CQ_GROUP} is implemented, got {group}")
+    cdef float[::1] lv = kv_codebook(int(bits))
+    out, rows = _as_rows(x)
+    cdef float[:, ::1] v = rows
+    cdef Py_ssize_t r
+    cdef int nl = lv.shape[0]
+    with nogil:
+        for r in range(v.shape[0]):
+            kv_cq_inplace(&v[r, 0], v.shape[1], &lv[0], nl)
+    return out
+
+
+def kv_quantize(x, kv_bits):
+    """Dispatch: int8 A8 for kv_bits ≥ 8, CQ group-64 for 2/3/4."""
+    if kv_bits >= 8:
+        return kv_quant_int8(x)
+    return kv_quant_cq(x, kv_bits)
+
+
+def fp16_round_array(x):
+    """float32 → nearest half (ties to even) → float32, elementwise (the ν rounding)."""
+    out, rows = _as_rows(x)
+    cdef float[:, ::1] v = rows
+    cdef Py_ssize_t r, j
+    for r in range(v.shape[0]):
+        for j in range(v.shape[1]):
+            v[r, j] = fp16_round(v[r, j])
+    return out
+
+
+# --- norms ------------------------------------------------------------------
+
+def rms_unit(x):
+    """RMS-unit over the last axis: x · rsqrt(mean(x²) + 1e-6)."""
+    out, rows = _as_rows(x)
+    cdef float[:, ::1] v = rows
+    cdef Py_ssize_t r
+    with nogil:
+        for r in range(v.shape[0]):
+            rms_unit_c(&v[r, 0], &v[r, 0], v.shape[1])
+    return out
+
+
+def zc_rmsnorm(x, scale):
+    """Zero-centred RMSNorm over the last axis: (1 + scale) ⊙ x / sqrt(mean(x²) + 1e-6)."""
+    out, rows = _as_rows(x)
+    sc = np.ascontiguousarray(scale, dtype=np.float32).reshape(-1)
+    if sc.shape[0] != rows.shape[1]:
+        raise ValueError(f"zc_rmsnorm: scale has {sc.shape[0]} entries, expected {rows.shape[1]}")
+    cdef float[:, ::1] v = rows
+    cdef float[::1] s = sc
+    cdef Py_ssize_t r
+    with nogil:
+        for r in range(v.shape[0]):
+            zc_rmsnorm_c(&v[r, 0], &s[0], &v[r, 0], v.shape[1])
+    return out
+
+
+# --- embedding and output ---------------------------------------------------
+
+def embed_scale(rows, d_model):
+    """Scaled input embedding E[tok] · sqrt(d)."""
+    return (_f32(rows) * np.float32(np.sqrt(d_model))).astype(np.float32)
+
+
+def linear(x, w):
+    """Dense product y = x @ W.T with W float32 [out, in]."""
+    return (_f32(x) @ _f32(w).T).astype(np.float32)
+
+
+def tied_logits(h, embedding):
+    """Output logits h · E[:out_vocab]ᵀ."""
+    return linear(h, embedding)
+
+
+def lane_mean(lanes):
+    """Mean over the lane axis ([..., n, d] → [..., d])."""
+    a = np.ascontiguousarray(lanes, dtype=np.float32)
+    n, d = a.shape[-2], a.shape[-1]
+    src = a.reshape(-1, n, d)
+    out = np.empty((src.shape[0], d), np.float32)
+    cdef float[:, :, ::1] sv = src
+    cdef float[:, ::1] ov = out
+    cdef Py_ssize_t r, m, c, nl = n, dd = d
+    cdef float acc, fn = <float>n
+    with nogil:
+        for r in range(sv.shape[0]):
+            for c in range(dd):
+                acc = 0.0
+                for m in range(nl):
+                    acc = acc + sv[r, m, c]
+                ov[r, c] = acc / fn
+    return out.reshape(a.shape[:-2] + (d,))
+
+
+# --- context visibility (spec §9.2) -----------------------------------------
+
+def context_visible(t, j, recent=None, sinks=0, band=None):
+    """Whether key position j is visible from query position t (broadcasts)."""
+    t = np.asarray(t, dtype=np.int64)
+    j = np.asarray(j, dtype=np.int64)
+    ok = (j >= 0) & (j <= t)
+    if recent is not None:
+        ok &= ((t - j) < recent) | (j < sinks)
+    if band is not None:
+        ok &= (t - j) < band
+    return ok
+
+
+def attention_mask(q_pos, k_pos, recent=None, sinks=0, band=None):
+    """Boolean [Tq, Tk] mask of query positions against key positions."""
+    q_pos = np.asarray(q_pos, dtype=np.int64)[:, None]
+    k_pos = np.asarray(k_pos, dtype=np.int64)[None, :]
+    return context_visible(q_pos, k_pos, recent, sinks, band)
+
+
+def conv_tap_ok(positions, n_taps, dilation=1, recent=None, sinks=0, band=None):
+    """[T, n_taps] mask: tap j of position t is used iff t − j·dilation is visible from t."""
+    t = np.asarray(positions, dtype=np.int64)[:, None]
+    j = t - dilation * np.arange(n_taps, dtype=np.int64)[None, :]
+    return context_visible(t, j, recent, sinks, band)
+
+
+cdef tuple visible_ranges(Py_ssize_t t, recent, Py_ssize_t sinks, band):
+    """The keys visible from t as two ranges: [sink_lo, sink_end) ∪ [lo, t]."""
+    cdef Py_ssize_t lo = 0, band_lo = 0, sink_lo, sink_end
+    if band is not None:
+        band_lo = t - <Py_ssize_t>band + 1
+        if band_lo < 0:
+            band_lo = 0
+    lo = band_lo
+    if recent is not None and t - <Py_ssize_t>recent + 1 > lo:
+        lo = t - <Py_ssize_t>recent + 1
+    sink_lo = band_lo
+    sink_end = sinks if sinks < lo else lo
+    return sink_lo, sink_end, lo
+
+
+# --- causal depthwise convolution -------------------------------------------
+
+def causal_conv(x, taps, dilation=1, tap_ok=None):
+    """Causal depthwise conv: y[t] = Σ_j taps[j] ⊙ x[t − j·dil] · ok[t, j] (x [T, C])."""
+    xs = np.ascontiguousarray(x, dtype=np.float32)
+    tp = np.ascontiguousarray(taps, dtype=np.float32)
+    if xs.ndim != 2 or tp.ndim != 2 or tp.shape[1] != xs.shape[1]:
+        raise ValueError(f"causal_conv: x [T, C] and taps [n, C] expected, got {xs.shape}, {tp.shape}")
+    T = xs.shape[0]
+    n_taps = tp.shape[0]
+    if n_taps > 64:
+        raise ValueError("causal_conv: at most 64 taps")
+    ok = conv_tap_ok(np.arange(T), n_taps, dilation) if tap_ok is None else np.asarray(tap_ok, bool)
+    if ok.shape != (T, n_taps):
+        raise ValueError(f"causal_conv: tap_ok must be [{T}, {n_taps}], got {ok.shape}")
+    out = np.empty_like(xs)
+    cdef const float* hist[64]
+    cdef float[:, ::1] xv = xs
+    cdef float[:, ::1] ov = out
+    cdef float[:, ::1] tv = tp
+    cdef Py_ssize_t t, j, src, dil = int(dilation), C = xs.shape[1]
+    for t in range(T):
+        for j in range(n_taps):
+            src = t - j * dil
+            hist[j] = &xv[src, 0] if (src >= 0 and ok[t, j]) else NULL
+        conv_step_c(&tv[0, 0], n_taps, C, hist, &ov[t, 0])
+    return out
+
+
+def causal_conv_step(history, taps, tap_ok=None):
+    """One position of causal_conv: history[j] = x at t − j·dilation ([n_taps, C])."""
+    hs = np.ascontiguousarray(history, dtype=np.float32)
+    tp = np.ascontiguousarray(taps, dtype=np.float32)
+    if hs.shape != tp.shape or hs.ndim != 2 or hs.shape[0] > 64:
+        raise ValueError(f"causal_conv_step: history and taps must both be [n_taps ≤ 64, C], got {hs.shape}, {tp.shape}")
+    ok = np.ones(tp.shape[0], bool) if tap_ok is None else np.asarray(tap_ok, bool)
+    out = np.empty(tp.shape[1], np.float32)
+    cdef const float* hist[64]
+    cdef float[:, ::1] hv = hs
+    cdef float[:, ::1] tv = tp
+    cdef float[::1] ov = out
+    cdef Py_ssize_t j
+    for j in range(tp.shape[0]):
+        hist[j] = &hv[j, 0] if ok[j] else NULL
+    conv_step_c(&tv[0, 0], tp.shape[0], tp.shape[1], hist, &ov[0])
+    return out
+
+
+# --- RoPE ---------------------------------------------------------------------
+
+def rope_frequencies(head_dim, theta):
+    """f_i = 1 / θ^(2i/dq), i = 0..dq/2−1, float32."""
+    i2 = np.arange(0, head_dim, 2, dtype=np.float32)
+    return (np.float32(1.0) / (np.float32(theta) ** (i2 / np.float32(head_dim)))).astype(np.float32)
+
+
+def rope_tables(n_positions, head_dim, theta):
+    """cos/sin tables [n_positions, dh/2] computed exactly as ``rope`` computes its
+    angles (float32 position × float32 frequency, NumPy cos/sin)."""
+    freqs = rope_frequencies(head_dim, theta)
+    ang = (np.arange(int(n_positions), dtype=np.float32)[:, None] * freqs).astype(np.float32)
+    return np.ascontiguousarray(np.cos(ang), np.float32), np.ascontiguousarray(np.sin(ang), np.float32)
+
+
+def rope(x, positions, theta):
+    """Rotate-half RoPE on the last axis: x [T, heads, dh] with positions [T], or
+    x [heads, dh] with a scalar position."""
+    xa = np.asarray(x, dtype=np.float32)
+    pos = np.asarray(positions, dtype=np.int64)
+    single = pos.ndim == 0
+    if single:
+        xa = xa[None]
+        pos = pos.reshape(1)
+    if xa.ndim != 3 or pos.shape[0] != xa.shape[0] or xa.shape[2] % 2:
+        raise ValueError(f"rope: x [T, heads, dh] (dh even) with positions [T] expected, got {np.shape(x)}")
+    if pos.size and pos.min() < 0:
+        raise ValueError("rope: positions must be >= 0")
+    out = np.array(xa, dtype=np.float32, copy=True, order="C")
+    n_pos = int(pos.max()) + 1 if pos.size else 1
+    cos_t, sin_t = rope_tables(n_pos, xa.shape[2], theta)
+    cdef float[:, :, ::1] v = out
+    cdef float[:, ::1] ct = cos_t
+    cdef float[:, ::1] st = sin_t
+    cdef int64_t[::1] p = np.ascontiguousarray(pos)
+    cdef Py_ssize_t t, h
+    with nogil:
+        for t in range(v.shape[0]):
+            for h in range(v.shape[1]):
+                rope_c(&v[t, h, 0], v.shape[2], &ct[p[t], 0], &st[p[t], 0])
+    return out[0] if single else out
+
+
+# --- attention ----------------------------------------------------------------
+
+def split_heads(x, n_heads):
+    """[..., n_heads·dh] → [..., n_heads, dh]."""
+    x = _f32(x)
+    return x.reshape(x.shape[:-1] + (n_heads, x.shape[-1] // n_heads))
+
+
+def gqa_attention(q, k, v, mask):
+    """Grouped-query softmax attention: q [Tq, H, dq], k [Tk, K, dq], v [Tk, K, dv],
+    mask [Tq, Tk] bool; query head h reads KV head h // (H/K).  Returns [Tq, H, dv].
+    Every query must see at least one key."""
+    qa = np.ascontiguousarray(q, dtype=np.float32)
+    ka = np.ascontiguousarray(np.asarray(k, np.float32).transpose(1, 0, 2))   # [K, Tk, dq]
+    va = np.ascontiguousarray(np.asarray(v, np.float32).transpose(1, 0, 2))   # [K, Tk, dv]
+    mk = np.asarray(mask, dtype=bool)
+    if qa.ndim != 3 or ka.ndim != 3 or va.ndim != 3:
+        raise ValueError("gqa_attention: q [Tq, H, dq], k [Tk, K, dq], v [Tk, K, dv] expected")
+    Tq, H, dq = qa.shape
+    K, Tk, dv = va.shape
+    if ka.shape[:2] != (K, Tk) or ka.shape[2] != dq or H % K or mk.shape != (Tq, Tk):
+        raise ValueError("gqa_attention: shapes of q, k, v and mask do not agree")
+    if Tq and not mk.any(axis=1).all():
+        raise ValueError("gqa_attention: a query sees no key")
+    out = np.empty((Tq, H, dv), np.float32)
+    scores = np.empty(max(Tk, 1), np.float32)
+    kbuf = np.empty((Tk, dq), np.float32)
+    vbuf = np.empty((Tk, dv), np.float32)
+    cdef float[:, :, ::1] qv = qa
+    cdef float[:, :, ::1] ov = out
+    cdef float[::1] sv = scores
+    cdef float[:, ::1] kb = kbuf
+    cdef float[:, ::1] vb = vbuf
+    cdef Py_ssize_t t, h, G = H // K, n_vis, kh
+    cdef float scale = <float>1.0 / np.float32(np.sqrt(dq))
+    for t in range(Tq):
+        idx = np.flatnonzero(mk[t])
+        n_vis = idx.shape[0]
+        for kh in range(K):
+            # gather the visible keys so the C kernel sees one contiguous range
+            kbuf[:n_vis] = ka[kh, idx]
+            vbuf[:n_vis] = va[kh, idx]
+            for h in range(kh * G, kh * G + G):
+                attend_c(&qv[t, h, 0], &kb[0, 0], &vb[0, 0], dq, dv, scale,
+                         0, 0, 0, n_vis - 1, &sv[0], &ov[t, h, 0])
+    return out
+
+
+def output_gate(o, g):
+    """Gated attention output o ⊙ σ(g)."""
+    return (_f32(o) * sigmoid(g)).astype(np.float32)
+
+
+# --- engram memory --------------------------------------------------------------
+
+def engram_hash(tokens, orders, heads, seed_stride, slots):
+    """Slot of every (position, table) for the n-grams ending at each position
+    (uint32 arithmetic, order-major tables).  Returns int64 [T, len(orders)·heads]."""
+    tok = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64).astype(np.uint32).astype(np.int64)).reshape(-1)
+    orders = tuple(int(o) for o in orders)
+    E = int(heads)
+    stride = int(seed_stride) or E
+    out = np.empty((tok.shape[0], len(orders) * E), np.int64)
+    cdef int64_t[::1] tv = tok
+    cdef int64_t[:, ::1] ov = out
+    cdef Py_ssize_t t, oi, h, T = tok.shape[0]
+    cdef uint32_t seed, n_slots = <uint32_t>int(slots)
+    cdef int order
+    for oi in range(len(orders)):
+        order = orders[oi]
+        for h in range(E):
+            seed = <uint32_t>((ENGRAM_SEED * (oi * stride + h + 1)) & 0xFFFFFFFF)
+            for t in range(T):
+                ov[t, oi * E + h] = engram_hash_c(&tv[0], t, order, seed) % n_slots
+    return out
+
+
+def engram_row_ids(slot_ids, slots):
+    """Table row of each (position, table): table·slots + slot."""
+    slot_ids = np.asarray(slot_ids, dtype=np.int64)
+    return slot_ids + np.arange(slot_ids.shape[-1], dtype=np.int64) * slots
+
+
+def engram_ngram_ok(positions, orders, heads, recent=None, sinks=0):
+    """[T, NT] float32 validity: the n-gram's earliest position exists and is visible."""
+    t = np.asarray(positions, dtype=np.int64)[:, None]
+    first = t - (np.repeat(np.asarray(orders, dtype=np.int64), heads)[None, :] - 1)
+    return context_visible(t, first, recent, sinks).astype(np.float32)
+
+
+def engram_fetch(rows, ngram_ok):
+    """Concatenate fetched rows [..., NT, sub] masked by ngram_ok [..., NT] → [..., NT·sub]."""
+    r = _f32(rows) * _f32(ngram_ok)[..., None]
+    return r.reshape(r.shape[:-2] + (r.shape[-2] * r.shape[-1],)).astype(np.float32)
+
+
+cdef float engram_alpha_c(const float* u, const float* key, Py_ssize_t d) noexcept nogil:
+    """σ(Σ RMSunit(u)·RMSunit(key) / sqrt(d)) without materialising the normed vectors."""
+    cdef float ru = _inv_rms(u, d), rk = _inv_rms(key, d)
+    cdef float acc = 0.0
+    cdef Py_ssize_t c
+    for c in range(d):
+        acc = acc + (u[c] * ru) * (key[c] * rk)
+    return sigmoid_c(acc / sqrtf(<float>d))
+
+
+def engram_inject(u, key, value):
+    """Engram gate inside the block: u + σ(Σ RMSunit(u)·RMSunit(key) / sqrt(d)) · value."""
+    ua, urows = _as_rows(u)
+    kr = np.ascontiguousarray(np.broadcast_to(_f32(key), ua.shape)).reshape(urows.shape)
+    vr = np.ascontiguousarray(np.broadcast_to(_f32(value), ua.shape)).reshape(urows.shape)
+    cdef float[:, ::1] uv = urows
+    cdef const float[:, ::1] kv = kr
+    cdef const float[:, ::1] vv = vr
+    cdef Py_ssize_t r, c, d = urows.shape[1]
+    cdef float alpha
+    with nogil:
+        for r in range(uv.shape[0]):
+            alpha = engram_alpha_c(&uv[r, 0], &kv[r, 0], d)
+            for c in range(d):
+                uv[r, c] = uv[r, c] + alpha * vv[r, c]
+    return ua
+
+
+# --- multi-lane hyper-connection --------------------------------------------------
+
+def mhc_router_input(lanes, quant=True):
+    """nx = A8(RMSunit(flatten(X))) of the lane state [..., n, d] → [..., n·d]."""
+    a = _f32(lanes)
+    flat = a.reshape(a.shape[:-2] + (a.shape[-2] * a.shape[-1],))
+    nx = rms_unit(flat)
+    return a8(nx) if quant else nx
+
+
+def mhc_offsets(n_lanes, lane):
+    """(pre_off, post_off) [n]: +4/−4 and 0/−4 for own/other lanes."""
+    own = np.arange(n_lanes) == lane
+    pre = np.where(own, MHC_PRE_OWN, MHC_PRE_OTHER).astype(np.float32)
+    post = np.where(own, MHC_POST_OWN, MHC_POST_OTHER).astype(np.float32)
+    return pre, post
+
+
+def mhc_pre_weights(phi_x, a, b, lane):
+    """hpre = σ(a·(Φpre·nx) + b + pre_off)."""
+    phi_x = _f32(phi_x)
+    pre_off, _ = mhc_offsets(phi_x.shape[-1], lane)
+    return sigmoid(np.float32(a) * phi_x + _f32(b) + pre_off)
+
+
+def mhc_post_weights(phi_x, a, b, lane):
+    """hpost = 2·σ(a·(Φpost·nx) + b + post_off)."""
+    phi_x = _f32(phi_x)
+    _, post_off = mhc_offsets(phi_x.shape[-1], lane)
+    return (np.float32(2.0) * sigmoid(np.float32(a) * phi_x + _f32(b) + post_off)).astype(np.float32)
+
+
+def logsumexp(x, axis):
+    """max + log Σ exp(x − max) along ``axis`` (keepdims), float32."""
+    x = _f32(x)
+    m = np.max(x, axis=axis, keepdims=True)
+    return (m + np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))).astype(np.float32)
+
+
+def sinkhorn(z, iters=SINKHORN_ITERS):
+    """Log-domain Sinkhorn on [..., n, n] (rows, then columns, ``iters`` times), then exp."""
+    out = np.array(z, dtype=np.float32, copy=True, order="C")
+    if out.ndim < 2 or out.shape[-1] != out.shape[-2]:
+        raise ValueError(f"sinkhorn: square matrices expected, got {out.shape}")
+    n = out.shape[-1]
+    flat = out.reshape(-1, n * n)
+    cdef float[:, ::1] v = flat
+    cdef Py_ssize_t r
+    cdef int nn = n, it = int(iters)
+    with nogil:
+        for r in range(v.shape[0]):
+            sinkhorn_c(&v[r, 0], nn, it)
+    return out
+
+
+def mhc_res_weights(phi_x, a, b):
+    """P = Sinkhorn(a·reshape(Φres·nx) + b)."""
+    phi_x = _f32(phi_x)
+    n = int(round(np.sqrt(phi_x.shape[-1])))
+    zz = np.float32(a) * phi_x.reshape(phi_x.shape[:-1] + (n, n)) + _f32(b)
+    return sinkhorn(zz)
+
+
+def mhc_collapse(lanes, hpre):
+    """Block input u = Σ_m hpre[m] · X[m]."""
+    return np.sum(_f32(hpre)[..., None] * _f32(lanes), axis=-2, dtype=np.float32).astype(np.float32)
+
+
+def mhc_expand(lanes, P, hpost, y):
+    """New lanes X'[i] = Σ_j P[i,j] X[j] + hpost[i] · y."""
+    mixed = np.einsum("...ij,...jd->...id", _f32(P), _f32(lanes)).astype(np.float32)
+    return (mixed + _f32(hpost)[..., None] * _f32(y)[..., None, :]).astype(np.float32)
+
+
+# --- Monarch Hadamard MLP ------------------------------------------------------------
+
+def monarch_factor_sizes(n):
+    """(ba, bb) with ba = 1 << (bit_length(N−1) // 2), bb = N / ba."""
+    ba = 1 << ((n - 1).bit_length() // 2)
+    return ba, n // ba
+
+
+def kron_apply(z, a, b):
+    """K(z; A, B): view z [..., N] as Z [ba, bb] and return flatten(Aᵀ Z B)."""
+    za = np.ascontiguousarray(z, dtype=np.float32)
+    Aa = np.ascontiguousarray(a, dtype=np.float32)
+    Ba = np.ascontiguousarray(b, dtype=np.float32)
+    ba, bb = Aa.shape[0], Ba.shape[0]
+    if Aa.shape != (ba, ba) or Ba.shape != (bb, bb) or za.shape[-1] != ba * bb:
+        raise ValueError("kron_apply: A [ba, ba], B [bb, bb], z [..., ba·bb] expected")
+    rows = za.reshape(-1, ba * bb)
+    out = np.empty_like(rows)
+    tmp = np.empty(ba * bb, np.float32)
+    cdef float[:, ::1] zv = rows
+    cdef float[:, ::1] ov = out
+    cdef float[:, ::1] av = Aa
+    cdef float[:, ::1] bv = Ba
+    cdef float[::1] tv = tmp
+    cdef Py_ssize_t r, nba = ba, nbb = bb
+    with nogil:
+        for r in range(zv.shape[0]):
+            kron_apply_c(&zv[r, 0], &av[0, 0], &bv[0, 0], nba, nbb, &tv[0], &ov[r, 0])
+    return out.reshape(za.shape)
+
+
+def monarch_condition(m, cond_v, cond_u):
+    """c = 1 + softmax(m · cond_v) · cond_u."""
+    w = softmax(_f32(m) @ _f32(cond_v), axis=-1)
+    return (np.float32(1.0) + w @ _f32(cond_u)).astype(np.float32)
+
+
+class MonarchArrays:
+    """Contiguous float32/int64 copies of one layer's Monarch parameters (any
+    object with the reference MonarchParams attributes)."""
+    names = ("d1", "d2", "b2", "d3", "d4", "w1a", "w1b", "w2a", "w2b", "w3a", "w3b", "cond_v", "cond_u")
+
+    def __init__(self, p):
+        for k in self.names:
+            setattr(self, k, np.ascontiguousarray(getattr(p, k), dtype=np.float32))
+        self.p1 = np.ascontiguousarray(np.asarray(p.p1).astype(np.int64))
+        self.p2 = np.ascontiguousarray(np.asarray(p.p2).astype(np.int64))
+        self.N = self.d1.shape[0]
+        self.R = self.cond_u.shape[0]
+        self.d = self.cond_v.shape[0]
+        self.ba, self.bb = self.w1a.shape[0], self.w1b.shape[0]
+        N = self.N
+        if (self.ba * self.bb != N or self.cond_v.shape != (self.d, self.R)
+                or self.cond_u.shape != (self.R, N) or self.d > N
+                or self.w2a.shape != self.w1a.shape or self.w3a.shape != self.w1a.shape
+                or self.w2b.shape != self.w1b.shape or self.w3b.shape != self.w1b.shape
+                or any(getattr(self, k).shape != (N,) for k in ("d1", "d2", "b2", "d3", "d4"))):
+            raise ValueError("monarch_mlp: inconsistent MLP parameter shapes")
+        for perm in (self.p1, self.p2):
+            if perm.shape != (N,) or perm.min() < 0 or perm.max() >= N:
+                raise ValueError("monarch_mlp: permutations must be [N] indices in range")
+
+
+def monarch_mlp(m, p):
+    """Monarch Hadamard MLP of m [..., d] → [..., d] (spec §4.8)."""
+    q = p if isinstance(p, MonarchArrays) else MonarchArrays(p)
+    ma = np.ascontiguousarray(m, dtype=np.float32)
+    if ma.shape[-1] != q.d:
+        raise ValueError(f"monarch_mlp: input width {ma.shape[-1]}, expected {q.d}")
+    rows = ma.reshape(-1, q.d)
+    out = np.empty_like(rows)
+    work = np.empty(4 * q.N + q.R, np.float32)
+    cdef float[:, ::1] mv = rows
+    cdef float[:, ::1] ov = out
+    cdef float[::1] wv = work
+    cdef float[::1] d1 = q.d1, d2 = q.d2, b2 = q.b2, d3 = q.d3, d4 = q.d4
+    cdef float[:, ::1] w1a = q.w1a, w1b = q.w1b, w2a = q.w2a, w2b = q.w2b
+    cdef float[:, ::1] w3a = q.w3a, w3b = q.w3b, cv = q.cond_v, cu = q.cond_u
+    cdef int64_t[::1] q1 = q.p1, q2 = q.p2
+    cdef Py_ssize_t r, d = q.d, N = q.N, R = q.R, ba = q.ba, bb = q.bb
+    with nogil:
+        for r in range(mv.shape[0]):
+            monarch_mlp_c(&mv[r, 0], d, N, R, &d1[0], &d2[0], &b2[0], &d3[0], &d4[0],
+                          &w1a[0, 0], &w1b[0, 0], &w2a[0, 0], &w2b[0, 0], &w3a[0, 0], &w3b[0, 0],
+                          ba, bb, &cv[0, 0], &cu[0, 0], &q1[0], &q2[0], &wv[0], &ov[r, 0])
+    return out.reshape(ma.shape)
+
+
+# --- probe heads -------------------------------------------------------------------
+
+def probe_scores(cells, probes):
+    """score[..., r, j] = cells[..., r, :] · P[r, j, :] / sqrt(d)."""
+    c = _f32(cells)
+    d = c.shape[-1]
+    return (np.einsum("...rd,rjd->...rj", c, _f32(probes)) / np.float32(np.sqrt(d))).astype(np.float32)
+
+
+class ProbePoolState:
+    """Online token pooling (spec §5.5): per (row, probe) running max [R, k],
+    denominator [R, k] and weighted sum [R, k, d]."""
+
+    def __init__(self, max, denom, weighted):
+        self.max = max
+        self.denom = denom
+        self.weighted = weighted
+
+    @classmethod
+    def empty(cls, rows, probes_per_row, d):
+        return cls(np.full((rows, probes_per_row), -np.inf, np.float32),
+                   np.zeros((rows, probes_per_row), np.float32),
+                   np.zeros((rows, probes_per_row, d), np.float32))
+
+    def copy(self):
+        return ProbePoolState(self.max.copy(), self.denom.copy(), self.weighted.copy())
+
+    @property
+    def count_empty(self):
+        return bool(np.all(np.isneginf(self.max)))
+
+
+def probe_pool_update(state, cells_t, probes, keep=True):
+    """Fold one token's cells [R, d] into the online pool (in place; returns state)."""
+    if not keep:
+        return state
+    c = np.ascontiguousarray(cells_t, dtype=np.float32)
+    pr = np.ascontiguousarray(probes, dtype=np.float32)
+    R, k, d = pr.shape
+    if c.shape != (R, d) or state.weighted.shape != (R, k, d):
+        raise ValueError("probe_pool_update: cells [R, d], probes [R, k, d], state [R, k, d] must agree")
+    cdef float[:, ::1] cv = c
+    cdef float[:, :, ::1] pv = pr
+    cdef float[:, ::1] mx = state.max
+    cdef float[:, ::1] den = state.denom
+    cdef float[:, :, ::1] sm = state.weighted
+    cdef Py_ssize_t r, j, i, nR = R, nk = k, nd = d
+    cdef float s, sqrt_d = np.float32(np.sqrt(d))
+    with nogil:
+        for r in range(nR):
+            for j in range(nk):
+                s = 0.0
+                for i in range(nd):
+                    s = s + cv[r, i] * pv[r, j, i]
+                pool_update_c(&cv[r, 0], nd, s / sqrt_d, &mx[r, j], &den[r, j], &sm[r, j, 0])
+    return state
+
+
+def probe_pool_tokens_online(state):
+    """The pooled cells [R, k, d] of an online state (weighted / denom)."""
+    return (state.weighted / state.denom[..., None]).astype(np.float32)
+
+
+def probe_pool_tokens(cells, probes, keep=None):
+    """Token pooling for a whole sequence: cells [T, R, d], probes [R, k, d] → [R, k, d]."""
+    c = _f32(cells)
+    pr = np.ascontiguousarray(probes, dtype=np.float32)
+    T, R, d = c.shape
+    st = ProbePoolState.empty(R, pr.shape[1], d)
+    kp = np.ones(T, bool) if keep is None else np.asarray(keep, bool)
+    for t in range(T):
+        probe_pool_update(st, c[t], pr, bool(kp[t]))
+    return probe_pool_tokens_online(st)
+
+
+def probe_pool_rows(token_pooled, gain, query, row_bias):
+    """Row/probe pooling after the token pooling (spec §5.2) → z [q·d]."""
+    tp = _f32(token_pooled)
+    R, k, d = tp.shape
+    rho = (rms_unit(tp) * _f32(gain)[..., None]).astype(np.float32).reshape(R * k, d)
+    u = (_f32(query) @ rho.T) / np.float32(np.sqrt(d)) + _f32(row_bias).reshape(-1, R * k)
+    omega = softmax(u.astype(np.float32), axis=-1)
+    return (omega @ rho).astype(np.float32).reshape(-1)
+
+
+def probe_pool(cells, probes, gain, query, row_bias, keep=None):
+    """Whole-sequence probe pooling (spec §5.2): cells [T, R, d] → z [q·d]."""
+    return probe_pool_rows(probe_pool_tokens(cells, probes, keep), gain, query, row_bias)
+
+
+def probe_head_output(z, proj, bias):
+    """out = Wproj · z + bias (proj dequantized [out, q·d])."""
+    return (linear(z, proj) + _f32(bias)).astype(np.float32)
+
+
+def embedding_head_post(out):
+    """Embedding head: L2-normalise p / sqrt(Σp² + 1e-12)."""
+    o = _f32(out)
+    return (o / np.sqrt(np.sum(o * o, dtype=np.float32) + np.float32(L2_EPS))).astype(np.float32)
+
+
+def confidence_head_post(out):
+    """Confidence head: the raw logit out[0] as a Python float."""
+    return float(_f32(out).reshape(-1)[0])
+
+
+def router_head_post(out):
+    """Router head: the 3 raw logits, float32."""
+    return _f32(out).copy()
+
+
+HEAD_POST = {
+    "embedding": embedding_head_post,
+    "confidence": confidence_head_post,
+    "router": router_head_post,
+}
