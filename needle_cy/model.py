@@ -129,8 +129,9 @@ class Model:
         backend      "cython" (fast, default) or "numpy" (the reference).
         numerics     "deploy" (A8 + quantized KV, default) or "float" (quantizers off).
         threads      worker threads of the Cython engine (None: NEEDLE_CY_THREADS / cores).
-        depth        run the ladder rung of that many blocks (spec §4.11); ``layers`` gives an
-                     explicit ascending block list instead.
+        depth        run the ladder rung of that many blocks (spec §4.11, bisection order of the
+                     archive's own num_layers — meant for a parent archive; for an archive that is
+                     already a slice pass ``layers``, an explicit ascending block list).
         sink_tokens  first positions pinned when the KV window wraps (0 = plain sliding window);
                      ``sinks`` is an alias.
         kv_window    override of the KV window W (default: header, or the §9.1 budget).
