@@ -1,0 +1,357 @@
+"""Train a small Needle 3 model from scratch with the official JAX code as a library.
+
+Needs the optional training stack (``pip install "cactus-needle[train]==3.2.8"``,
+which brings jax, flax, optax and sentencepiece). The architecture, the
+fake-quant numerics and the ``.cact`` exporter are the official package's; this
+module only supplies the data, the configuration, the loop and checkpoints.
+
+A run lives in one folder (outside the repository):
+
+    run/
+      data.jsonl          generated examples (needle_cy.training.data, fixed seed)
+      tokenizer.model     SentencePiece BPE trained on generated text
+      tokens.npz          tokenized examples (ids, prompt lengths)
+      run.json            the configuration and hyper-parameters of the run
+      state.pkl           parameters + optimizer state + step (atomic, resumable)
+      log.jsonl           one line per logged step
+
+Commands:
+
+    python -m needle_cy.training.train prepare RUN [--examples N] [--seed S]
+    python -m needle_cy.training.train fit RUN [--steps N] [--until-step N]   # resumes
+    python -m needle_cy.training.train export RUN OUT.cact [--bits 4]
+"""
+import argparse
+import json
+import math
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+
+from . import data as data_mod
+
+# The shipped configuration: chosen for a Raspberry Pi-class CPU and for what 2
+# shared cores can train in a few hours (see needle_cy/models/MODEL_CARD.md).
+MODEL_CONFIG = dict(
+    d_model=256, num_heads=4, num_kv_heads=2, num_layers=6, qk_head_dim=32, v_head_dim=64,
+    max_seq_len=1024, rope_theta=100000.0, mhc_lanes=4, qkv_conv_taps=3,
+    sliding_window=256, global_layers=(2, 5), engram_orders=(2, 3), engram_heads=0,
+    engram_slots=2039, engram_seed_heads=0, engram_layers=(1, 4),
+    embedding_dim=128, embedding_probes=4, embedding_queries=4,
+    confidence_probes=4, confidence_queries=4, router_probes=4, router_queries=4,
+    kv_bits=8, act_bits=8, dtype="float32", flash=True, remat=False, out_vocab=0,
+)
+HYPER = dict(
+    vocab_size=4096, examples=150000, seed=0, peak_lr=2e-3, min_lr_ratio=0.1, warmup=150,
+    total_steps=6000, weight_decay=0.05, b1=0.9, b2=0.95, clip=1.0, prompt_weight=0.1,
+    tokens_per_batch=6144, buckets=(320, 384, 448, 512, 640, 1024), checkpoint_every=50,
+    log_every=10,
+)
+
+
+def _log(run_dir, record):
+    with open(os.path.join(run_dir, "log.jsonl"), "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
+
+
+# ------------------------------------------------------------------ prepare ---
+
+def prepare(run_dir, examples=None, seed=None, vocab_size=None):
+    from .tokenizer import check_tokenizer, train_tokenizer
+
+    os.makedirs(run_dir, exist_ok=True)
+    hyper = dict(HYPER)
+    if examples:
+        hyper["examples"] = examples
+    if seed is not None:
+        hyper["seed"] = seed
+    if vocab_size:
+        hyper["vocab_size"] = vocab_size
+    t0 = time.time()
+    data_path = os.path.join(run_dir, "data.jsonl")
+    data_mod.write_jsonl(data_path, hyper["examples"], seed=hyper["seed"])
+    model_path = train_tokenizer(os.path.join(run_dir, "tokenizer"), hyper["vocab_size"],
+                                 seed=1234 + hyper["seed"])
+    sp = check_tokenizer(model_path)
+    ids, offsets, prompt_lens = [], [0], []
+    with open(data_path, encoding="utf-8") as handle:
+        for line in handle:
+            example = json.loads(line)
+            prompt, target = data_mod.render(example)
+            p = sp.encode(prompt)
+            t = sp.encode(target)
+            seq = [2] + p + t + [1]
+            ids.extend(seq)
+            offsets.append(len(ids))
+            prompt_lens.append(1 + len(p))
+    np.savez(os.path.join(run_dir, "tokens.npz"), ids=np.asarray(ids, np.int32),
+             offsets=np.asarray(offsets, np.int64), prompt_lens=np.asarray(prompt_lens, np.int32))
+    run = {"model": MODEL_CONFIG, "hyper": hyper, "vocab_pieces": sp.get_piece_size(),
+           "prepare_seconds": round(time.time() - t0, 1)}
+    with open(os.path.join(run_dir, "run.json"), "w") as handle:
+        json.dump(run, handle, indent=1)
+    lengths = np.diff(np.asarray(offsets))
+    print(f"prepared {len(lengths)} examples, {int(lengths.sum())} tokens, "
+          f"mean {lengths.mean():.0f}, max {lengths.max()} in {time.time() - t0:.0f}s")
+
+
+def load_run(run_dir):
+    with open(os.path.join(run_dir, "run.json")) as handle:
+        return json.load(handle)
+
+
+def transformer_config(run):
+    from needle.model.architecture import TransformerConfig
+
+    fields = dict(run["model"])
+    fields["vocab_size"] = run["hyper"]["vocab_size"]
+    for key in ("global_layers", "engram_layers", "engram_orders"):
+        fields[key] = tuple(fields[key])
+    return TransformerConfig(**fields)
+
+
+# -------------------------------------------------------------------- batches ---
+
+class Batches:
+    """Length-bucketed batches in a seeded order per epoch; batch k of the whole run
+    is a pure function of (seed, k), so a resumed run sees the same stream."""
+
+    def __init__(self, run_dir, hyper):
+        z = np.load(os.path.join(run_dir, "tokens.npz"))
+        self.ids, self.offsets, self.prompt_lens = z["ids"], z["offsets"], z["prompt_lens"]
+        self.lengths = np.diff(self.offsets)
+        self.buckets = sorted(hyper["buckets"])
+        self.tokens_per_batch = hyper["tokens_per_batch"]
+        self.seed = hyper["seed"]
+        self.prompt_weight = hyper["prompt_weight"]
+        self._epoch, self._plan = None, None
+        keep = self.lengths <= self.buckets[-1]
+        self.usable = np.nonzero(keep)[0]
+
+    def _bucket(self, n):
+        for b in self.buckets:
+            if n <= b:
+                return b
+        return self.buckets[-1]
+
+    def _plan_epoch(self, epoch):
+        rng = np.random.default_rng([self.seed, epoch])
+        order = self.usable[rng.permutation(len(self.usable))]
+        groups = {}
+        plan = []
+        for i in order:
+            b = self._bucket(self.lengths[i])
+            groups.setdefault(b, []).append(i)
+            size = max(1, self.tokens_per_batch // b)
+            if len(groups[b]) == size:
+                plan.append((b, groups.pop(b)))
+        return plan
+
+    def batch(self, k):
+        # epochs are planned lazily; batches per epoch is fixed for a given seed
+        if self._plan is None:
+            self._epoch, self._plan = 0, self._plan_epoch(0)
+        per_epoch = len(self._plan) if self._epoch == 0 else self._per_epoch
+        self._per_epoch = per_epoch
+        epoch, index = divmod(k, per_epoch)
+        if epoch != self._epoch:
+            self._epoch, self._plan = epoch, self._plan_epoch(epoch)
+        index = min(index, len(self._plan) - 1)
+        seq_len, members = self._plan[index]
+        ids = np.zeros((len(members), seq_len), np.int32)
+        weights = np.zeros((len(members), seq_len), np.float32)
+        for row, i in enumerate(members):
+            seq = self.ids[self.offsets[i]:self.offsets[i + 1]]
+            ids[row, :len(seq)] = seq
+            p = self.prompt_lens[i]
+            weights[row, :p] = self.prompt_weight
+            weights[row, p:len(seq)] = 1.0
+        return ids, weights, epoch
+
+
+# ------------------------------------------------------------------------ fit ---
+
+def _optimizer(hyper):
+    import optax
+
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=hyper["peak_lr"], warmup_steps=hyper["warmup"],
+        decay_steps=hyper["total_steps"], end_value=hyper["peak_lr"] * hyper["min_lr_ratio"])
+
+    def decay_mask(params):
+        import jax
+        return jax.tree.map(lambda a: a.ndim >= 2, params)
+
+    return optax.chain(
+        optax.clip_by_global_norm(hyper["clip"]),
+        optax.adamw(schedule, b1=hyper["b1"], b2=hyper["b2"],
+                    weight_decay=hyper["weight_decay"], mask=decay_mask)), schedule
+
+
+def _save_state(run_dir, state):
+    path = os.path.join(run_dir, "state.pkl")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as handle:
+        pickle.dump(state, handle, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def load_state(run_dir):
+    path = os.path.join(run_dir, "state.pkl")
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as handle:
+        return pickle.load(handle)
+
+
+def fit(run_dir, steps=None, until_step=None, qat=False):
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from needle.model.architecture import SimpleAttentionNetwork
+    from needle.model.quantize import WEIGHT_BITS, configure_deploy, cq_ste_params
+
+    run = load_run(run_dir)
+    hyper = run["hyper"]
+    config = transformer_config(run)
+    model = SimpleAttentionNetwork(config)
+    optimizer, schedule = _optimizer(hyper)
+    batches = Batches(run_dir, hyper)
+
+    state = load_state(run_dir)
+    if state is None:
+        key = jax.random.PRNGKey(hyper["seed"])
+        params = model.init(key, jnp.zeros((1, 16), jnp.int32))["params"]
+        state = {"params": jax.tree.map(np.asarray, params), "opt_state": None,
+                 "step": 0, "tokens": 0, "target_tokens": 0, "seconds": 0.0}
+    params = jax.tree.map(jnp.asarray, state["params"])
+    opt_state = (optimizer.init(params) if state["opt_state"] is None
+                 else jax.tree.map(jnp.asarray, state["opt_state"]))
+    n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
+    if qat:
+        configure_deploy(act_bits=config.act_bits, kv_bits=config.kv_bits)
+
+    def loss_fn(p, ids, weights):
+        if qat:
+            p = cq_ste_params(p, WEIGHT_BITS)
+        logits = model.apply({"params": p}, ids, quant=bool(qat))
+        logits, targets, w = logits[:, :-1], ids[:, 1:], weights[:, 1:]
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        target_mask = (w >= 1.0).astype(jnp.float32)
+        total = (ce * w).sum() / jnp.maximum(w.sum(), 1.0)
+        target_ce = (ce * target_mask).sum() / jnp.maximum(target_mask.sum(), 1.0)
+        return total, target_ce
+
+    @jax.jit
+    def train_step(p, o, ids, weights):
+        (loss, target_ce), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, ids, weights)
+        updates, o = optimizer.update(grads, o, p)
+        return optax.apply_updates(p, updates), o, loss, target_ce
+
+    end = hyper["total_steps"]
+    if until_step is not None:
+        end = until_step
+    if steps is not None:
+        end = min(end, state["step"] + steps)
+    _log(run_dir, {"event": "start", "step": state["step"], "end": end, "params": n_params,
+                   "qat": bool(qat), "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+    t_last = time.time()
+    last_save = time.time()
+    acc_loss, acc_tce, acc_n, acc_tok = 0.0, 0.0, 0, 0
+    while state["step"] < end:
+        ids, weights, epoch = batches.batch(state["step"])
+        params, opt_state, loss, tce = train_step(params, opt_state, jnp.asarray(ids),
+                                                  jnp.asarray(weights))
+        state["step"] += 1
+        ntok = int((ids != 0).sum())
+        state["tokens"] += ntok
+        state["target_tokens"] += int((weights >= 1.0).sum())
+        acc_loss += float(loss)
+        acc_tce += float(tce)
+        acc_n += 1
+        acc_tok += ntok
+        if state["step"] % hyper["log_every"] == 0 or state["step"] == end:
+            now = time.time()
+            state["seconds"] += now - t_last
+            _log(run_dir, {"step": state["step"], "epoch": epoch, "loss": round(acc_loss / acc_n, 4),
+                           "target_ce": round(acc_tce / acc_n, 4),
+                           "lr": float(schedule(state["step"])),
+                           "tok_per_s": round(acc_tok / max(now - t_last, 1e-9), 1),
+                           "tokens": state["tokens"], "seconds": round(state["seconds"])})
+            t_last = now
+            acc_loss, acc_tce, acc_n, acc_tok = 0.0, 0.0, 0, 0
+        if (state["step"] % hyper["checkpoint_every"] == 0 or state["step"] == end
+                or time.time() - last_save > 600):
+            state["params"] = jax.tree.map(np.asarray, params)
+            state["opt_state"] = jax.tree.map(np.asarray, opt_state)
+            _save_state(run_dir, state)
+            last_save = time.time()
+    return state
+
+
+# --------------------------------------------------------------------- export ---
+
+class _SpHolder:
+    """What the official exporter's tokenizer dump reads: an object with .sp."""
+
+    def __init__(self, model_path):
+        import sentencepiece as spm
+        self.sp = spm.SentencePieceProcessor(model_file=model_path)
+
+
+def export(run_dir, out_path, bits=4, state_path=None):
+    """Write the run's latest parameters as a .cact with the official exporter."""
+    from needle.model.architecture import effective_kv_window
+    from needle.model.export import write_export
+
+    run = load_run(run_dir)
+    config = transformer_config(run)
+    if state_path:
+        with open(state_path, "rb") as handle:
+            state = pickle.load(handle)
+    else:
+        state = load_state(run_dir)
+    params = state["params"]
+    # probe heads are not trained by this loop: none are exported (confidence → None)
+    params = {k: v for k, v in params.items()
+              if k not in ("embedding_head", "confidence_head", "router_head")}
+    tok = _SpHolder(os.path.join(run_dir, "tokenizer.model"))
+    info = write_export(params, config, out_path, bits=bits, tokenizer=tok,
+                        kv_window=effective_kv_window(config))
+    print(f"wrote {info['path']} {info['bytes'] / 1e6:.2f} MB {info['tensors']} tensors "
+          f"(step {state['step']}, {state['tokens']} tokens)")
+    return info
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m needle_cy.training.train")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("run_dir")
+    p.add_argument("--examples", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--vocab", type=int)
+    f = sub.add_parser("fit")
+    f.add_argument("run_dir")
+    f.add_argument("--steps", type=int)
+    f.add_argument("--until-step", type=int)
+    f.add_argument("--qat", action="store_true")
+    e = sub.add_parser("export")
+    e.add_argument("run_dir")
+    e.add_argument("out")
+    e.add_argument("--bits", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.cmd == "prepare":
+        prepare(args.run_dir, args.examples, args.seed, args.vocab)
+    elif args.cmd == "fit":
+        fit(args.run_dir, args.steps, args.until_step, args.qat)
+    else:
+        export(args.run_dir, args.out, args.bits)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
