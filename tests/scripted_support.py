@@ -44,6 +44,12 @@ class ScriptedModel:
         self.im_start = tokenizer.marker_id("<|im_start|>")
         self.im_end = tokenizer.marker_id("<|im_end|>")
         self.header = list(tokenizer.encode("assistant\n", dummy_prefix=False))
+        # Off-script tokens all tie at 0; a natural model rarely writes JSON escapes, so
+        # pieces with a backslash sit slightly lower (escape paths have their own tests).
+        self.prior = np.zeros(self.vocab, np.float32)
+        for i, piece in enumerate(tokenizer.piece_table(size=self.vocab)):
+            if piece and b"\\" in piece:
+                self.prior[i] = -1.0
 
     # --- Model protocol ----------------------------------------------------------
     @property
@@ -98,7 +104,7 @@ class ScriptedModel:
         return turn, len(h) - start
 
     def _logits(self):
-        logits = np.zeros(self.vocab, np.float32)
+        logits = self.prior.copy()
         turn, k = self.turn_and_offset()
         if turn < 0:
             return logits

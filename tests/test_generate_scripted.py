@@ -113,10 +113,14 @@ def test_multi_call_order_and_closing_tokens(tok):
     assert res.assistant_ids == model.history[-len(res.assistant_ids):]
 
 
-def test_repeated_identical_call_is_dropped(tok):
+def test_no_repeated_tool(tok):
+    # The model tries to call set_light twice: the real grammar never lets a tool name repeat
+    # within a turn, and exact repeats are dropped after decoding in any case.
     body = f"[{CALL_A},{CALL_A}]"
     res, _, _, _ = drive(tok, [f"<tool_call>{body}"], sentences=[body])
-    assert res.calls == [json.loads(CALL_A)]
+    assert res.success and res.calls[0] == json.loads(CALL_A)
+    names = [c["name"] for c in res.calls]
+    assert len(names) == len(set(names))
 
 
 def test_grammar_overrides_the_model_and_confidence_sees_it(tok):
@@ -141,7 +145,15 @@ def test_confidence_arithmetic(tok):
     k = 4
     rival = (ids[k] + 1) % V
     over = {(0, k): {rival: 11.0}}
-    p_low = math.exp(12.0) / (math.exp(12.0) + math.exp(11.0) + V - 2)
+    # The closed form on a plain vector, then the same on the fake's exact logits (its
+    # off-script prior puts escape pieces at -1).
+    plain = np.zeros(V, np.float32)
+    plain[ids[k]], plain[rival] = 12.0, 11.0
+    assert token_probability(plain, ids[k]) == pytest.approx(
+        math.exp(12.0) / (math.exp(12.0) + math.exp(11.0) + V - 2), rel=1e-9)
+    logits = ScriptedModel(tok, []).prior.copy()
+    logits[ids[k]], logits[rival] = 12.0, 11.0
+    p_low = token_probability(logits, ids[k])
     res, _, _, _ = drive(tok, [script], sentences=[body], overrides=over)
     assert res.head_confidence is None
     assert res.min_token_prob == pytest.approx(p_low, rel=1e-5)
@@ -188,19 +200,22 @@ def test_context_overflow_is_a_clear_error(tok):
 
 @pytest.mark.skipif(compile_tools is None, reason="needle_cy.grammar not landed yet")
 def test_max_calls_per_turn_is_enforced_by_the_grammar(tok):
-    calls = ",".join([CALL_B.replace("5", str(i)) for i in range(1, 7)])
-    model = ScriptedModel(tok, [f"<tool_call>[{calls}]"])
-    conv = Conversation(tok, None, render_tools_json([LIGHT, TIMER]))
-    model.prefill(conv.prefix_ids)
-    gen = run_turn(model, tok, compile_tools([LIGHT, TIMER], max_calls=2), conv.query_ids("x"),
-                   DecodeSettings(), tok.piece_table(size=tok.vocab_size))
-    res = None
-    try:
-        while True:
-            next(gen)
-    except StopIteration as stop:
-        res = stop.value
-    assert len(res.calls) == 2 and [c["arguments"]["minutes"] for c in res.calls] == [1, 2]
+    fan = {"name": "set_fan", "description": "Fan speed.", "parameters": {
+        "type": "object", "properties": {"speed": {"type": "integer", "minimum": 0, "maximum": 3}},
+        "required": ["speed"], "additionalProperties": False}}
+    calls = ",".join([CALL_A, CALL_B, '{"name":"set_fan","arguments":{"speed":2}}'])
+    for max_calls, expected in ((2, ["set_light", "set_timer"]), (3, ["set_light", "set_timer", "set_fan"])):
+        model = ScriptedModel(tok, [f"<tool_call>[{calls}]"])
+        conv = Conversation(tok, None, render_tools_json([LIGHT, TIMER, fan]))
+        model.prefill(conv.prefix_ids)
+        gen = run_turn(model, tok, compile_tools([LIGHT, TIMER, fan], max_calls=max_calls),
+                       conv.query_ids("x"), DecodeSettings(), tok.piece_table(size=tok.vocab_size))
+        try:
+            while True:
+                next(gen)
+        except StopIteration as stop:
+            res = stop.value
+        assert [c["name"] for c in res.calls] == expected
 
 
 @pytest.mark.skipif(compile_tools is None, reason="needle_cy.grammar not landed yet")
