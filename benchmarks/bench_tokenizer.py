@@ -223,7 +223,7 @@ def main(argv=None):
             print(f"{corpus:20s} {name:15s} {rates[name]:8.2f} MB/s", flush=True)
         ratio_sp = rates["needle_cy"] / rates["sentencepiece"] if "sentencepiece" in rates else float("nan")
         ratio_hf = rates["needle_cy"] / rates["hf_tokenizers"] if "hf_tokenizers" in rates else float("nan")
-        lines.append(f"| {corpus} | " + " | ".join(f"{rates[n]:.2f} MB/s" for n in encoders)
+        lines.append(f"| {corpus} | " + " | ".join(f"{rates[n]:.3g} MB/s" for n in encoders)
                      + f" | {ratio_sp:.1f}× | {ratio_hf:.1f}× |")
     lines += ["", "No-space string (one BPE segment; ns/char should stay nearly flat — O(n log n)):", "",
               "| characters | " + " | ".join(f"{name} ms (ns/char)" for name in encoders) + " |",

@@ -468,6 +468,8 @@ cdef class BPEEncoder:
         cdef Py_ssize_t bad = -1
         if length == 0:
             return []
+        if length >= 0x7FFFFFF0:  # symbol links are int32
+            raise ValueError(f"text of {length} characters is too long to encode (limit 2**31 - 16)")
         offset = 1 if dummy_prefix else 0
         n = length + offset
         cps = <uint32_t*>malloc(n * sizeof(uint32_t))
