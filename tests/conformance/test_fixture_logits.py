@@ -14,6 +14,8 @@ Tolerances (see ../shared/fixtures/README.md for why):
   relative (confidence logit).
 
 The 608-token case runs in one test only (deploy, tiny_a) to keep the module fast.
+Every test runs the NumPy reference; the logits/heads tests also run the Cython
+engine when ``needle_cy._model`` is built (skipped otherwise).
 """
 import numpy as np
 import pytest
@@ -29,11 +31,37 @@ _MODELS = {}
 _CASES = {}
 
 
-def model(name, numerics):
-    key = (name, numerics)
+def _cython_built():
+    try:
+        import needle_cy._model  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+BACKENDS = ["numpy", pytest.param("cython", marks=pytest.mark.skipif(
+    not _cython_built(), reason="needle_cy._model (Cython engine) is not built"))]
+
+
+def model(name, numerics, backend="numpy"):
+    key = (name, numerics, backend)
     if key not in _MODELS:
-        _MODELS[key] = Model.load(fixture_path(name, "model.cact"), backend="numpy", numerics=numerics)
+        _MODELS[key] = Model.load(fixture_path(name, "model.cact"), backend=backend, numerics=numerics)
     return _MODELS[key]
+
+
+def logits_and_heads(m, ids):
+    """Logits at every position and the heads over the whole case (public API, or the
+    reference's cells when available, which saves a second pass)."""
+    if m.backend == "numpy":
+        logits, cells = m.engine.forward_cells(ids)
+        return logits, m.engine.heads_from_cells(cells, ids)
+    logits = m.forward(ids)
+    m.reset()
+    m.prefill(ids)
+    heads = m.head_outputs()
+    m.reset()
+    return logits, heads
 
 
 def cases(name):
@@ -55,10 +83,11 @@ def deploy_checks(logits, z, case):
     return diff
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", FIXTURE_MODELS)
-def test_float_logits_match_cqw(name):
+def test_float_logits_match_cqw(name, backend):
     z = cases(name)
-    m = model(name, "float")
+    m = model(name, "float", backend)
     checked = 0
     for case in SHORT_CASES:
         if f"{case}.logits_cqw" not in z.files:
@@ -72,15 +101,15 @@ def test_float_logits_match_cqw(name):
     assert checked >= 3
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", FIXTURE_MODELS)
-def test_deploy_logits_and_heads(name):
+def test_deploy_logits_and_heads(name, backend):
     z = cases(name)
-    m = model(name, "deploy")
+    m = model(name, "deploy", backend)
     for case in SHORT_CASES:
         ids = z[f"{case}.ids"]
-        logits, cells = m.engine.forward_cells(ids)
+        logits, heads = logits_and_heads(m, ids)
         deploy_checks(logits, z, case)
-        heads = m.engine.heads_from_cells(cells)
         assert set(heads) == {"embedding", "confidence", "router"}
         np.testing.assert_allclose(heads["embedding"], z[f"{case}.head_embedding_deploy"], atol=5e-3)
         np.testing.assert_allclose(heads["router"], z[f"{case}.head_router_deploy"], atol=5e-3)
@@ -88,15 +117,16 @@ def test_deploy_logits_and_heads(name):
         assert abs(heads["confidence"] - conf) <= 5e-3 * max(1.0, abs(conf))
 
 
-def test_deploy_long_case_incremental_with_online_heads():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deploy_long_case_incremental_with_online_heads(backend):
     """The 608-token case: prefill a prefix, step the rest; logits and online heads vs JAX."""
     name = "needle3_tiny_a"
     z = cases(name)
-    m = model(name, "deploy")
+    m = model(name, "deploy", backend)
     ids = z[f"{LONG_CASE}.ids"]
     m.reset()
     split = 500
-    rows = [m.engine.forward(ids[:split])]        # every prefix position, stateless
+    rows = [m.forward(ids[:split])]               # every prefix position, stateless
     m.prefill(ids[:split])
     rows += [m.step(int(t))[None] for t in ids[split:]]
     deploy_checks(np.concatenate(rows), z, LONG_CASE)
