@@ -939,7 +939,8 @@ def write_archive(path, config, tensors, bits=4, group_size=128, tokenizer_bytes
     ``tensors``: role → float array of the role's logical shape (CQ roles are
     quantized here with reference.cq.quantize; FP16 roles rounded).  A value may
     also be a zero-argument callable returning the array, so large archives are
-    produced one tensor at a time.  Probe heads are written when
+    produced one tensor at a time, or an already-encoded CQMatrix for a CQ role
+    (written as it is, with its own width and group size).  Probe heads are written when
     ``heads.{name}.probes`` etc. are present; the manifest is derived from them
     (canonical order) unless ``heads.manifest`` is given.  Probes may be given as
     (L+1, k, d) or ((L+1)·k, d).  Head matrices (probes/query/proj) are CQ 4-bit
@@ -962,7 +963,12 @@ def write_archive(path, config, tensors, bits=4, group_size=128, tokenizer_bytes
         value = tensors.pop(role)
         if callable(value):
             value = value()
+        if isinstance(value, CQMatrix):
+            return value
         return np.asarray(value, dtype=np.float32)
+
+    def shape_of(value):
+        return value.shape if isinstance(value, CQMatrix) else np.shape(value)
 
     slots = list(body_layout(cfg))
     head_names = [h for h in HEAD_NAMES if f"heads.{h}.probes" in tensors]
@@ -973,15 +979,15 @@ def write_archive(path, config, tensors, bits=4, group_size=128, tokenizer_bytes
             for part in ("probes", "query", "proj"):
                 if callable(tensors.get(f"heads.{h}.{part}")):
                     tensors[f"heads.{h}.{part}"] = tensors[f"heads.{h}.{part}"]()
-            pshape = np.shape(tensors[f"heads.{h}.probes"])
+            pshape = shape_of(tensors[f"heads.{h}.probes"])
             if len(pshape) == 3:
                 k = pshape[1]
             elif len(pshape) == 2 and pshape[0] % L1 == 0:
                 k = pshape[0] // L1
             else:
                 raise ValueError(f"heads.{h}.probes: expected (L+1, k, d) or ((L+1)·k, d), found {pshape}")
-            q = np.shape(tensors[f"heads.{h}.query"])[0]
-            out = HEAD_OUT.get(h, np.shape(tensors[f"heads.{h}.proj"])[0])
+            q = shape_of(tensors[f"heads.{h}.query"])[0]
+            out = HEAD_OUT.get(h, shape_of(tensors[f"heads.{h}.proj"])[0])
             slots += head_layout(cfg, h, k, q, out, head_layout_kind)
     unknown = sorted(set(tensors) - {s.role for s in slots})
     if unknown:
@@ -994,8 +1000,12 @@ def write_archive(path, config, tensors, bits=4, group_size=128, tokenizer_bytes
     plan = []  # (slot, bits, group, nbytes)
     for slot in slots:
         if slot.dtype == DTYPE_CQ:
-            b = HEAD_BITS if slot.role.startswith("heads.") else int(_as_bits(bits, slot.role, 4))
-            g = int(_as_bits(group_size, slot.role, 128))
+            given = tensors.get(slot.role)
+            if isinstance(given, CQMatrix):        # already encoded: written as it is
+                b, g = given.bits, given.group_size
+            else:
+                b = HEAD_BITS if slot.role.startswith("heads.") else int(_as_bits(bits, slot.role, 4))
+                g = int(_as_bits(group_size, slot.role, 128))
             field_bits_of(b)
             if g < 8 or g & (g - 1):
                 raise ValueError(f"write_archive: {slot.role}: group size must be a power of two >= 8, got {g}")
@@ -1044,12 +1054,14 @@ def write_archive(path, config, tensors, bits=4, group_size=128, tokenizer_bytes
                     value = np.array([c for c, name in HEAD_CODES.items() if name in head_names], np.float32)
                 else:
                     value = value_of(role)
-                if role.endswith(".probes") and value.size == math.prod(slot.shape):
+                if isinstance(value, CQMatrix) and slot.dtype != DTYPE_CQ:
+                    raise ValueError(f"write_archive: {role} is stored {DTYPE_NAMES[slot.dtype]}, got a CQMatrix")
+                if role.endswith(".probes") and not isinstance(value, CQMatrix) and value.size == math.prod(slot.shape):
                     value = value.reshape(slot.shape)
                 if value.shape != slot.shape:
                     raise ValueError(f"write_archive: {role} expected shape {slot.shape}, found {value.shape}")
                 if slot.dtype == DTYPE_CQ:
-                    cqm = quantize(value, b, g)
+                    cqm = value if isinstance(value, CQMatrix) else quantize(value, b, g)
                     payload = cqm.packed.tobytes() + cqm.norms.astype("<f2").tobytes()
                 elif slot.dtype == DTYPE_FP16:
                     if not np.isfinite(value).all():
