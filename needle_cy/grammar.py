@@ -54,10 +54,11 @@ from .errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
 
 # ----------------------------------------------------------------------------
 # capacities (shared with the runtimes; the .pxd repeats them)
-MAX_DEPTH = 48          # frames per thread
-MAX_AUX = 192           # uint64 words per thread (seen-key bitsets, hashes)
-MAX_THREADS = 16        # parallel alternatives (anyOf/oneOf) per state
+MAX_DEPTH = 40          # frames per thread
+MAX_AUX = 160           # uint64 words per thread (seen-key bitsets, hashes)
+MAX_SLOTS = 32          # threads (parallel anyOf/oneOf alternatives) alive within one byte
 NUM_BUF = 40            # bytes of one number's text
+MAX_EVENTS = 8          # oneOf completions one thread may record within one byte
 MAX_DFA_STATES = 20000  # per compiled DFA
 MAX_TOOLS = 64
 
@@ -69,6 +70,35 @@ TYPE_BITS = {"null": T_NULL, "boolean": T_BOOL, "integer": T_INT, "number": T_IN
              "string": T_STR, "array": T_ARR, "object": T_OBJ}
 
 NODE_VALUE, NODE_CHOICE = 0, 1
+# first-byte classes of a value (for skipping alternatives that cannot start with a byte)
+S_STR, S_NUM, S_TRUE, S_FALSE, S_NULL, S_ARR, S_OBJ = 1, 2, 4, 8, 16, 32, 64
+
+
+def start_bit(b):
+    if b == 0x22:
+        return S_STR
+    if b == 0x2D or 0x30 <= b <= 0x39:
+        return S_NUM
+    return {0x74: S_TRUE, 0x66: S_FALSE, 0x6E: S_NULL, 0x5B: S_ARR, 0x7B: S_OBJ}.get(b, 0)
+
+
+def _type_starts(types):
+    s = 0
+    if types & T_STR:
+        s |= S_STR
+    if types & (T_INT | T_NUM):
+        s |= S_NUM
+    if types & T_TRUE:
+        s |= S_TRUE
+    if types & T_FALSE:
+        s |= S_FALSE
+    if types & T_NULL:
+        s |= S_NULL
+    if types & T_ARR:
+        s |= S_ARR
+    if types & T_OBJ:
+        s |= S_OBJ
+    return s
 ANY_NODE, NEVER_NODE = 0, 1
 
 # keywords
@@ -915,6 +945,24 @@ class Program:
     def n_nodes(self):
         return len(self.kind)
 
+    def finish(self):
+        """Derived tables: first-byte classes per node (choices: union over alternatives)."""
+        n = len(self.kind)
+        starts = [_type_starts(self.types[i]) if self.kind[i] == NODE_VALUE else 0 for i in range(n)]
+        changed = True
+        while changed:
+            changed = False
+            for i in range(n):
+                if self.kind[i] == NODE_CHOICE:
+                    s = 0
+                    for j in range(self.alt_n[i]):
+                        s |= starts[self.alt_pool[self.alt_off[i] + j]]
+                    if s != starts[i]:
+                        starts[i] = s
+                        changed = True
+        self.starts = starts
+        return self
+
 
 def _schema_at(doc, ptr):
     if ptr == "#" or ptr == "":
@@ -1273,7 +1321,7 @@ class Compiler:
         sub.draft = self.draft
         root = sub.node(parts)
         sub.p.root = root
-        st = ReferenceState(sub.p)
+        st = ReferenceState(sub.p.finish())
         try:
             data = compact(value).encode("utf-8")
         except ValueError:
@@ -1773,7 +1821,7 @@ def compile_program(schema):
     c = Compiler(schema)
     root = c.node([_Part("#")])
     c.p.root = root
-    return c.p
+    return c.p.finish()
 
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-:]+")
@@ -1824,7 +1872,7 @@ def compile_tools_program(tools, max_calls=4):
     else:
         p.tool_dfa = p.add_dfa(DFA([[-1] * 256], [-1]), [[0]], [0])
     p.root = ANY_NODE
-    return p
+    return p.finish()
 
 
 def _runtime():

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..grammar import (
-    ANY_NODE, MAX_AUX, MAX_DEPTH, MAX_THREADS, NEVER_NODE, NODE_CHOICE, NUM_BUF, T_ARR, T_FALSE,
-    T_INT, T_NULL, T_NUM, T_OBJ, T_STR, T_TRUE, dec_to_fraction, norm_decimal,
+    ANY_NODE, MAX_AUX, MAX_DEPTH, MAX_EVENTS, MAX_SLOTS, NEVER_NODE, NODE_CHOICE, NUM_BUF, T_ARR,
+    T_FALSE, T_INT, T_NULL, T_NUM, T_OBJ, T_STR, T_TRUE, dec_to_fraction, norm_decimal, start_bit,
 )
 
 M64 = 0xFFFFFFFFFFFFFFFF
@@ -183,11 +183,13 @@ class ReferenceState:
 
     def feed_byte(self, b):
         out = []
+        slots = [len(self.threads)]   # threads in use within this byte (forks add)
         for th in self.threads:
             th.events = []
-            step(self.p, th, b, self.pos, out)
-            if len(out) > MAX_THREADS * 4:
-                break
+        for th in self.threads:
+            step(self.p, th, b, self.pos, out, slots)
+        if slots[0] > MAX_SLOTS:
+            out = []
         out = resolve_oneof(out)
         # dedupe identical threads
         seen = set()
@@ -197,8 +199,6 @@ class ReferenceState:
             if k not in seen:
                 seen.add(k)
                 uniq.append(th)
-        if len(uniq) > MAX_THREADS:
-            uniq = []
         self.threads = uniq
         self.pos += 1
         return bool(uniq)
@@ -252,7 +252,7 @@ def item_node(p, node, index):
     return p.arr_items[node]
 
 
-def step(p, th, b, pos, out):
+def step(p, th, b, pos, out, slots):
     """Feed byte b to one thread; surviving threads (maybe several) go to out."""
     fr = th.frames
     while True:
@@ -266,21 +266,23 @@ def step(p, th, b, pos, out):
             node = top[1]
             if p.kind[node] == NODE_CHOICE:
                 fr.pop()
-                n = p.alt_n[node]
-                for i in range(n):
-                    alt = p.alt_pool[p.alt_off[node] + i]
-                    t = th.clone() if i < n - 1 else th
-                    if p.oneof[node]:
-                        if len(t.frames) >= MAX_DEPTH:
-                            continue
-                        mk = new_frame(F_ONEOF, node)
-                        mk[6] = i
-                        mk[5] = pos
-                        t.frames.append(mk)
-                    if len(t.frames) >= MAX_DEPTH:
+                bit = start_bit(b) if b != EOF else 0
+                alts = [i for i in range(p.alt_n[node]) if p.starts[p.alt_pool[p.alt_off[node] + i]] & bit]
+                if not alts:
+                    return
+                # the thread takes the first alternative; each other one is a new thread
+                base = th.clone() if len(alts) > 1 else None
+                for j, i in enumerate(alts):
+                    if j == 0:
+                        t = th
+                    else:
+                        slots[0] += 1
+                        if slots[0] > MAX_SLOTS:
+                            return
+                        t = base.clone()
+                    if not push_alt(p, t, node, i, pos):
                         continue
-                    t.frames.append(new_frame(F_VALUE, alt))
-                    step(p, t, b, pos, out)
+                    step(p, t, b, pos, out, slots)
                 return
             if not start_value(p, th, top, node, b, pos):
                 return
@@ -364,6 +366,20 @@ def step(p, th, b, pos, out):
         raise AssertionError(kind)
 
 
+def push_alt(p, t, node, i, pos):
+    if p.oneof[node]:
+        if len(t.frames) >= MAX_DEPTH:
+            return False
+        mk = new_frame(F_ONEOF, node)
+        mk[6] = i
+        mk[5] = pos
+        t.frames.append(mk)
+    if len(t.frames) >= MAX_DEPTH:
+        return False
+    t.frames.append(new_frame(F_VALUE, p.alt_pool[p.alt_off[node] + i]))
+    return True
+
+
 def start_value(p, th, top, node, b, pos):
     """Turn a VALUE frame into the frame its first byte starts (top is replaced in place)."""
     types = p.types[node]
@@ -414,6 +430,8 @@ def complete_value(p, th, h):
     fr = th.frames
     while fr and fr[-1][0] == F_ONEOF:
         mk = fr.pop()
+        if len(th.events) >= MAX_EVENTS:
+            return False
         th.events.append((mk[1], mk[6], mk[5], len(fr)))
     th.last_hash = h
     if not fr:

@@ -1,0 +1,1773 @@
+# cython: language_level=3
+"""Grammar runtime in C: feed bytes to a state, clone it, and choose whole tokens.
+
+The compiled program comes from ``needle_cy.grammar`` (schema -> nodes, DFAs,
+exact decimals).  This module walks it byte by byte; its pure-Python twin
+``needle_cy.reference.grammar`` has a function of the same name for each one
+here and is what tests compare against.
+
+Token level: a vocabulary (the tokenizer's ``piece_table``) is turned once into
+a byte trie (``PieceTable``).  ``allowed_tokens`` walks the trie from a state,
+cloning the state at each branch so shared prefixes are fed once;
+``best_allowed`` first tries the arg-max token alone (it is nearly always valid
+when a trained model is decoding) and otherwise walks the trie keeping the
+best-scoring valid token.  Inside an unconstrained string the tokens made only
+of plain string characters are valid whatever the context, so they are taken
+from a precomputed list and only the other tokens are walked.
+"""
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
+
+import numpy as np
+
+cimport numpy as cnp
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    typedef unsigned __int128 ng_u128;
+    static inline unsigned long long ng_mulmod(unsigned long long a, unsigned long long b,
+                                               unsigned long long m) {
+        return (unsigned long long)(((ng_u128)a * b) % m);
+    }
+    static inline int ng_int_reach(long long p, long long lo, long long hi) {
+        __int128 scale = 10;
+        while ((__int128)(p + 1) * scale - 1 < (__int128)lo) scale *= 10;
+        return (__int128)p * scale <= (__int128)hi;
+    }
+    """
+    unsigned long long ng_mulmod(unsigned long long a, unsigned long long b, unsigned long long m) nogil
+    int ng_int_reach(long long p, long long lo, long long hi) nogil
+
+# frame kinds (same numbers as the reference)
+cdef enum:
+    F_VALUE = 0
+    F_STRING = 1
+    F_KEY = 2
+    F_NUMBER = 3
+    F_LITERAL = 4
+    F_ARRAY = 5
+    F_OBJECT = 6
+    F_ONEOF = 7
+    F_CALLS = 8
+
+cdef enum:
+    A_START = 0
+    A_ITEM = 1
+    A_NEXT = 2
+
+cdef enum:
+    O_START = 0
+    O_COLON = 1
+    O_VALUE = 2
+    O_AFTER = 3
+    O_NEXT = 4
+
+cdef enum:
+    C_OPEN = 0
+    C_FIRST = 1
+    C_HEAD = 2
+    C_NAME = 3
+    C_MID = 4
+    C_ARGS = 5
+    C_CLOSE = 6
+    C_AFTER = 7
+    C_NEXT = 8
+
+cdef enum:
+    N_START = 0
+    N_MINUS = 1
+    N_ZERO = 2
+    N_INT = 3
+    N_DOT = 4
+    N_FRAC = 5
+    N_EXP = 6
+    N_EXPSIGN = 7
+    N_EXPDIG = 8
+
+cdef enum:
+    T_NULL = 1
+    T_TRUE = 2
+    T_FALSE = 4
+    T_INT = 8
+    T_NUM = 16
+    T_STR = 32
+    T_ARR = 64
+    T_OBJ = 128
+
+cdef enum:
+    NODE_CHOICE = 1
+    NEVER_NODE = 1
+    EOF_BYTE = 256
+
+cdef uint64_t FNV_OFFSET = 0xCBF29CE484222325ULL
+cdef uint64_t FNV_PRIME = 0x100000001B3ULL
+cdef uint64_t TAG_STR = 0x51
+cdef uint64_t TAG_NUM = 0x52
+cdef uint64_t TAG_ARR = 0x53
+cdef uint64_t TAG_OBJ = 0x54
+
+cdef const char* LIT_TRUE = b"true"
+cdef const char* LIT_FALSE = b"false"
+cdef const char* LIT_NULL = b"null"
+cdef const char* CALL_HEAD = b'{"name":"'
+cdef const char* CALL_MID = b'","arguments":'
+cdef int CALL_HEAD_LEN = 9
+cdef int CALL_MID_LEN = 14
+
+
+# ----------------------------------------------------------------------------- hashing
+
+cdef inline uint64_t fmix(uint64_t k) noexcept nogil:
+    k ^= k >> 33
+    k *= 0xFF51AFD7ED558CCDULL
+    k ^= k >> 33
+    k *= 0xC4CEB9FE1A85EC53ULL
+    k ^= k >> 33
+    return k
+
+
+cdef inline uint64_t fnv(uint64_t h, int b) noexcept nogil:
+    return (h ^ <uint64_t>b) * FNV_PRIME
+
+
+cdef inline uint64_t seq_combine(uint64_t h, uint64_t x) noexcept nogil:
+    return fmix(h * 31 + x + 0x9E3779B97F4A7C15ULL)
+
+
+cdef inline uint64_t member_hash(uint64_t kh, uint64_t vh) noexcept nogil:
+    return fmix((kh * 0x9E3779B97F4A7C15ULL) ^ vh)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+cdef inline int start_bit(int b) noexcept nogil:
+    if b == 0x22:
+        return 1
+    if b == 0x2D or (b >= 0x30 and b <= 0x39):
+        return 2
+    if b == 0x74:
+        return 4
+    if b == 0x66:
+        return 8
+    if b == 0x6E:
+        return 16
+    if b == 0x5B:
+        return 32
+    if b == 0x7B:
+        return 64
+    return 0
+
+
+cdef inline void set_frame(Frame* f, int kind, int node, int phase) noexcept nogil:
+    f.kind = kind
+    f.node = node
+    f.phase = phase
+    f.count = 0
+    f.dfa = -1
+    f.aux = 0
+    f.x = 0
+    f.y = 0
+    f.h = 0
+    f.k = 0
+
+
+cdef inline void copy_thread(Thread* dst, const Thread* src) noexcept nogil:
+    dst.depth = src.depth
+    dst.aux_top = src.aux_top
+    dst.num_len = src.num_len
+    dst.n_events = src.n_events
+    dst.last_hash = src.last_hash
+    if src.n_events:
+        memcpy(dst.events, src.events, src.n_events * 4 * sizeof(int32_t))
+    if src.num_len:
+        memcpy(dst.num, src.num, src.num_len)
+    memcpy(dst.frames, src.frames, src.depth * sizeof(Frame))
+    if src.aux_top:
+        memcpy(dst.aux, src.aux, src.aux_top * sizeof(uint64_t))
+
+
+cdef void copy_state(StateData* dst, const StateData* src) noexcept nogil:
+    cdef int i
+    dst.n_threads = src.n_threads
+    dst.pos = src.pos
+    for i in range(src.n_threads):
+        copy_thread(&dst.threads[i], &src.threads[i])
+
+
+cdef inline bint same_thread(const Thread* a, const Thread* b) noexcept nogil:
+    if a.depth != b.depth or a.aux_top != b.aux_top or a.num_len != b.num_len:
+        return False
+    if memcmp(a.frames, b.frames, a.depth * sizeof(Frame)) != 0:
+        return False
+    if a.aux_top and memcmp(a.aux, b.aux, a.aux_top * sizeof(uint64_t)) != 0:
+        return False
+    if a.num_len and memcmp(a.num, b.num, a.num_len) != 0:
+        return False
+    return True
+
+
+cdef inline int item_node(const Prog* p, int node, int index) noexcept nogil:
+    if index < p.arr_prefix_n[node]:
+        return p.prefix_pool[p.arr_prefix_off[node] + index]
+    return p.arr_items[node]
+
+
+cdef inline bint key_live(const Prog* p, const Thread* th, const Frame* obj, int state) noexcept nogil:
+    cdef int w, nw, off, base
+    if state < 0:
+        return False
+    if p.other[state]:
+        return True
+    off = p.reach_off[state]
+    nw = p.obj_nwords[obj.node]
+    base = obj.aux
+    for w in range(nw):
+        if p.words[off + w] & ~th.aux[base + w]:
+            return True
+    return False
+
+
+# ----------------------------------------------------------------------------- values
+
+cdef bint complete_value(const Prog* p, Thread* th, uint64_t h) noexcept nogil:
+    """A value just ended (its frame is popped): pop oneOf markers, tell the container."""
+    cdef Frame* mk
+    cdef Frame* parent
+    cdef int i, e
+    while th.depth > 0 and th.frames[th.depth - 1].kind == F_ONEOF:
+        mk = &th.frames[th.depth - 1]
+        th.depth -= 1
+        if th.n_events >= MAX_EVENTS:
+            return False
+        e = th.n_events * 4
+        th.events[e] = mk.node
+        th.events[e + 1] = mk.x
+        th.events[e + 2] = mk.aux
+        th.events[e + 3] = th.depth
+        th.n_events += 1
+    th.last_hash = h
+    if th.depth == 0:
+        return True
+    parent = &th.frames[th.depth - 1]
+    if parent.kind == F_ARRAY:
+        if p.arr_unique[parent.node]:
+            for i in range(parent.aux, th.aux_top):
+                if th.aux[i] == h:
+                    return False
+            if th.aux_top >= MAX_AUX:
+                return False
+            th.aux[th.aux_top] = h
+            th.aux_top += 1
+        parent.count += 1
+        parent.h = seq_combine(parent.h, h)
+        return True
+    if parent.kind == F_OBJECT:
+        parent.count += 1
+        parent.phase = O_AFTER
+        parent.h = parent.h + member_hash(parent.k, h)
+        return True
+    if parent.kind == F_CALLS:
+        parent.phase = C_CLOSE
+        return True
+    return False
+
+
+cdef bint start_value(const Prog* p, Thread* th, Frame* top, int node, int b, int64_t pos) noexcept nogil:
+    cdef int types = p.types[node]
+    cdef int nw
+    if b == 0x22:
+        if not types & T_STR:
+            return False
+        set_frame(top, F_STRING, node, 0)
+        top.dfa = p.str_dfa[node]
+        top.aux = <int32_t>pos
+        top.h = FNV_OFFSET
+        return True
+    if b == 0x2D or (b >= 0x30 and b <= 0x39):
+        if not types & (T_INT | T_NUM):
+            return False
+        set_frame(top, F_NUMBER, node, N_START)
+        top.dfa = p.num_dfa[node]
+        th.num_len = 0
+        return True
+    if b == 0x74 or b == 0x66 or b == 0x6E:
+        if b == 0x74:
+            if not types & T_TRUE:
+                return False
+            set_frame(top, F_LITERAL, node, 0)
+            top.x = 0
+        elif b == 0x66:
+            if not types & T_FALSE:
+                return False
+            set_frame(top, F_LITERAL, node, 0)
+            top.x = 1
+        else:
+            if not types & T_NULL:
+                return False
+            set_frame(top, F_LITERAL, node, 0)
+            top.x = 2
+        top.count = 1
+        return True
+    if b == 0x5B:
+        if not types & T_ARR:
+            return False
+        set_frame(top, F_ARRAY, node, A_START)
+        top.aux = th.aux_top
+        return True
+    if b == 0x7B:
+        if not types & T_OBJ:
+            return False
+        nw = p.obj_nwords[node]
+        if th.aux_top + nw > MAX_AUX:
+            return False
+        set_frame(top, F_OBJECT, node, O_START)
+        top.aux = th.aux_top
+        memset(&th.aux[th.aux_top], 0, nw * sizeof(uint64_t))
+        th.aux_top += nw
+        return True
+    return False
+
+
+# ----------------------------------------------------------------------------- strings
+
+cdef inline int hexval(int b) noexcept nogil:
+    if b >= 0x30 and b <= 0x39:
+        return b - 48
+    if b >= 0x61 and b <= 0x66:
+        return b - 87
+    if b >= 0x41 and b <= 0x46:
+        return b - 55
+    return -1
+
+
+cdef inline bint emit_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil:
+    """One decoded byte of string content: DFA step and hash."""
+    cdef int st
+    if top.dfa >= 0:
+        st = p.trans[top.dfa * 256 + b]
+        if st < 0:
+            return False
+        if top.kind == F_KEY and not key_live(p, th, &th.frames[th.depth - 2], st):
+            return False
+        top.dfa = st
+    elif top.kind == F_KEY:
+        return False
+    top.h = fnv(top.h, b)
+    return True
+
+
+cdef inline bint count_cp(const Prog* p, Frame* top) noexcept nogil:
+    cdef int mx
+    top.count += 1
+    if top.kind == F_STRING:
+        mx = p.str_max[top.node]
+        if mx >= 0 and top.count > mx:
+            return False
+    return True
+
+
+cdef bint emit_cp(const Prog* p, Thread* th, Frame* top, int cp) noexcept nogil:
+    if not count_cp(p, top):
+        return False
+    if cp < 0x80:
+        return emit_byte(p, th, top, cp)
+    if cp < 0x800:
+        return emit_byte(p, th, top, 0xC0 | (cp >> 6)) and emit_byte(p, th, top, 0x80 | (cp & 0x3F))
+    if cp < 0x10000:
+        return (emit_byte(p, th, top, 0xE0 | (cp >> 12)) and emit_byte(p, th, top, 0x80 | ((cp >> 6) & 0x3F))
+                and emit_byte(p, th, top, 0x80 | (cp & 0x3F)))
+    return (emit_byte(p, th, top, 0xF0 | (cp >> 18)) and emit_byte(p, th, top, 0x80 | ((cp >> 12) & 0x3F))
+            and emit_byte(p, th, top, 0x80 | ((cp >> 6) & 0x3F)) and emit_byte(p, th, top, 0x80 | (cp & 0x3F)))
+
+
+cdef inline int escape_cp(int b) noexcept nogil:
+    if b == 0x22:
+        return 0x22
+    if b == 0x5C:
+        return 0x5C
+    if b == 0x2F:
+        return 0x2F
+    if b == 0x62:
+        return 8
+    if b == 0x66:
+        return 12
+    if b == 0x6E:
+        return 10
+    if b == 0x72:
+        return 13
+    if b == 0x74:
+        return 9
+    return -1
+
+
+cdef bint string_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil:
+    # x: 0 clean; 1..3 continuation bytes left; 10 after '\'; 11..14 \u hex digits; 20 expecting
+    # '\' of a low surrogate; 21 expecting 'u'; 22..25 low surrogate hex digits
+    cdef int x = top.x
+    cdef int n, r, v, cp, lo, hi
+    if b == EOF_BYTE:
+        return False
+    if x == 0:
+        if b == 0x22:
+            return string_end(p, th, top)
+        if b == 0x5C:
+            top.x = 10
+            return True
+        if b < 0x20:
+            return False
+        if b < 0x80:
+            return count_cp(p, top) and emit_byte(p, th, top, b)
+        if b >= 0xC2 and b <= 0xDF:
+            n = 1
+            r = 0
+        elif b == 0xE0:
+            n = 2
+            r = 1
+        elif (b >= 0xE1 and b <= 0xEC) or b == 0xEE or b == 0xEF:
+            n = 2
+            r = 0
+        elif b == 0xED:
+            n = 2
+            r = 2
+        elif b == 0xF0:
+            n = 3
+            r = 3
+        elif b >= 0xF1 and b <= 0xF3:
+            n = 3
+            r = 0
+        elif b == 0xF4:
+            n = 3
+            r = 4
+        else:
+            return False
+        if not count_cp(p, top) or not emit_byte(p, th, top, b):
+            return False
+        top.x = n
+        top.y = r
+        return True
+    if x >= 1 and x <= 3:
+        r = top.y
+        lo = 0x80
+        hi = 0xBF
+        if r == 1:
+            lo = 0xA0
+        elif r == 2:
+            hi = 0x9F
+        elif r == 3:
+            lo = 0x90
+        elif r == 4:
+            hi = 0x8F
+        if b < lo or b > hi:
+            return False
+        if not emit_byte(p, th, top, b):
+            return False
+        top.x = x - 1
+        top.y = 0
+        return True
+    if x == 10:
+        if b == 0x75:
+            top.x = 11
+            top.y = 0
+            return True
+        cp = escape_cp(b)
+        if cp < 0:
+            return False
+        top.x = 0
+        return emit_cp(p, th, top, cp)
+    if (x >= 11 and x <= 14) or (x >= 22 and x <= 25):
+        v = hexval(b)
+        if v < 0:
+            return False
+        top.y = top.y * 16 + v
+        if x != 14 and x != 25:
+            top.x = x + 1
+            return True
+        cp = top.y
+        if x == 14:
+            if cp >= 0xDC00 and cp <= 0xDFFF:
+                return False
+            if cp >= 0xD800 and cp <= 0xDBFF:
+                top.k = <uint64_t>cp
+                top.x = 20
+                return True
+            top.x = 0
+            return emit_cp(p, th, top, cp)
+        if cp < 0xDC00 or cp > 0xDFFF:
+            return False
+        cp = 0x10000 + ((<int>top.k - 0xD800) << 10) + (cp - 0xDC00)
+        top.x = 0
+        return emit_cp(p, th, top, cp)
+    if x == 20:
+        if b != 0x5C:
+            return False
+        top.x = 21
+        return True
+    if x == 21:
+        if b != 0x75:
+            return False
+        top.x = 22
+        top.y = 0
+        return True
+    return False
+
+
+cdef bint string_end(const Prog* p, Thread* th, Frame* top) noexcept nogil:
+    cdef int node = top.node
+    cdef Frame* obj
+    cdef int st, cls, prop, base, nw, i, w
+    cdef uint64_t kh, bit
+    if top.kind == F_STRING:
+        if top.count < p.str_min[node]:
+            return False
+        if top.dfa >= 0 and p.accept[top.dfa] < 0:
+            return False
+        th.depth -= 1
+        return complete_value(p, th, fmix(top.h ^ TAG_STR))
+    obj = &th.frames[th.depth - 2]
+    st = top.dfa
+    if st < 0:
+        return False
+    cls = p.accept[st]
+    if cls < 0:
+        return False
+    kh = fmix(top.h ^ TAG_STR)
+    prop = p.cls_prop[cls]
+    base = obj.aux
+    if prop >= 0:
+        w = base + prop // 64
+        bit = (<uint64_t>1) << (prop % 64)
+        if th.aux[w] & bit:
+            return False
+        th.aux[w] |= bit
+    else:
+        nw = p.obj_nwords[obj.node]
+        for i in range(base + nw, th.aux_top):
+            if th.aux[i] == kh:
+                return False
+        if th.aux_top >= MAX_AUX:
+            return False
+        th.aux[th.aux_top] = kh
+        th.aux_top += 1
+    th.depth -= 1
+    obj.phase = O_COLON
+    obj.x = p.cls_node[cls]
+    obj.k = kh
+    return True
+
+
+# ----------------------------------------------------------------------------- numbers
+
+cdef inline bint is_number_byte(int b) noexcept nogil:
+    return (b >= 0x30 and b <= 0x39) or b == 0x2D or b == 0x2B or b == 0x2E or b == 0x65 or b == 0x45
+
+
+cdef bint int_live(bint neg, const uint8_t* digits, int nd, int flags, int64_t lo, int64_t hi) noexcept nogil:
+    """Whether an integer prefix (sign + digits so far) can still end inside [lo, hi]."""
+    cdef bint has_lo = flags & 1
+    cdef bint has_hi = (flags & 2) != 0
+    cdef bint t
+    cdef int64_t tmp, pv
+    cdef int i
+    if neg:
+        if nd == 0:
+            return (not has_lo) or (lo <= 0 and ((not has_hi) or lo <= hi))
+        t = has_lo
+        has_lo = has_hi
+        has_hi = t
+        tmp = lo
+        lo = -hi
+        hi = -tmp
+    if nd == 1 and digits[0] == 0x30:
+        return ((not has_lo) or lo <= 0) and ((not has_hi) or 0 <= hi)
+    if nd > 18:
+        return True
+    pv = 0
+    for i in range(nd):
+        pv = pv * 10 + (digits[i] - 0x30)
+    if has_hi and pv > hi:
+        return False
+    if (not has_lo) or pv >= lo:
+        return True
+    if not has_hi:
+        return True
+    # the smallest j >= 1 whose interval [pv·10^j, (pv+1)·10^j − 1] reaches lo must start ≤ hi
+    return ng_int_reach(pv, lo, hi) != 0
+
+
+cdef bint number_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil:
+    cdef int ph = top.phase
+    cdef bint integer_only = not (p.types[top.node] & T_NUM)
+    cdef bint d = b >= 0x30 and b <= 0x39
+    cdef int nph, st, node
+    cdef bint neg
+    if ph == N_START:
+        if b == 0x2D:
+            nph = N_MINUS
+        elif b == 0x30:
+            nph = N_ZERO
+        elif d:
+            nph = N_INT
+        else:
+            return False
+    elif ph == N_MINUS:
+        if b == 0x30:
+            nph = N_ZERO
+        elif d:
+            nph = N_INT
+        else:
+            return False
+    elif ph == N_ZERO or ph == N_INT:
+        if ph == N_INT and d:
+            nph = N_INT
+        elif b == 0x2E and not integer_only:
+            nph = N_DOT
+        elif (b == 0x65 or b == 0x45) and not integer_only:
+            nph = N_EXP
+        else:
+            return False
+    elif ph == N_DOT or ph == N_FRAC:
+        if d:
+            nph = N_FRAC
+        elif ph == N_FRAC and (b == 0x65 or b == 0x45):
+            nph = N_EXP
+        else:
+            return False
+    elif ph == N_EXP:
+        if b == 0x2B or b == 0x2D:
+            nph = N_EXPSIGN
+        elif d:
+            nph = N_EXPDIG
+        else:
+            return False
+    elif ph == N_EXPSIGN or ph == N_EXPDIG:
+        if d:
+            nph = N_EXPDIG
+        else:
+            return False
+    else:
+        return False
+    if th.num_len >= NUM_BUF:
+        return False
+    if top.dfa >= 0:
+        st = p.trans[top.dfa * 256 + b]
+        if st < 0:
+            return False
+        top.dfa = st
+    th.num[th.num_len] = <uint8_t>b
+    th.num_len += 1
+    top.phase = nph
+    node = top.node
+    if integer_only and p.int_flags[node] and (nph == N_MINUS or nph == N_ZERO or nph == N_INT):
+        neg = th.num[0] == 0x2D
+        if neg:
+            if not int_live(True, &th.num[1], th.num_len - 1, p.int_flags[node], p.int_lo[node],
+                            p.int_hi[node]):
+                return False
+        elif not int_live(False, th.num, th.num_len, p.int_flags[node], p.int_lo[node], p.int_hi[node]):
+            return False
+    return True
+
+
+cdef struct Dec:
+    bint neg
+    int nd
+    int64_t exp
+    uint8_t digits[NUM_BUF]
+
+
+cdef void parse_dec(const uint8_t* s, int n, Dec* out) noexcept nogil:
+    """Normalise number text: value = (-1)**neg * digits * 10**exp, digits without 0s at the ends."""
+    cdef int i = 0
+    cdef int frac = 0
+    cdef bint in_frac = False
+    cdef int64_t e = 0
+    cdef bint eneg = False
+    cdef int c
+    out.neg = False
+    out.nd = 0
+    if i < n and s[i] == 0x2D:
+        out.neg = True
+        i += 1
+    while i < n:
+        c = s[i]
+        if c == 0x2E:
+            in_frac = True
+        elif c == 0x65 or c == 0x45:
+            i += 1
+            break
+        else:
+            if in_frac:
+                frac += 1
+            if not (out.nd == 0 and c == 0x30):
+                out.digits[out.nd] = <uint8_t>c
+                out.nd += 1
+        i += 1
+    if i < n and (s[i] == 0x2B or s[i] == 0x2D):
+        eneg = s[i] == 0x2D
+        i += 1
+    while i < n:
+        if e < 100000000:
+            e = e * 10 + (s[i] - 0x30)
+        i += 1
+    if eneg:
+        e = -e
+    e -= frac
+    while out.nd > 0 and out.digits[out.nd - 1] == 0x30:
+        out.nd -= 1
+        e += 1
+    if out.nd == 0:
+        out.neg = False
+        e = 0
+    out.exp = e
+
+
+cdef int cmp_mag(const uint8_t* ad, int an, int64_t ae, const char* bd, int bn, int64_t be) noexcept nogil:
+    """Compare |a| and |b| (normalised digit strings); both may be zero (n == 0)."""
+    cdef int64_t oa, ob
+    cdef int i, m
+    if an == 0 or bn == 0:
+        return (an > 0) - (bn > 0)
+    oa = an + ae
+    ob = bn + be
+    if oa != ob:
+        return 1 if oa > ob else -1
+    m = an if an < bn else bn
+    for i in range(m):
+        if ad[i] != <uint8_t>bd[i]:
+            return 1 if ad[i] > <uint8_t>bd[i] else -1
+    if an == bn:
+        return 0
+    return 1 if an > bn else -1
+
+
+cdef int cmp_dec(const Dec* a, bint bneg, int64_t bexp, const char* bd, int bn) noexcept nogil:
+    cdef int m
+    if a.nd == 0 and bn == 0:
+        return 0
+    if a.nd == 0:
+        return 1 if bneg else -1
+    if bn == 0:
+        return -1 if a.neg else 1
+    if a.neg != bneg:
+        return -1 if a.neg else 1
+    m = cmp_mag(a.digits, a.nd, a.exp, bd, bn, bexp)
+    return -m if a.neg else m
+
+
+cdef bint number_check(const Prog* p, int check, const Dec* v) noexcept nogil:
+    cdef int flags = p.nc_flags[check]
+    cdef const int32_t* b
+    cdef int c, i
+    cdef uint64_t m, r
+    cdef int64_t e, k
+    if flags & 1:
+        b = &p.nc_lo[check * 4]
+        c = cmp_dec(v, b[0] != 0, b[1], &p.digit_pool[b[2]], b[3])
+        if c < 0 or (c == 0 and (flags & 2)):
+            return False
+    if flags & 4:
+        b = &p.nc_hi[check * 4]
+        c = cmp_dec(v, b[0] != 0, b[1], &p.digit_pool[b[2]], b[3])
+        if c > 0 or (c == 0 and (flags & 8)):
+            return False
+    if flags & 16:
+        if v.nd == 0:
+            return True
+        m = p.nc_mult[check]
+        e = v.exp - p.nc_mult_exp[check]
+        if e < 0:
+            return False   # digits has no trailing zero, so it cannot absorb 10**-e
+        r = 0
+        for i in range(v.nd):
+            r = (r * 10 + (v.digits[i] - 0x30)) % m
+        # r * 10**e mod m by squaring
+        k = 10 % m
+        while e > 0:
+            if e & 1:
+                r = ng_mulmod(r, k, m)
+            k = ng_mulmod(k, k, m)
+            e >>= 1
+        if r != 0:
+            return False
+    return True
+
+
+cdef uint64_t number_hash(const Dec* d) noexcept nogil:
+    cdef uint64_t h = FNV_OFFSET
+    cdef int i, n
+    cdef int64_t e = d.exp
+    cdef uint8_t buf[24]
+    h = fnv(h, 0x2D if d.neg else 0x2B)
+    for i in range(d.nd):
+        h = fnv(h, d.digits[i])
+    h = fnv(h, 0x65)
+    if e < 0:
+        h = fnv(h, 0x2D)
+        e = -e
+    n = 0
+    while True:
+        buf[n] = <uint8_t>(0x30 + e % 10)
+        n += 1
+        e //= 10
+        if e == 0:
+            break
+    for i in range(n - 1, -1, -1):
+        h = fnv(h, buf[i])
+    return fmix(h ^ TAG_NUM)
+
+
+cdef bint number_end(const Prog* p, Thread* th, Frame* top, uint64_t* h) noexcept nogil:
+    cdef Dec d
+    cdef int ph = top.phase
+    cdef int node = top.node
+    if not (ph == N_ZERO or ph == N_INT or ph == N_FRAC or ph == N_EXPDIG):
+        return False
+    if top.dfa >= 0 and p.accept[top.dfa] < 0:
+        return False
+    parse_dec(th.num, th.num_len, &d)
+    if p.num_check[node] >= 0 and not number_check(p, p.num_check[node], &d):
+        return False
+    h[0] = number_hash(&d)
+    return True
+
+
+# ----------------------------------------------------------------------------- objects
+
+cdef bint object_close(const Prog* p, Thread* th, Frame* top) noexcept nogil:
+    cdef int node = top.node
+    cdef int base = top.aux
+    cdef int roff = p.obj_req_off[node]
+    cdef int w
+    cdef uint64_t h
+    if top.count < p.obj_min[node]:
+        return False
+    for w in range(p.obj_nwords[node]):
+        if p.words[roff + w] & ~th.aux[base + w]:
+            return False
+    h = fmix(top.h ^ TAG_OBJ)
+    th.depth -= 1
+    th.aux_top = base
+    return complete_value(p, th, h)
+
+
+cdef bint object_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil:
+    cdef int node = top.node
+    cdef int ph = top.phase
+    cdef int mx, st
+    cdef Frame* k
+    if ph == O_START or ph == O_NEXT:
+        if b == 0x22:
+            mx = p.obj_max[node]
+            if mx >= 0 and top.count >= mx:
+                return False
+            st = p.obj_key_dfa[node]
+            if not key_live(p, th, top, st):
+                return False
+            if th.depth >= MAX_DEPTH:
+                return False
+            k = &th.frames[th.depth]
+            th.depth += 1
+            set_frame(k, F_KEY, node, 0)
+            k.dfa = st
+            k.h = FNV_OFFSET
+            return True
+        if ph == O_START and b == 0x7D:
+            return object_close(p, th, top)
+        return False
+    if ph == O_COLON:
+        if b != 0x3A:
+            return False
+        if th.depth >= MAX_DEPTH:
+            return False
+        top.phase = O_VALUE
+        set_frame(&th.frames[th.depth], F_VALUE, top.x, 0)
+        th.depth += 1
+        return True
+    if ph == O_AFTER:
+        if b == 0x2C:
+            mx = p.obj_max[node]
+            if mx >= 0 and top.count >= mx:
+                return False
+            if not key_live(p, th, top, p.obj_key_dfa[node]):
+                return False
+            top.phase = O_NEXT
+            return True
+        if b == 0x7D:
+            return object_close(p, th, top)
+        return False
+    return False
+
+
+# ----------------------------------------------------------------------------- tool calls
+
+cdef inline bint tools_left(const Prog* p, const Frame* top) noexcept nogil:
+    return (p.words[p.reach_off[p.tool_dfa]] & ~top.h) != 0
+
+
+cdef int calls_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil:
+    """The outer call list: 1 consumed, 0 dead."""
+    cdef int ph = top.phase
+    cdef int lab, st
+    if b == EOF_BYTE:
+        return 0
+    if ph == C_OPEN:
+        if b != 0x5B:
+            return 0
+        top.phase = C_FIRST
+        return 1
+    if ph == C_FIRST or ph == C_NEXT:
+        if ph == C_FIRST and b == 0x5D:
+            th.depth -= 1
+            return 1
+        if b != 0x7B or top.count >= p.max_calls or not tools_left(p, top):
+            return 0
+        top.phase = C_HEAD
+        top.x = 1
+        return 1
+    if ph == C_HEAD:
+        if b != <uint8_t>CALL_HEAD[top.x]:
+            return 0
+        top.x += 1
+        if top.x == CALL_HEAD_LEN:
+            top.phase = C_NAME
+            top.dfa = p.tool_dfa
+        return 1
+    if ph == C_NAME:
+        if b == 0x22:
+            lab = p.accept[top.dfa]
+            if lab < 0 or (top.h >> lab) & 1:
+                return 0
+            top.h |= (<uint64_t>1) << lab
+            top.y = lab
+            top.phase = C_MID
+            top.x = 1
+            return 1
+        st = p.trans[top.dfa * 256 + b]
+        if st < 0 or not (p.words[p.reach_off[st]] & ~top.h):
+            return 0
+        top.dfa = st
+        return 1
+    if ph == C_MID:
+        if b != <uint8_t>CALL_MID[top.x]:
+            return 0
+        top.x += 1
+        if top.x == CALL_MID_LEN:
+            if th.depth >= MAX_DEPTH:
+                return 0
+            top.phase = C_ARGS
+            set_frame(&th.frames[th.depth], F_VALUE, p.tool_nodes[top.y], 0)
+            th.depth += 1
+        return 1
+    if ph == C_CLOSE:
+        if b != 0x7D:
+            return 0
+        top.count += 1
+        top.phase = C_AFTER
+        return 1
+    if ph == C_AFTER:
+        if b == 0x5D:
+            th.depth -= 1
+            return 1
+        if b == 0x2C and top.count < p.max_calls and tools_left(p, top):
+            top.phase = C_NEXT
+            return 1
+        return 0
+    return 0
+
+
+# ----------------------------------------------------------------------------- one byte
+
+cdef bint push_alt(const Prog* p, Thread* t, int node, int i, int64_t pos) noexcept nogil:
+    cdef Frame* f
+    if p.oneof[node]:
+        if t.depth >= MAX_DEPTH:
+            return False
+        f = &t.frames[t.depth]
+        set_frame(f, F_ONEOF, node, 0)
+        f.x = i
+        f.aux = <int32_t>pos
+        t.depth += 1
+    if t.depth >= MAX_DEPTH:
+        return False
+    set_frame(&t.frames[t.depth], F_VALUE, p.alt_pool[p.alt_off[node] + i], 0)
+    t.depth += 1
+    return True
+
+
+cdef int step(const Prog* p, StateData* s, int ti, int b) noexcept nogil:
+    """Feed byte b to thread ti.  1: alive, 0: dead, -1: out of thread slots."""
+    cdef Thread* th = &s.threads[ti]
+    cdef Frame* top
+    cdef int kind, node, ph, bit, i, n, first, mx, r
+    cdef Thread* t
+    cdef uint64_t h
+    cdef const char* lit
+    cdef int lit_len
+    while True:
+        if th.depth == 0:
+            return 1 if b == EOF_BYTE else 0
+        top = &th.frames[th.depth - 1]
+        kind = top.kind
+        if kind == F_VALUE:
+            node = top.node
+            if p.kind[node] == NODE_CHOICE:
+                th.depth -= 1
+                bit = start_bit(b) if b != EOF_BYTE else 0
+                n = p.alt_n[node]
+                first = -1
+                for i in range(n):
+                    if not (p.starts[p.alt_pool[p.alt_off[node] + i]] & bit):
+                        continue
+                    if first < 0:
+                        first = i
+                        continue
+                    # another alternative: a new thread in the next slot, stepped later
+                    if s.n_threads >= MAX_SLOTS:
+                        return -1
+                    t = &s.threads[s.n_threads]
+                    s.n_threads += 1
+                    copy_thread(t, th)
+                    if not push_alt(p, t, node, i, s.pos):
+                        t.depth = -1   # dead on arrival: stepped as dead
+                if first < 0:
+                    return 0
+                if not push_alt(p, th, node, first, s.pos):
+                    return 0
+                continue
+            if not start_value(p, th, top, node, b, s.pos):
+                return 0
+            if top.kind == F_NUMBER:
+                return 1 if number_byte(p, th, top, b) else 0
+            return 1
+        if kind == F_STRING or kind == F_KEY:
+            return 1 if string_byte(p, th, top, b) else 0
+        if kind == F_NUMBER:
+            if b != EOF_BYTE and is_number_byte(b):
+                return 1 if number_byte(p, th, top, b) else 0
+            # delimiter: the number ends here and the byte is retried in the parent
+            if not number_end(p, th, top, &h):
+                return 0
+            th.depth -= 1
+            if not complete_value(p, th, h):
+                return 0
+            continue
+        if kind == F_LITERAL:
+            if top.x == 0:
+                lit = LIT_TRUE
+                lit_len = 4
+                h = 0x1111
+            elif top.x == 1:
+                lit = LIT_FALSE
+                lit_len = 5
+                h = 0x2222
+            else:
+                lit = LIT_NULL
+                lit_len = 4
+                h = 0x3333
+            if b == EOF_BYTE or b != <uint8_t>lit[top.count]:
+                return 0
+            top.count += 1
+            if top.count == lit_len:
+                th.depth -= 1
+                if not complete_value(p, th, h):
+                    return 0
+            return 1
+        if kind == F_ARRAY:
+            node = top.node
+            ph = top.phase
+            if ph == A_START or ph == A_NEXT:
+                if ph == A_START and b == 0x5D:
+                    if p.arr_min[node] > 0:
+                        return 0
+                    th.depth -= 1
+                    return 1 if complete_value(p, th, fmix(top.h ^ TAG_ARR)) else 0
+                if th.depth >= MAX_DEPTH:
+                    return 0
+                top.phase = A_ITEM
+                set_frame(&th.frames[th.depth], F_VALUE, item_node(p, node, top.count), 0)
+                th.depth += 1
+                continue
+            if b == 0x2C:
+                mx = p.arr_max[node]
+                if (mx >= 0 and top.count >= mx) or item_node(p, node, top.count) == NEVER_NODE:
+                    return 0
+                top.phase = A_NEXT
+                return 1
+            if b == 0x5D:
+                if top.count < p.arr_min[node]:
+                    return 0
+                th.depth -= 1
+                th.aux_top = top.aux
+                return 1 if complete_value(p, th, fmix(top.h ^ TAG_ARR)) else 0
+            return 0
+        if kind == F_OBJECT:
+            return 1 if object_byte(p, th, top, b) else 0
+        if kind == F_CALLS:
+            return calls_byte(p, th, top, b)
+        return 0
+
+
+cdef inline bint events_clash(const Thread* a, const Thread* b) noexcept nogil:
+    """Both threads completed the same oneOf value with different alternatives."""
+    cdef int i, j
+    for i in range(a.n_events):
+        for j in range(b.n_events):
+            if (a.events[4 * i] == b.events[4 * j] and a.events[4 * i + 2] == b.events[4 * j + 2]
+                    and a.events[4 * i + 3] == b.events[4 * j + 3]
+                    and a.events[4 * i + 1] != b.events[4 * j + 1]):
+                return True
+    return False
+
+
+cdef bint feed_byte(const Prog* p, StateData* s, int b) noexcept nogil:
+    cdef int i, j, n, r, w
+    cdef bint any_events = False
+    cdef uint8_t alive[MAX_SLOTS]
+    for i in range(s.n_threads):
+        s.threads[i].n_events = 0
+    i = 0
+    while i < s.n_threads:
+        if s.threads[i].depth < 0:
+            alive[i] = 0
+        else:
+            r = step(p, s, i, b)
+            if r < 0:
+                s.n_threads = 0
+                s.pos += 1
+                return False
+            alive[i] = <uint8_t>r
+            if r and s.threads[i].n_events:
+                any_events = True
+        i += 1
+    n = s.n_threads
+    if any_events:
+        for i in range(n):
+            if not alive[i] or not s.threads[i].n_events:
+                continue
+            for j in range(i + 1, n):
+                if alive[j] and s.threads[j].n_events and events_clash(&s.threads[i], &s.threads[j]) \
+                        and same_thread(&s.threads[i], &s.threads[j]):
+                    alive[i] = 2
+                    alive[j] = 2
+        for i in range(n):
+            if alive[i] == 2:
+                alive[i] = 0
+    # compact and drop duplicates
+    w = 0
+    for i in range(n):
+        if not alive[i]:
+            continue
+        for j in range(w):
+            if same_thread(&s.threads[j], &s.threads[i]):
+                break
+        else:
+            if w != i:
+                copy_thread(&s.threads[w], &s.threads[i])
+            w += 1
+    s.n_threads = w
+    s.pos += 1
+    return w > 0
+
+
+cdef bint state_complete(const Prog* p, const StateData* s, StateData* scratch) noexcept nogil:
+    cdef int i
+    if s.n_threads == 0:
+        return False
+    copy_state(scratch, s)
+    if not feed_byte(p, scratch, EOF_BYTE):
+        return False
+    for i in range(scratch.n_threads):
+        if scratch.threads[i].depth == 0:
+            return True
+    return False
+
+
+# ============================================================================= Python surface
+
+cdef class CState:
+    """A grammar state (see ``needle_cy.grammar``); clone() is a copy of the live C data."""
+    cdef StateData* data
+    cdef CGrammar g
+
+    def __cinit__(self):
+        self.data = <StateData*>PyMem_Malloc(sizeof(StateData))
+        if self.data == NULL:
+            raise MemoryError()
+        self.data.n_threads = 0
+        self.data.pos = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self.data)
+
+    def clone(self):
+        cdef CState c = CState.__new__(CState)
+        c.g = self.g
+        copy_state(c.data, self.data)
+        return c
+
+    def feed(self, data):
+        """Feed bytes; False (and the state is dead) at the first byte no valid value allows."""
+        cdef const uint8_t[:] view
+        cdef Py_ssize_t i, n
+        cdef bint ok = True
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        if not isinstance(data, (bytes, bytearray)):
+            raise TypeError(f"feed expects bytes, got {type(data).__name__}")
+        if self.data.n_threads == 0:
+            return False
+        view = data
+        n = len(data)
+        with nogil:
+            for i in range(n):
+                if not feed_byte(&self.g.prog, self.data, view[i]):
+                    ok = False
+                    break
+        return ok
+
+    def is_complete(self):
+        return state_complete(&self.g.prog, self.data, self.g.scratch)
+
+    @property
+    def alive(self):
+        return self.data.n_threads > 0
+
+    def in_string(self):
+        """True when every thread is inside a string value (not a key)."""
+        cdef int i
+        cdef Thread* th
+        if self.data.n_threads == 0:
+            return False
+        for i in range(self.data.n_threads):
+            th = &self.data.threads[i]
+            if th.depth == 0 or th.frames[th.depth - 1].kind != F_STRING:
+                return False
+        return True
+
+    def string_start(self):
+        cdef Thread* th
+        if self.data.n_threads == 0:
+            return -1
+        th = &self.data.threads[0]
+        if th.depth > 0 and th.frames[th.depth - 1].kind == F_STRING:
+            return th.frames[th.depth - 1].aux
+        return -1
+
+    def n_threads(self):
+        return self.data.n_threads
+
+
+cdef class PieceTable:
+    """A vocabulary prepared for the grammar: a byte trie of every usable piece.
+
+    Built once per piece table (``Tokenizer.piece_table()``): entry i is bytes, or
+    None for a token that is never allowed.  ``body`` lists the pieces made only of
+    plain string characters (no quote, backslash or control byte; complete UTF-8),
+    valid inside any unconstrained string; ``other_*`` is the trie of the rest.
+    """
+    cdef public object pieces
+    cdef public int n_tokens
+    cdef public int max_len
+    # full trie
+    cdef object _first_child, _n_children, _edge_byte, _edge_child, _tok_start, _tok_count, _toks
+    # trie of the non-body pieces
+    cdef object _o_first_child, _o_n_children, _o_edge_byte, _o_edge_child, _o_tok_start
+    cdef object _o_tok_count, _o_toks
+    cdef object _body, _body_cps
+    cdef object _piece_bytes, _piece_off, _piece_len
+
+    def __init__(self, piece_table):
+        self.pieces = piece_table
+        self.n_tokens = len(piece_table)
+        body, body_cps, other = [], [], []
+        offs, lens, blob = [], [], bytearray()
+        maxlen = 0
+        for i, piece in enumerate(piece_table):
+            offs.append(len(blob))
+            if piece is None or len(piece) == 0:
+                lens.append(0)
+                continue
+            piece = bytes(piece)
+            lens.append(len(piece))
+            blob.extend(piece)
+            maxlen = max(maxlen, len(piece))
+            cps = _plain_string_cps(piece)
+            if cps >= 0:
+                body.append(i)
+                body_cps.append(cps)
+            else:
+                other.append(i)
+        self.max_len = maxlen
+        self._piece_bytes = np.frombuffer(bytes(blob) or b"\0", dtype=np.uint8).copy()
+        self._piece_off = np.asarray(offs, dtype=np.int32)
+        self._piece_len = np.asarray(lens, dtype=np.int32)
+        self._body = np.asarray(body, dtype=np.int32)
+        self._body_cps = np.asarray(body_cps, dtype=np.int32)
+        full = _build_trie(piece_table, [i for i in range(len(piece_table)) if lens[i] > 0])
+        (self._first_child, self._n_children, self._edge_byte, self._edge_child, self._tok_start,
+         self._tok_count, self._toks) = full
+        part = _build_trie(piece_table, other)
+        (self._o_first_child, self._o_n_children, self._o_edge_byte, self._o_edge_child,
+         self._o_tok_start, self._o_tok_count, self._o_toks) = part
+
+
+def _plain_string_cps(bytes piece):
+    """Code points when the piece is plain string content from a clean state, else -1."""
+    for c in piece:
+        if c == 0x22 or c == 0x5C or c < 0x20:
+            return -1
+    try:
+        s = piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return -1
+    return len(s)
+
+
+def _build_trie(pieces, ids):
+    """Flat trie: node 0 is the root; children of a node are contiguous edges sorted by byte."""
+    children = [dict()]
+    toks = [[]]
+    for i in ids:
+        cur = 0
+        for c in pieces[i]:
+            nxt = children[cur].get(c)
+            if nxt is None:
+                nxt = len(children)
+                children[cur][c] = nxt
+                children.append(dict())
+                toks.append([])
+            cur = nxt
+        toks[cur].append(i)
+    n = len(children)
+    first = np.zeros(n, dtype=np.int32)
+    nch = np.zeros(n, dtype=np.int32)
+    eb, ec = [], []
+    for v in range(n):
+        first[v] = len(eb)
+        nch[v] = len(children[v])
+        for c in sorted(children[v]):
+            eb.append(c)
+            ec.append(children[v][c])
+    ts = np.zeros(n, dtype=np.int32)
+    tc = np.zeros(n, dtype=np.int32)
+    tl = []
+    for v in range(n):
+        ts[v] = len(tl)
+        tc[v] = len(toks[v])
+        tl.extend(toks[v])
+    return (first, nch, np.asarray(eb or [0], dtype=np.int32), np.asarray(ec or [0], dtype=np.int32),
+            ts, tc, np.asarray(tl or [0], dtype=np.int32))
+
+
+cdef struct Trie:
+    const int32_t* first_child
+    const int32_t* n_children
+    const int32_t* edge_byte
+    const int32_t* edge_child
+    const int32_t* tok_start
+    const int32_t* tok_count
+    const int32_t* toks
+
+
+cdef Trie _trie_view(PieceTable pt, bint other):
+    cdef Trie t
+    cdef const int32_t[::1] a
+    if other:
+        arrs = (pt._o_first_child, pt._o_n_children, pt._o_edge_byte, pt._o_edge_child, pt._o_tok_start,
+                pt._o_tok_count, pt._o_toks)
+    else:
+        arrs = (pt._first_child, pt._n_children, pt._edge_byte, pt._edge_child, pt._tok_start,
+                pt._tok_count, pt._toks)
+    a = arrs[0]
+    t.first_child = &a[0]
+    a = arrs[1]
+    t.n_children = &a[0]
+    a = arrs[2]
+    t.edge_byte = &a[0]
+    a = arrs[3]
+    t.edge_child = &a[0]
+    a = arrs[4]
+    t.tok_start = &a[0]
+    a = arrs[5]
+    t.tok_count = &a[0]
+    a = arrs[6]
+    t.toks = &a[0]
+    return t
+
+
+cdef struct WalkOut:
+    uint8_t* mask         # set mask[token] = 1 for each valid token (or NULL)
+    const float* logits   # track the best valid token by logit (or NULL)
+    int n_logits
+    int best
+    float best_logit
+
+
+cdef void walk_trie(const Prog* p, const Trie* t, const StateData* start, StateData** bufs,
+                    int max_depth, WalkOut* out) noexcept nogil:
+    """Depth-first over the trie; bufs[d] holds the state after the first d bytes of the path."""
+    cdef int node_at[512]
+    cdef int next_edge[512]
+    cdef int end_edge[512]
+    cdef int d = 0
+    cdef int e, child, k, tok
+    cdef StateData* cur
+    cdef StateData* nxt
+    copy_state(bufs[0], start)
+    node_at[0] = 0
+    next_edge[0] = t.first_child[0]
+    end_edge[0] = t.first_child[0] + t.n_children[0]
+    while d >= 0:
+        if next_edge[d] >= end_edge[d]:
+            d -= 1
+            continue
+        e = next_edge[d]
+        next_edge[d] += 1
+        child = t.edge_child[e]
+        cur = bufs[d]
+        nxt = bufs[d + 1]
+        copy_state(nxt, cur)
+        if not feed_byte(p, nxt, t.edge_byte[e]):
+            continue
+        for k in range(t.tok_count[child]):
+            tok = t.toks[t.tok_start[child] + k]
+            if out.mask != NULL:
+                out.mask[tok] = 1
+            if out.logits != NULL and tok < out.n_logits:
+                if out.best < 0 or out.logits[tok] > out.best_logit:
+                    out.best = tok
+                    out.best_logit = out.logits[tok]
+        if t.n_children[child] > 0 and d + 1 < max_depth:
+            d += 1
+            node_at[d] = child
+            next_edge[d] = t.first_child[child]
+            end_edge[d] = t.first_child[child] + t.n_children[child]
+
+
+cdef class CGrammar:
+    """The compiled program as C arrays, plus token-level search."""
+    cdef Prog prog
+    cdef object _keep
+    cdef object program
+    cdef StateData* scratch
+    cdef StateData** bufs
+    cdef int n_bufs
+    cdef object _tables
+
+    def __cinit__(self):
+        self.scratch = NULL
+        self.bufs = NULL
+        self.n_bufs = 0
+
+    def __init__(self, program):
+        self.program = program
+        self._keep = []
+        self._tables = {}
+        P = program
+
+        def i32(x):
+            a = np.ascontiguousarray(np.asarray(x if len(x) else [0], dtype=np.int32))
+            self._keep.append(a)
+            return a
+
+        def i64(x):
+            a = np.ascontiguousarray(np.asarray(x if len(x) else [0], dtype=np.int64))
+            self._keep.append(a)
+            return a
+
+        def u64(x):
+            a = np.ascontiguousarray(np.asarray(x if len(x) else [0], dtype=np.uint64))
+            self._keep.append(a)
+            return a
+
+        def u8(x):
+            a = np.ascontiguousarray(np.asarray(x if len(x) else [0], dtype=np.uint8))
+            self._keep.append(a)
+            return a
+
+        cdef const int32_t[::1] v32
+        cdef const int64_t[::1] v64
+        cdef const uint64_t[::1] vu64
+        cdef const uint8_t[::1] vu8
+        v32 = i32(P.kind); self.prog.kind = &v32[0]
+        v32 = i32(P.types); self.prog.types = &v32[0]
+        v32 = i32(P.starts); self.prog.starts = &v32[0]
+        v32 = i32(P.str_min); self.prog.str_min = &v32[0]
+        v32 = i32(P.str_max); self.prog.str_max = &v32[0]
+        v32 = i32(P.str_dfa); self.prog.str_dfa = &v32[0]
+        v32 = i32(P.num_dfa); self.prog.num_dfa = &v32[0]
+        v32 = i32(P.num_check); self.prog.num_check = &v32[0]
+        v32 = i32(P.int_flags); self.prog.int_flags = &v32[0]
+        v64 = i64(P.int_lo); self.prog.int_lo = &v64[0]
+        v64 = i64(P.int_hi); self.prog.int_hi = &v64[0]
+        v32 = i32(P.arr_prefix_off); self.prog.arr_prefix_off = &v32[0]
+        v32 = i32(P.arr_prefix_n); self.prog.arr_prefix_n = &v32[0]
+        v32 = i32(P.arr_items); self.prog.arr_items = &v32[0]
+        v32 = i32(P.arr_min); self.prog.arr_min = &v32[0]
+        v32 = i32(P.arr_max); self.prog.arr_max = &v32[0]
+        v32 = i32(P.arr_unique); self.prog.arr_unique = &v32[0]
+        v32 = i32(P.obj_key_dfa); self.prog.obj_key_dfa = &v32[0]
+        v32 = i32(P.obj_nwords); self.prog.obj_nwords = &v32[0]
+        v32 = i32(P.obj_req_off); self.prog.obj_req_off = &v32[0]
+        v32 = i32(P.obj_min); self.prog.obj_min = &v32[0]
+        v32 = i32(P.obj_max); self.prog.obj_max = &v32[0]
+        v32 = i32(P.alt_off); self.prog.alt_off = &v32[0]
+        v32 = i32(P.alt_n); self.prog.alt_n = &v32[0]
+        v32 = i32(P.oneof); self.prog.oneof = &v32[0]
+        v32 = i32(P.prefix_pool); self.prog.prefix_pool = &v32[0]
+        v32 = i32(P.alt_pool); self.prog.alt_pool = &v32[0]
+        vu64 = u64(P.words); self.prog.words = &vu64[0]
+        v32 = i32(P.cls_prop); self.prog.cls_prop = &v32[0]
+        v32 = i32(P.cls_node); self.prog.cls_node = &v32[0]
+        v32 = i32(P.trans); self.prog.trans = &v32[0]
+        v32 = i32(P.accept); self.prog.accept = &v32[0]
+        v32 = i32(P.reach_off); self.prog.reach_off = &v32[0]
+        vu8 = u8(P.other); self.prog.other = &vu8[0]
+        # exact number checks
+        flags, lo, hi, mult, mult_exp = [], [], [], [], []
+        pool = bytearray()
+
+        def put(d, out):
+            neg, digits, exp = d
+            out.extend([1 if neg else 0, exp, len(pool), len(digits)])
+            pool.extend(digits.encode())
+
+        for chk in P.num_checks:
+            f = 0
+            if chk["lo"] is not None:
+                f |= 1 | (2 if chk["lo"][1] else 0)
+                put(chk["lo"][0], lo)
+            else:
+                lo.extend([0, 0, 0, 0])
+            if chk["hi"] is not None:
+                f |= 4 | (8 if chk["hi"][1] else 0)
+                put(chk["hi"][0], hi)
+            else:
+                hi.extend([0, 0, 0, 0])
+            if chk["mult"] is not None:
+                f |= 16
+                mult.append(int(chk["mult"][1]))
+                mult_exp.append(chk["mult"][2])
+            else:
+                mult.append(1)
+                mult_exp.append(0)
+            flags.append(f)
+        v32 = i32(flags); self.prog.nc_flags = &v32[0]
+        v32 = i32(lo); self.prog.nc_lo = &v32[0]
+        v32 = i32(hi); self.prog.nc_hi = &v32[0]
+        vu64 = u64(mult); self.prog.nc_mult = &vu64[0]
+        v32 = i32(mult_exp); self.prog.nc_mult_exp = &v32[0]
+        pool_arr = u8(list(pool))
+        vu8 = pool_arr
+        self.prog.digit_pool = <const char*>&vu8[0]
+        v32 = i32(P.tool_nodes); self.prog.tool_nodes = &v32[0]
+        self.prog.tools_mode = P.tools_mode
+        self.prog.max_calls = P.max_calls
+        self.prog.tool_dfa = P.tool_dfa
+        self.prog.root = P.root
+        self.scratch = <StateData*>PyMem_Malloc(sizeof(StateData))
+        if self.scratch == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        cdef int i
+        PyMem_Free(self.scratch)
+        if self.bufs != NULL:
+            for i in range(self.n_bufs):
+                PyMem_Free(self.bufs[i])
+            PyMem_Free(self.bufs)
+
+    cdef void _ensure_bufs(self, int n) except *:
+        cdef int i
+        cdef StateData** nb
+        if n <= self.n_bufs:
+            return
+        nb = <StateData**>PyMem_Malloc(n * sizeof(StateData*))
+        if nb == NULL:
+            raise MemoryError()
+        for i in range(n):
+            if i < self.n_bufs:
+                nb[i] = self.bufs[i]
+            else:
+                nb[i] = <StateData*>PyMem_Malloc(sizeof(StateData))
+                if nb[i] == NULL:
+                    raise MemoryError()
+        if self.bufs != NULL:
+            PyMem_Free(self.bufs)
+        self.bufs = nb
+        self.n_bufs = n
+
+    def start(self):
+        cdef CState s = CState.__new__(CState)
+        cdef Thread* th
+        s.g = self
+        s.data.n_threads = 1
+        s.data.pos = 0
+        th = &s.data.threads[0]
+        th.depth = 1
+        th.aux_top = 0
+        th.num_len = 0
+        th.n_events = 0
+        th.last_hash = 0
+        if self.prog.tools_mode:
+            set_frame(&th.frames[0], F_CALLS, 0, C_OPEN)
+        else:
+            set_frame(&th.frames[0], F_VALUE, self.prog.root, 0)
+        return s
+
+    def piece_table(self, piece_table):
+        """The prepared PieceTable for a vocabulary (cached by identity)."""
+        if isinstance(piece_table, PieceTable):
+            return piece_table
+        key = id(piece_table)
+        hit = self._tables.get(key)
+        if hit is not None and hit.pieces is piece_table:
+            return hit
+        hit = _PIECE_TABLES.get(key)
+        if hit is None or hit.pieces is not piece_table:
+            hit = PieceTable(piece_table)
+            if len(_PIECE_TABLES) > 8:
+                _PIECE_TABLES.clear()
+            _PIECE_TABLES[key] = hit
+        self._tables[key] = hit
+        return hit
+
+    cdef bint _free_string(self, CState state, int* remaining):
+        """Single thread inside an unconstrained string in a clean state (body pieces fit)."""
+        cdef StateData* s = state.data
+        cdef Thread* th
+        cdef Frame* top
+        cdef int mx
+        if s.n_threads != 1:
+            return False
+        th = &s.threads[0]
+        if th.depth == 0:
+            return False
+        top = &th.frames[th.depth - 1]
+        if top.kind != F_STRING or top.dfa >= 0 or top.x != 0:
+            return False
+        mx = self.prog.str_max[top.node]
+        remaining[0] = -1 if mx < 0 else mx - top.count
+        return True
+
+    def allowed_tokens(self, CState state, piece_table):
+        """np.bool_ mask over the vocabulary: pieces whose whole bytes the state accepts."""
+        cdef PieceTable pt = self.piece_table(piece_table)
+        cdef cnp.ndarray[cnp.uint8_t, ndim=1] mask = np.zeros(pt.n_tokens, dtype=np.uint8)
+        cdef WalkOut out
+        cdef Trie t
+        cdef int remaining = -1
+        cdef int i, n
+        cdef const int32_t[::1] body
+        cdef const int32_t[::1] cps
+        if state.data.n_threads == 0:
+            return mask.view(np.bool_)
+        self._ensure_bufs(pt.max_len + 2)
+        out.mask = <uint8_t*>mask.data
+        out.logits = NULL
+        out.best = -1
+        if self._free_string(state, &remaining):
+            body = pt._body
+            cps = pt._body_cps
+            n = body.shape[0] if pt._body.size else 0
+            for i in range(len(pt._body)):
+                if remaining < 0 or cps[i] <= remaining:
+                    out.mask[body[i]] = 1
+            t = _trie_view(pt, True)
+        else:
+            t = _trie_view(pt, False)
+        with nogil:
+            walk_trie(&self.prog, &t, state.data, self.bufs, pt.max_len + 1, &out)
+        return mask.view(np.bool_)
+
+    def best_allowed(self, CState state, logits, piece_table, close_string=False):
+        """(token, new state): the highest-logit token whose piece the state accepts; (-1, state) if none.
+
+        close_string: only tokens that end the current string value (the agent's cap on
+        free-string length).
+        """
+        cdef PieceTable pt = self.piece_table(piece_table)
+        cdef cnp.ndarray[cnp.float32_t, ndim=1] lg = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
+        cdef int n_logits = lg.shape[0]
+        cdef int top_tok
+        cdef CState c
+        cdef WalkOut out
+        cdef Trie t
+        cdef int remaining = -1
+        cdef int i, tok
+        cdef float best_l
+        cdef const int32_t[::1] body
+        cdef const int32_t[::1] cps
+        cdef const float* L = <const float*>lg.data
+        if state.data.n_threads == 0:
+            return -1, state
+        if close_string:
+            return self._best_closing(state, lg, pt)
+        # fast path: the arg-max token alone
+        top_tok = int(np.argmax(lg)) if n_logits else -1
+        if 0 <= top_tok < pt.n_tokens:
+            piece = pt.pieces[top_tok]
+            if piece:
+                c = state.clone()
+                if c.feed(piece):
+                    return top_tok, c
+        self._ensure_bufs(pt.max_len + 2)
+        out.mask = NULL
+        out.logits = L
+        out.n_logits = n_logits
+        out.best = -1
+        out.best_logit = 0
+        if self._free_string(state, &remaining):
+            body = pt._body
+            cps = pt._body_cps
+            for i in range(len(pt._body)):
+                tok = body[i]
+                if tok < n_logits and (remaining < 0 or cps[i] <= remaining):
+                    if out.best < 0 or L[tok] > out.best_logit:
+                        out.best = tok
+                        out.best_logit = L[tok]
+            t = _trie_view(pt, True)
+        else:
+            t = _trie_view(pt, False)
+        with nogil:
+            walk_trie(&self.prog, &t, state.data, self.bufs, pt.max_len + 1, &out)
+        if out.best < 0:
+            return -1, state
+        c = state.clone()
+        if not c.feed(pt.pieces[out.best]):
+            raise AssertionError("grammar: chosen token failed to feed (internal error)")
+        return out.best, c
+
+    def _best_closing(self, CState state, lg, PieceTable pt):
+        start = state.string_start()
+        if start < 0:
+            return -1, state
+        mask = self.allowed_tokens(state, pt)
+        ids = np.flatnonzero(mask[: len(lg)])
+        if len(ids) == 0:
+            return -1, state
+        order = ids[np.argsort(-lg[ids], kind="stable")]
+        for tok in order:
+            piece = pt.pieces[int(tok)]
+            if b'"' not in piece:
+                continue
+            c = state.clone()
+            if c.feed(piece) and _left_string(c, start):
+                return int(tok), c
+        return -1, state
+
+
+def _left_string(CState c, int start):
+    cdef int i
+    cdef Thread* th
+    for i in range(c.data.n_threads):
+        th = &c.data.threads[i]
+        if th.depth > 0 and th.frames[th.depth - 1].kind == F_STRING and th.frames[th.depth - 1].aux == start:
+            return False
+    return True
+
+
+_PIECE_TABLES = {}
