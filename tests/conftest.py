@@ -7,6 +7,10 @@ under ``CI=true`` where absence is a failure (CI always has them).
 import os
 from pathlib import Path
 
+# Small matmuls in the NumPy reference oversubscribe a 2-core machine when BLAS
+# spawns its own threads; the tests measure correctness, not BLAS speed.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
