@@ -503,7 +503,15 @@ class Archive:
         self.source = source
         self._cache = {}
         self._closed = False
-        self._parse()
+        try:
+            self._parse()
+        except CactFormatError:
+            raise
+        except (struct.error, IndexError, KeyError, ValueError, TypeError, OverflowError) as exc:
+            # Safety net: every check above should have caught the problem with a precise
+            # message; if one slipped through, still report a format error, never a crash.
+            raise CactFormatError(f"{source}: malformed archive (safety net): {type(exc).__name__} "
+                                  f"while validating the file: {exc}") from exc
 
     # construction ------------------------------------------------------------------
     @classmethod
