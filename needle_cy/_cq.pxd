@@ -49,7 +49,7 @@ ctypedef struct CQView:
     int group_size
     int simd                   # 1 when the AVX2 kernels can run this matrix on this CPU
     float codebook[16]         # codeword of each raw field value (unused entries 0)
-    float simd_table[16]       # register tables of the AVX2 path (see _cq.pyx)
+    float simd_table[32]       # AVX2 register tables; [16:32] = 4-bit codebook byte planes (see _cq.pyx)
 
 
 cdef class CQWeight:

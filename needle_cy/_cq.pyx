@@ -101,6 +101,29 @@ cdef extern from *:
         return lo;
     }
 
+    /* 4 bits: codewords of 32 indices held one per byte (idx), by byte-plane lookups.
+       T[b] holds byte b of the 16 float32 codewords (in both 128-bit halves); four
+       vpshufb give the four bytes of each codeword and two rounds of unpacks
+       reassemble them.  out[q] lane l (l < 4) is index byte 4q + l, lane l ≥ 4 is
+       index byte 16 + 4q + (l − 4). */
+    NC_CQ_INLINE void nc_cq_decode4_bytes(__m256i idx, const __m256i T[4], __m256 out[4]) {
+        const __m256i b0 = _mm256_shuffle_epi8(T[0], idx), b1 = _mm256_shuffle_epi8(T[1], idx);
+        const __m256i b2 = _mm256_shuffle_epi8(T[2], idx), b3 = _mm256_shuffle_epi8(T[3], idx);
+        const __m256i p01l = _mm256_unpacklo_epi8(b0, b1), p01h = _mm256_unpackhi_epi8(b0, b1);
+        const __m256i p23l = _mm256_unpacklo_epi8(b2, b3), p23h = _mm256_unpackhi_epi8(b2, b3);
+        out[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(p01l, p23l));
+        out[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(p01l, p23l));
+        out[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(p01h, p23h));
+        out[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(p01h, p23h));
+    }
+
+    NC_CQ_INLINE void nc_cq_byte_planes(const float* table, __m256i T[4]) {
+        /* table + 16 holds the 64 plane bytes: plane b = bytes [16b, 16b + 16) */
+        const uint8_t* planes = (const uint8_t*)(table + 16);
+        for (int b = 0; b < 4; b++)
+            T[b] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(planes + 16 * b)));
+    }
+
     NC_CQ_INLINE float nc_cq_hsum(__m256 v) {
         __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -131,6 +154,31 @@ cdef extern from *:
         const int g_shift = __builtin_ctz((unsigned)g);
         const __m256i lane_groups = nc_cq_lane_groups(F, g);
         __m256 total = _mm256_setzero_ps();
+        if (fb == 4) {
+            /* even fields (low nibbles) then odd fields (high nibbles), 32 of each */
+            __m256i T[4];
+            nc_cq_byte_planes(table, T);
+            const __m256i low4 = _mm256_set1_epi8(0x0f);
+            for (ptrdiff_t c = 0; c < n_chunks; c++) {
+                const __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
+                const float* xc = xp + c * C;
+                __m256 d[4];
+                nc_cq_decode4_bytes(_mm256_and_si256(v, low4), T, d);
+                __m256 a0 = _mm256_mul_ps(d[0], _mm256_loadu_ps(xc));
+                __m256 a1 = _mm256_mul_ps(d[1], _mm256_loadu_ps(xc + 8));
+                __m256 a2 = _mm256_mul_ps(d[2], _mm256_loadu_ps(xc + 16));
+                __m256 a3 = _mm256_mul_ps(d[3], _mm256_loadu_ps(xc + 24));
+                nc_cq_decode4_bytes(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), T, d);
+                a0 = _mm256_fmadd_ps(d[0], _mm256_loadu_ps(xc + 32), a0);
+                a1 = _mm256_fmadd_ps(d[1], _mm256_loadu_ps(xc + 40), a1);
+                a2 = _mm256_fmadd_ps(d[2], _mm256_loadu_ps(xc + 48), a2);
+                a3 = _mm256_fmadd_ps(d[3], _mm256_loadu_ps(xc + 56), a3);
+                __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
+                total = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                                        nv, total);
+            }
+            return nc_cq_hsum(total);
+        }
         for (ptrdiff_t c = 0; c < n_chunks; c++) {
             __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
             const float* xc = xp + c * C;
@@ -168,6 +216,26 @@ cdef extern from *:
         const __m256i lane_groups = nc_cq_lane_groups(F, g);
         __m256 acc[8];
         for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+        if (fb == 4) {
+            __m256i T[4];
+            nc_cq_byte_planes(table, T);
+            const __m256i low4 = _mm256_set1_epi8(0x0f);
+            for (ptrdiff_t c = 0; c < n_chunks; c++) {
+                const __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
+                const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
+                const float* xc = xp + c * C;
+                __m256 w[8];
+                nc_cq_decode4_bytes(_mm256_and_si256(v, low4), T, w);
+                nc_cq_decode4_bytes(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), T, w + 4);
+                for (int s = 0; s < 8; s++) {
+                    const __m256 ws = _mm256_mul_ps(w[s], nv);
+                    for (int t = 0; t < NT; t++)
+                        acc[t] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
+                }
+            }
+            for (int t = 0; t < NT; t++) y[t * y_stride] = nc_cq_hsum(acc[t]);
+            return;
+        }
         for (ptrdiff_t c = 0; c < n_chunks; c++) {
             __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
             const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
@@ -299,7 +367,7 @@ cdef void _rotate_token(const CQView* w, const float* x, float* xt, float* xp,
                         bint simd) noexcept nogil:
     """xt = zero-padded x with every group rotated; xp = xt in the AVX2 lane order."""
     cdef Py_ssize_t g = w.group_size, P = w.padded_len, C = w.chunk_fields
-    cdef Py_ssize_t F = C // 8, c, s, l, gamma
+    cdef Py_ssize_t F = C // 8, c, s, l, b, gamma
     cdef float scale = _hadamard_scale(w.group_size)
     cdef const float* src
     cdef float* dst
@@ -307,7 +375,17 @@ cdef void _rotate_token(const CQView* w, const float* x, float* xt, float* xp,
     memset(xt + w.cols, 0, (P - w.cols) * sizeof(float))
     for gamma in range(w.n_groups):
         cq_fwht_scaled(xt + gamma * g, g, scale)
-    if simd:
+    if simd and w.field_bits == 4:
+        # byte-plane decoding: step s = 4h + q, lane l reads packed byte
+        # b = 4q + l (l < 4) or 16 + 4q + l − 4, whose nibble h is field 2b + h
+        for c in range(w.n_chunks):
+            src = xt + c * C
+            dst = xp + c * C
+            for s in range(8):
+                for l in range(8):
+                    b = 4 * (s & 3) + (l if l < 4 else 12 + l)
+                    dst[s * 8 + l] = src[2 * b + (s >> 2)]
+    elif simd:
         # chunk c, lane l holds fields c·C + l·F + s (s = 0..F−1); step s reads all lanes
         for c in range(w.n_chunks):
             src = xt + c * C
@@ -615,7 +693,7 @@ cdef class CQWeight:
         v.field_bits = fb
         v.group_size = g
         # a lane's F fields must lie in one group for the per-lane norms
-        v.simd = 1 if (nc_cq_cpu_has_avx2() and g >= F) else 0
+        v.simd = 1 if (nc_cq_cpu_has_avx2() and g >= (32 if fb == 4 else F)) else 0
         for i in range(16):
             v.codebook[i] = codebook[i] if i < (1 << fb) else 0.0
         # register tables: vpermps reads the low 3 bits of an index, so narrow
@@ -627,6 +705,14 @@ cdef class CQWeight:
                 v.simd_table[i] = codebook[i & ((1 << fb) - 1)]
             else:
                 v.simd_table[i] = 0.0
+        # 4 bits: byte planes of the codebook for vpshufb (plane b = byte b of every codeword)
+        # (copied as bytes: a float round trip could alter NaN-like bit patterns)
+        planes = np.zeros(64, np.uint8)
+        if fb == 4:
+            cb_bytes = np.ascontiguousarray(codebook, dtype="<f4").view(np.uint8).reshape(16, 4)
+            planes = np.ascontiguousarray(cb_bytes.T).reshape(64)
+        cdef const uint8_t[::1] plane_view = planes
+        memcpy(<void*>&v.simd_table[16], &plane_view[0], 64)
 
     @property
     def rows(self):
