@@ -1022,6 +1022,9 @@ def write_archive(path, config, tensors, bits=4, group_size=128, tokenizer_bytes
             plan.append((slot, 0, 0, _dtype_nbytes(slot.dtype, slot.shape)))
     if tokenizer_bytes is not None:
         tokenizer_bytes = bytes(tokenizer_bytes)
+        n_pieces = struct.unpack_from("<I", tokenizer_bytes, 0)[0] if len(tokenizer_bytes) >= 24 else None
+        if n_pieces is None or not 1 <= n_pieces <= cfg.vocab:
+            raise ValueError(f"write_archive: tokenizer record has {n_pieces} pieces; expected 1..vocab ({cfg.vocab})")
         plan.append((Slot("tokenizer", DTYPE_RAW, ()), 0, 0, len(tokenizer_bytes)))
 
     n = len(plan)
