@@ -672,6 +672,7 @@ class Archive:
         self.roles = {r.role: r.index for r in self.records}
         self.heads = tuple(self.head_info)
 
+        self._check_values(fail)
         self._check_permutation("hada_p1", fail)
         self._check_permutation("hada_p2", fail)
         self.tokenizer_bytes = None
@@ -772,6 +773,30 @@ class Archive:
                 fail.record(pos, "audio.manifest", "audio (Whistle) archives are not supported by this text engine")
             fail.record(pos, "", f"unexpected record after the probe heads: the manifest lists {names}, "
                         f"{end - pos} record(s) left over before the tokenizer")
+
+    def _check_values(self, fail):
+        """Every FP16/FP32 value finite and every CQ group norm finite and >= 0.
+
+        Cheap (the norms are 1/64 of a 4-bit archive) and it keeps a corrupted blob from
+        turning into NaN logits far from the cause.
+        """
+        data = self._data
+        for rec in self.records:
+            if rec.dtype == DTYPE_FP16:
+                values = np.frombuffer(data, "<f2", rec.numel, rec.offset)
+            elif rec.dtype == DTYPE_FP32:
+                values = np.frombuffer(data, "<f4", rec.numel, rec.offset)
+            elif rec.dtype == DTYPE_CQ:
+                rows, cols = rec.shape
+                n_groups = -(-cols // rec.group_size)
+                values = np.frombuffer(data, "<f2", rows * n_groups, rec.offset + rec.nbytes - rows * n_groups * 2)
+                if (values < 0).any():
+                    fail.record(rec.index, rec.role, "a CQ group norm is negative")
+            else:
+                continue
+            if not np.isfinite(values).all():
+                what = "a CQ group norm" if rec.dtype == DTYPE_CQ else "a value"
+                fail.record(rec.index, rec.role, f"{what} is NaN or infinite")
 
     def _check_permutation(self, role, fail):
         idx = self.roles[role]

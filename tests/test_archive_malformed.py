@@ -372,3 +372,20 @@ def test_cq_dtype_swaps(base):
     rec = arc.records[arc.roles["layers.1.norm_in"]]
     with pytest.raises(CactFormatError, match="dtype expected FP16, found CQ"):
         Archive.from_bytes(patch(data, DIR_START + RECORD_BYTES * rec.index, "<B", DTYPE_CQ))
+
+
+def test_non_finite_values_and_negative_norms(base):
+    data, arc = base
+    fp16 = arc.records[arc.roles["layers.1.post_norm"]]
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(CactFormatError, match=r"record \d+ \(layers.1.post_norm\): a value is NaN or infinite"):
+            Archive.from_bytes(blob_patch(data, fp16, "<e", 3, bad))
+    W = arc.records[arc.roles["layers.0.v_proj"]]
+    rows, cols = W.shape
+    norms_at = W.offset + W.nbytes - rows * (-(-cols // W.group_size)) * 2
+    for bad, what in ((float("nan"), "NaN or infinite"), (float("inf"), "NaN or infinite"), (-0.5, "negative")):
+        mutated = patch(data, norms_at + 2 * (rows - 1), "<e", bad)
+        with pytest.raises(CactFormatError, match=rf"record {W.index} \(layers.0.v_proj\): a CQ group norm is {what}"):
+            Archive.from_bytes(mutated)
+    # −0.0 is a (zero) norm, not an error
+    assert outcome(patch(data, norms_at, "<e", -0.0)) is None
