@@ -255,3 +255,24 @@ def test_hf_merge_ranks_cannot_express_equal_scores():
     names = lambda ids: [record.pieces[i] for i in ids]  # noqa: E731
     assert names(tok.encode("abc")) == ["ab", "c"] == names(ref.encode("abc", record))
     assert names(hf.encode("abc", add_special_tokens=False).ids) == ["a", "bc"]
+
+
+def test_long_no_space_string_agrees_with_sentencepiece(tok):
+    spm = pytest.importorskip("sentencepiece")
+    processor = spm.SentencePieceProcessor(model_file=str(fixture_path("needle3_tiny_a", "tokenizer.model")))
+    rng = random.Random(9)
+    text = "".join(rng.choice(WORDS) for _ in range(12_000)).replace(" ", "")[:65_536]
+    assert len(text) == 65_536
+    assert tok.encode(text) == processor.encode(text)
+    glued = json.dumps([{"name": w, "arguments": {"x": i}} for i, w in enumerate(WORDS)] * 40,
+                       separators=(",", ":"))
+    assert tok.encode(glued) == processor.encode(glued)
+
+
+def test_concurrent_encodes_match_serial(tok, strings, ours):
+    """encode releases the GIL; the encoder's tables are read-only, each call has its own scratch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sample = strings[:2000]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert list(pool.map(tok.encode, sample)) == ours[:2000]
