@@ -337,3 +337,21 @@ def test_marker_id_unknown(tok):
     assert "<nope>" in str(info.value) and "<tool_call>" in str(info.value)
     with pytest.raises(KeyError):
         tok.marker_id("a")  # a normal piece is not a marker
+
+
+def test_mutated_records_fail_cleanly_or_encode_like_reference(record_bytes):
+    """Random byte flips: either a TokenizerError or a vocabulary the encoder handles like the reference."""
+    rng = random.Random(17)
+    accepted = 0
+    for _ in range(60):
+        data = bytearray(record_bytes)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            tok = Tokenizer.from_record_bytes(bytes(data))
+        except TokenizerError:
+            continue
+        accepted += 1
+        for text in ("<|im_start|>user\nturn on the lights<|im_end|>", "é 😀 {\"a\":[1,2]}"):
+            assert tok.encode(text) == ref.encode(text, tok.record)
+    assert accepted > 5  # flips inside surfaces/scores usually leave a valid record
