@@ -389,3 +389,23 @@ def test_non_finite_values_and_negative_norms(base):
             Archive.from_bytes(mutated)
     # −0.0 is a (zero) norm, not an error
     assert outcome(patch(data, norms_at, "<e", -0.0)) is None
+
+
+def test_router_without_calibration_is_tolerated(base):
+    data, arc = base
+    kept = [r for r in arc.records if r.role != "heads.router.calibration"]
+
+    class View:
+        records = kept
+
+    arc2 = Archive.from_bytes(rebuild(data, View, len(kept), []))
+    assert arc2.heads == ("embedding", "confidence", "router")
+    assert "heads.router.calibration" not in arc2.roles and arc2.records[-1].role == "tokenizer"
+    # but a confidence head missing a record is not
+    short = [r for r in arc.records if r.role != "heads.confidence.bias"]
+
+    class Short:
+        records = short
+
+    with pytest.raises(CactFormatError, match=r"record \d+ \(heads\.\w+\.\w+\)"):
+        Archive.from_bytes(rebuild(data, Short, len(short), []))
