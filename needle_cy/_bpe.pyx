@@ -8,7 +8,8 @@ One encode call:
   3. BPE each segment: symbols are a doubly linked list over the segment's code points;
      every adjacent pair whose concatenation is a piece goes into a binary max-heap keyed
      by (score, -left position); the top pair is merged if it is still current (lazy
-     invalidation: the heap entry remembers both symbols' keys), then the two new
+     invalidation: symbols are contiguous runs of the text, so an entry is current iff the
+     pair at its left position still spans exactly its piece's length), then the two new
      neighbouring pairs are pushed.  O(n log n) per segment;
   4. map each final symbol to its id, or its UTF-8 bytes' ``<0xHH>`` ids (byte fallback),
      or unk.
