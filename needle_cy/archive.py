@@ -9,7 +9,7 @@ Tensors carry no names: a record's role follows from its position and the header
 geometry (§2.5–§2.8).  ``Archive.open`` validates everything — header geometry,
 every record against the role expected at its position, offsets, alignment,
 overlaps, the probe-head walk, the tokenizer record's structure, the MLP
-permutations — before any array is handed out, because the Cython kernels index
+permutations, finite values and norms — before any array is handed out, because the Cython kernels index
 those arrays without bounds checks.  Any inconsistency raises
 ``CactFormatError`` naming the field or record, what was expected and what was
 found.
@@ -38,7 +38,6 @@ HEAD_CODES = {1: "embedding", 2: "confidence", 3: "router"}
 HEAD_NAMES = tuple(HEAD_CODES.values())
 HEAD_OUT = {"confidence": 1, "router": 3}   # the embedding head's width is free (128 shipped)
 HEAD_BITS = 4              # probe-head matrices are CQ 4-bit (spec §2.7)
-AUDIO_MANIFEST_FIRST = 3246.0
 
 # Sanity limits checked before anything is sized from the header: far above any
 # Needle model, far below what would make a shape product or allocation absurd.
@@ -52,7 +51,8 @@ LIMITS = {
 }
 MAX_GROUP_SIZE = 1 << 16
 
-# (name, struct code) of the 49 header fields, in file order (spec §2.2).
+# The header is 48 u32 then one f32 (spec §2.2): the scalars named below, then
+# engram_orders[4], num_engram_sites, engram_sites[16], rope_theta.
 _HEADER_STRUCT = struct.Struct("<48If")
 _HEADER_SCALARS = (
     "tag", "num_tensors", "codebook_len", "kv_window", "kv_bits", "vocab", "out_vocab",
