@@ -49,6 +49,7 @@ ctypedef struct CQView:
     int group_size
     int simd                   # 1 when the AVX2 kernels can run this matrix on this CPU
     float codebook[16]         # codeword of each raw field value (unused entries 0)
+    int lane_perm[256]         # AVX2 lane order: rotated-activation position s·8 + l ← field offset in the chunk
     float simd_table[32]       # AVX2 register tables; [16:32] = 4-bit codebook byte planes (see _cq.pyx)
 
 

@@ -298,6 +298,48 @@ cdef extern from *:
         default: nc_cq_row_tokens_4(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
         }
     }
+    /* In-place Walsh–Hadamard transform of n = 2^k ≥ 8 floats, times scale.  Stages
+       h = 1, 2, 4 run inside one register: x·sign + swapped(x) gives (a + b, a − b)
+       exactly as the scalar butterflies do. */
+    static NC_CQ_TARGET void nc_cq_fwht_avx2(float* v, ptrdiff_t n, float scale) {
+        const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
+        const __m256 s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+        const __m256 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
+        const __m256 k = _mm256_set1_ps(scale);
+        for (ptrdiff_t i = 0; i < n; i += 8) {
+            __m256 a = _mm256_loadu_ps(v + i);
+            a = _mm256_fmadd_ps(a, s1, _mm256_permute_ps(a, 0xB1));
+            a = _mm256_fmadd_ps(a, s2, _mm256_permute_ps(a, 0x4E));
+            a = _mm256_fmadd_ps(a, s4, _mm256_permute2f128_ps(a, a, 1));
+            _mm256_storeu_ps(v + i, a);
+        }
+        for (ptrdiff_t h = 8; h < n; h *= 2) {
+            const int last = (2 * h == n);
+            for (ptrdiff_t i = 0; i < n; i += 2 * h) {
+                for (ptrdiff_t j = i; j < i + h; j += 8) {
+                    __m256 a = _mm256_loadu_ps(v + j), b = _mm256_loadu_ps(v + j + h);
+                    __m256 p = _mm256_add_ps(a, b), m = _mm256_sub_ps(a, b);
+                    if (last) { p = _mm256_mul_ps(p, k); m = _mm256_mul_ps(m, k); }
+                    _mm256_storeu_ps(v + j, p);
+                    _mm256_storeu_ps(v + j + h, m);
+                }
+            }
+        }
+        if (n == 8) _mm256_storeu_ps(v, _mm256_mul_ps(_mm256_loadu_ps(v), k));
+    }
+
+    /* xp[c·C + k] = xt[c·C + perm[k]]: the rotated activation in lane order. */
+    static NC_CQ_TARGET void nc_cq_gather_chunks(const float* xt, float* xp, const int* perm,
+                                                 ptrdiff_t C, ptrdiff_t n_chunks) {
+        for (ptrdiff_t c = 0; c < n_chunks; c++) {
+            const float* src = xt + c * C;
+            float* dst = xp + c * C;
+            for (ptrdiff_t k = 0; k < C; k += 8)
+                _mm256_storeu_ps(dst + k, _mm256_i32gather_ps(
+                    src, _mm256_loadu_si256((const __m256i*)(perm + k)), 4));
+        }
+    }
+
     #else
     static int nc_cq_cpu_has_avx2(void) { return 0; }
     static float nc_cq_avx2_row_dot(const uint8_t* row, const uint8_t* end, const float* nrow,
@@ -307,6 +349,9 @@ cdef extern from *:
                                       const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
                                       int fb, int g, const float* table, int nt,
                                       float* y, ptrdiff_t y_stride) {}
+    static void nc_cq_fwht_avx2(float* v, ptrdiff_t n, float scale) {}
+    static void nc_cq_gather_chunks(const float* xt, float* xp, const int* perm,
+                                    ptrdiff_t C, ptrdiff_t n_chunks) {}
     #endif
 
     /* Run-time switch for tests and comparisons (1 = use AVX2 where possible). */
@@ -319,6 +364,9 @@ cdef extern from *:
     int nc_cq_cpu_has_avx2() nogil
     int nc_cq_simd_enabled
     int nc_cq_use_simd(int view_simd) noexcept nogil
+    void nc_cq_fwht_avx2(float* v, Py_ssize_t n, float scale) noexcept nogil
+    void nc_cq_gather_chunks(const float* xt, float* xp, const int* perm,
+                             Py_ssize_t C, Py_ssize_t n_chunks) noexcept nogil
     float nc_cq_avx2_row_dot(const uint8_t* row, const uint8_t* end, const float* nrow,
                              const float* xp, Py_ssize_t n_chunks, int fb, int g,
                              const float* table) noexcept nogil
@@ -344,6 +392,9 @@ cdef void cq_fwht_scaled(float* v, Py_ssize_t n, float scale) noexcept nogil:
     """In-place Walsh–Hadamard transform (Sylvester order) of length n, times scale."""
     cdef Py_ssize_t h = 1, i, j
     cdef float a, b
+    if n >= 8 and nc_cq_use_simd(1):
+        nc_cq_fwht_avx2(v, n, scale)
+        return
     while h < n:
         i = 0
         while i < n:
@@ -367,32 +418,14 @@ cdef void _rotate_token(const CQView* w, const float* x, float* xt, float* xp,
                         bint simd) noexcept nogil:
     """xt = zero-padded x with every group rotated; xp = xt in the AVX2 lane order."""
     cdef Py_ssize_t g = w.group_size, P = w.padded_len, C = w.chunk_fields
-    cdef Py_ssize_t F = C // 8, c, s, l, b, gamma
+    cdef Py_ssize_t gamma
     cdef float scale = _hadamard_scale(w.group_size)
-    cdef const float* src
-    cdef float* dst
     memcpy(xt, x, w.cols * sizeof(float))
     memset(xt + w.cols, 0, (P - w.cols) * sizeof(float))
     for gamma in range(w.n_groups):
         cq_fwht_scaled(xt + gamma * g, g, scale)
-    if simd and w.field_bits == 4:
-        # byte-plane decoding: step s = 4h + q, lane l reads packed byte
-        # b = 4q + l (l < 4) or 16 + 4q + l − 4, whose nibble h is field 2b + h
-        for c in range(w.n_chunks):
-            src = xt + c * C
-            dst = xp + c * C
-            for s in range(8):
-                for l in range(8):
-                    b = 4 * (s & 3) + (l if l < 4 else 12 + l)
-                    dst[s * 8 + l] = src[2 * b + (s >> 2)]
-    elif simd:
-        # chunk c, lane l holds fields c·C + l·F + s (s = 0..F−1); step s reads all lanes
-        for c in range(w.n_chunks):
-            src = xt + c * C
-            dst = xp + c * C
-            for l in range(8):
-                for s in range(F):
-                    dst[s * 8 + l] = src[l * F + s]
+    if simd:
+        nc_cq_gather_chunks(xt, xp, w.lane_perm, C, w.n_chunks)
 
 
 # ---------------------------------------------------------------------------
@@ -706,6 +739,19 @@ cdef class CQWeight:
             else:
                 v.simd_table[i] = 0.0
         # 4 bits: byte planes of the codebook for vpshufb (plane b = byte b of every codeword)
+        # lane order of the rotated activation: chunk position s·8 + l ← field
+        # offset of lane l at step s (see _rotate_token and the kernels)
+        cdef Py_ssize_t s, l, b
+        for s in range(F):
+            for l in range(8):
+                if fb == 4:
+                    # byte planes: step s = 4h + q, lane l reads packed byte
+                    # b = 4q + l (l < 4) or 16 + 4q + l − 4, whose nibble h is field 2b + h
+                    b = 4 * (s & 3) + (l if l < 4 else 12 + l)
+                    v.lane_perm[s * 8 + l] = <int>(2 * b + (s >> 2))
+                else:
+                    # lane l holds fields l·F .. l·F + F − 1; step s reads field s of every lane
+                    v.lane_perm[s * 8 + l] = <int>(l * F + s)
         # (copied as bytes: a float round trip could alter NaN-like bit patterns)
         planes = np.zeros(64, np.uint8)
         if fb == 4:
