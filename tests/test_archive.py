@@ -321,3 +321,17 @@ def test_make_random_archive_copies_fixture_tokenizer(tmp_path):
     with pytest.raises(ValueError, match="2048 pieces"):  # more pieces than embedding rows
         make_random_archive(tmp_path / "t2.cact", layers=2, d_model=64, vocab=1000, heads=False,
                             engram_slots=11, tokenizer_from=src)
+
+
+@pytest.mark.parametrize("bits,min_corr", [(2, 0.9), (4, 0.99)])
+def test_round_trip_correlation_like_official_build_test(tmp_path, bits, min_corr):
+    # cactus-needle's test_build: directory tensor #2 (layer-0 q_proj) decodes to the
+    # [out, in] kernel with correlation > 0.9 at 2 bits
+    path = tmp_path / "m.cact"
+    _, tensors = write_small(path, bits=bits)
+    with Archive.open(path) as arc:
+        assert arc.records[2].role == "layers.0.q_proj"
+        decoded = arc.dequantize(2)
+    original = tensors["layers.0.q_proj"]
+    assert decoded.shape == original.shape
+    assert np.corrcoef(decoded.ravel(), original.ravel())[0, 1] > min_corr
