@@ -282,7 +282,8 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
                 token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=False)
             grammar_s += clock() - g0
             if token < 0:
-                res.error = "the grammar allows no token here (dead end); this is a bug in needle_cy"
+                res.error = (f"the grammar allows no token after {bytes(call_bytes)!r} (a dead end: "
+                             f"a needle_cy.grammar bug)")
                 res.error_code = "grammar_dead_end"
                 break
             probs.append(token_probability(logits, token))
