@@ -392,3 +392,31 @@ def test_property_fixture_archives_end_to_end(name):
             jsonschema.validate(call["arguments"], params)
         if r["success"]:
             assert r["confidence"] is not None and 0.0 <= r["confidence"] <= 1.0
+
+
+def test_embedding_retrieval_with_disk_cache(tok, tmp_path):
+    tools = [{"name": f"tool_{i}", "description": f"does thing number {i} " + "x " * i,
+              "parameters": {"type": "object", "properties": {}}} for i in range(8)]
+    index = tmp_path / "tools.npz"
+
+    def agent_with_counter():
+        agent, model = make_agent(tok, ["<tool_call>[]"], tools=tools, tool_index_path=index,
+                                  embedding=True)
+        if compile_tools is None:
+            agent.compile_grammar = lambda s, m: FiniteGrammar(["[]"])
+        return agent, model
+
+    agent, model = agent_with_counter()
+    r = agent.complete("do thing number 3")
+    assert len(r["tools"]) == 5                       # auto → embedding head → top 5
+    first_prefills = model.n_prefill_calls
+    assert index.exists()
+    order = agent.rank_tools("do thing number 3")
+    assert order == agent.rank_tools("do thing number 3")          # deterministic
+    # A second agent reads the tool vectors from disk: it embeds only the query.
+    agent2, model2 = agent_with_counter()
+    r2 = agent2.complete("do thing number 3")
+    assert r2["tools"] == r["tools"]
+    assert model2.n_prefill_calls < first_prefills
+    with pytest.raises(Exception, match="needs an archive with an embedding head"):
+        make_agent(tok, [""], tools=tools, retrieval="embedding")[0].complete("x")
