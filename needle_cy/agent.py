@@ -327,6 +327,7 @@ class Needle:
 
     def _envelope(self, res, entry, prefix_s, total_s):
         prefill_s = res.prefill_s + prefix_s
+        n_prefill = res.n_prefill + (len(entry.conversation.prefix_ids) if prefix_s > 0 else 0)
         decode_s = res.reasoning_s + res.constrained_s
         return {
             "type": "call",
@@ -336,7 +337,7 @@ class Needle:
             "function_calls": res.calls if res.success else [],
             "reasoning": res.reasoning,
             "confidence": res.confidence,
-            "prefill_tps": (res.n_prefill / prefill_s) if prefill_s > 0 else 0.0,
+            "prefill_tps": (n_prefill / prefill_s) if prefill_s > 0 else 0.0,
             "decode_tps": (res.n_generated / decode_s) if decode_s > 0 else 0.0,
             "peak_ram_mb": _peak_ram_mb(),
             "stop_reason": res.stop_reason,
@@ -344,7 +345,8 @@ class Needle:
             "timings": {"total_s": total_s, "prefix_s": prefix_s, "prefill_s": res.prefill_s,
                         "reasoning_s": res.reasoning_s, "constrained_s": res.constrained_s,
                         "grammar_s": res.grammar_s, "n_prefill": res.n_prefill,
-                        "n_reasoning": res.n_reasoning, "n_constrained": res.n_constrained},
+                        "n_reasoning": res.n_reasoning, "n_constrained": res.n_constrained,
+                        "n_prefix": len(entry.conversation.prefix_ids) if prefix_s > 0 else 0},
         }
 
     def complete(self, text, max_new_tokens=None):

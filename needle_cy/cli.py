@@ -15,7 +15,7 @@ import time
 from .errors import NeedleError
 
 USER_ERRORS = (NeedleError, FileNotFoundError, IsADirectoryError, PermissionError,
-               json.JSONDecodeError, UnicodeDecodeError, ValueError, OSError)
+               json.JSONDecodeError, UnicodeDecodeError, ValueError, OSError, ImportError)
 
 
 class CliError(Exception):
@@ -135,10 +135,10 @@ def render_partial_calls(text: str) -> str:
 
 def _make_agent(args, tools):
     from .agent import Needle
-    return Needle(args.model, tools=tools, system=args.system,
+    return Needle(args.model, tools=tools, system=getattr(args, "system", None),
                   constrained=not getattr(args, "no_constrained", False),
                   threads=args.threads, backend=args.backend,
-                  max_new_tokens=args.max_new_tokens)
+                  max_new_tokens=args.max_new_tokens, reasoning_limit=args.reasoning_limit)
 
 
 def cmd_run(args):
@@ -270,7 +270,7 @@ def cmd_bench(args):
     queries = args.queries or ["turn on the kitchen light", "set a timer for ten minutes",
                                "what's the weather like"]
     agent = Needle(args.model, tools=tools, threads=args.threads, backend=args.backend,
-                   max_new_tokens=args.max_new_tokens)
+                   max_new_tokens=args.max_new_tokens, reasoning_limit=args.reasoning_limit)
     rows = []
     for q in queries:
         agent.reset()
@@ -310,6 +310,8 @@ def build_parser():
         p.add_argument("--threads", type=int, default=None)
         p.add_argument("--backend", choices=["cython", "numpy"], default="cython")
         p.add_argument("--max-new-tokens", type=int, default=512)
+        p.add_argument("--reasoning-limit", type=int, default=256,
+                       help="tokens of free reasoning before the turn declines")
 
     p = sub.add_parser("run", help="one request → tool calls")
     p.add_argument("query")

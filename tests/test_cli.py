@@ -131,3 +131,14 @@ def test_partial_call_rendering():
     text = '[{"name":"set_light","arguments":{"room":"kitchen","on":true,"tags":["a"]}},{"name":"t","arguments":{}}]'
     assert cli.render_partial_calls(text) == 'set_light(room="kitchen", on=true, tags=["a"])\nt()'
     assert cli.render_partial_calls(text[:46]) == 'set_light(room="kitc'
+
+
+def test_run_end_to_end_on_a_fixture_archive(tmp_path, tools_file):
+    model = str(fixture_path("needle3_tiny_a", "model.cact"))
+    rc, out, err = run_cli("run", "turn on the kitchen light", "--tools", str(tools_file), "--model", model,
+                           "--json", "--reasoning-limit", "16", "--max-new-tokens", "32")
+    assert rc in (0, 1), err
+    env = json.loads(out)
+    assert env["type"] == "call" and set(env) >= {"success", "function_calls", "confidence", "prefill_tps"}
+    assert env["timings"]["n_reasoning"] <= 16
+    assert env["confidence"] is None or 0 <= env["confidence"] <= 1
