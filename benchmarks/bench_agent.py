@@ -150,8 +150,8 @@ def run_suite(path, backend, turns=3):
 
 
 def _mean(rows, key):
-    vals = [r[key] for r in rows]
-    return sum(vals) / len(vals)
+    vals = [r[key] for r in rows if r[key] == r[key]]      # NaN (no calls) left out
+    return sum(vals) / len(vals) if vals else float("nan")
 
 
 def format_table(name, backend, rows):

@@ -238,6 +238,8 @@ class Needle:
             res = yield from run_turn(model, self.tokenizer, entry.grammar, new_ids, settings,
                                       self.piece_table, cancel=self._cancel)
             envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start)
+            if is_results and res.success and not res.calls:
+                envelope["type"] = "respond"     # the tool loop is finished (spec §8.2)
             if res.success:
                 conv.append_user(new_ids)
                 conv.append_assistant(res.assistant_ids, had_calls=bool(res.calls))

@@ -75,7 +75,7 @@ def test_complete_envelope_and_conversation(tok):
     assert r["tools"] == ["set_light", "set_timer", "explode"]
     # The conversation is kept: tool results go in a <tool_result> turn.
     r2 = agent.complete(json.dumps([{"ok": True}]))
-    assert r2["function_calls"] == []
+    assert r2["function_calls"] == [] and r2["type"] == "respond"
     text = tok.decode(model.history)
     assert '<|im_start|>user\n<tool_result>[{"ok": true}]</tool_result><|im_end|>\n<|im_start|>assistant\n' in text
     assert text.endswith("<tool_call>[]</tool_call><|im_end|>")
