@@ -23,11 +23,12 @@ cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t channels,
                       const float* const* history, float* out) noexcept nogil
 cdef void attend_c(const float* q, const float* k_cache, const float* v_cache,
                    Py_ssize_t dq, Py_ssize_t dv, float scale,
-                   Py_ssize_t sink_lo, Py_ssize_t sink_end, Py_ssize_t lo, Py_ssize_t hi,
+                   const Py_ssize_t* ranges, int n_ranges,
                    float* scores, float* out) noexcept nogil
 cdef float sigmoid_c(float x) noexcept nogil
 
 # engram
+cdef float engram_alpha_c(const float* u, const float* key, Py_ssize_t d) noexcept nogil
 cdef uint32_t engram_hash_c(const int64_t* tokens, Py_ssize_t t, int order,
                             uint32_t seed) noexcept nogil
 

@@ -202,20 +202,22 @@ cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t channels,
 
 cdef void attend_c(const float* q, const float* k_cache, const float* v_cache,
                    Py_ssize_t dq, Py_ssize_t dv, float scale,
-                   Py_ssize_t sink_lo, Py_ssize_t sink_end, Py_ssize_t lo, Py_ssize_t hi,
+                   const Py_ssize_t* ranges, int n_ranges,
                    float* scores, float* out) noexcept nogil:
     """One query head against one KV head's cache (rows [slot, dq] / [slot, dv]).
 
-    Visible cache rows: [sink_lo, sink_end) ∪ [lo, hi] (caller guarantees
-    sink_end ≤ lo ≤ hi; an empty sink range has sink_lo ≥ sink_end).  Scores are
-    q·k·scale, softmax in float32, out = Σ p·v.  ``scores`` needs hi + 1 floats."""
-    cdef Py_ssize_t j, i, r, a, b
+    The visible cache rows are the half-open slot ranges
+    [ranges[2r], ranges[2r+1]) for r < n_ranges (a ring buffer splits a
+    window into pieces).  Scores are q·k·scale, softmax in float32,
+    out = Σ p·v.  ``scores`` is indexed by slot."""
+    cdef Py_ssize_t j, i, a, b
+    cdef int r
     cdef float s, mx = -INFINITY, den = 0.0, p
     cdef const float* kj
     cdef const float* vj
-    for r in range(2):
-        a = sink_lo if r == 0 else lo
-        b = sink_end if r == 0 else hi + 1
+    for r in range(n_ranges):
+        a = ranges[2 * r]
+        b = ranges[2 * r + 1]
         for j in range(a, b):
             kj = k_cache + j * dq
             s = 0.0
@@ -227,18 +229,12 @@ cdef void attend_c(const float* q, const float* k_cache, const float* v_cache,
                 mx = s
     for i in range(dv):
         out[i] = 0.0
-    for r in range(2):
-        a = sink_lo if r == 0 else lo
-        b = sink_end if r == 0 else hi + 1
+    for r in range(n_ranges):
+        a = ranges[2 * r]
+        b = ranges[2 * r + 1]
         for j in range(a, b):
             p = expf(scores[j] - mx)
-            scores[j] = p
             den = den + p
-    for r in range(2):
-        a = sink_lo if r == 0 else lo
-        b = sink_end if r == 0 else hi + 1
-        for j in range(a, b):
-            p = scores[j]
             vj = v_cache + j * dv
             for i in range(dv):
                 out[i] = out[i] + p * vj[i]
@@ -699,21 +695,6 @@ def conv_tap_ok(positions, n_taps, dilation=1, recent=None, sinks=0, band=None):
     return context_visible(t, j, recent, sinks, band)
 
 
-cdef tuple visible_ranges(Py_ssize_t t, recent, Py_ssize_t sinks, band):
-    """The keys visible from t as two ranges: [sink_lo, sink_end) ∪ [lo, t]."""
-    cdef Py_ssize_t lo = 0, band_lo = 0, sink_lo, sink_end
-    if band is not None:
-        band_lo = t - <Py_ssize_t>band + 1
-        if band_lo < 0:
-            band_lo = 0
-    lo = band_lo
-    if recent is not None and t - <Py_ssize_t>recent + 1 > lo:
-        lo = t - <Py_ssize_t>recent + 1
-    sink_lo = band_lo
-    sink_end = sinks if sinks < lo else lo
-    return sink_lo, sink_end, lo
-
-
 # --- causal depthwise convolution -------------------------------------------
 
 def causal_conv(x, taps, dilation=1, tap_ok=None):
@@ -840,6 +821,7 @@ def gqa_attention(q, k, v, mask):
     cdef float[:, ::1] kb = kbuf
     cdef float[:, ::1] vb = vbuf
     cdef Py_ssize_t t, h, G = H // K, n_vis, kh
+    cdef Py_ssize_t rng[2]
     cdef float scale = <float>1.0 / np.float32(np.sqrt(dq))
     for t in range(Tq):
         idx = np.flatnonzero(mk[t])
@@ -848,9 +830,11 @@ def gqa_attention(q, k, v, mask):
             # gather the visible keys so the C kernel sees one contiguous range
             kbuf[:n_vis] = ka[kh, idx]
             vbuf[:n_vis] = va[kh, idx]
+            rng[0] = 0
+            rng[1] = n_vis
             for h in range(kh * G, kh * G + G):
                 attend_c(&qv[t, h, 0], &kb[0, 0], &vb[0, 0], dq, dv, scale,
-                         0, 0, 0, n_vis - 1, &sv[0], &ov[t, h, 0])
+                         rng, 1, &sv[0], &ov[t, h, 0])
     return out
 
 

@@ -1,0 +1,1065 @@
+# cython: language_level=3, wraparound=True
+"""The Needle 3 forward pass in Cython: ``CythonEngine`` (spec §4, §5, §9).
+
+Same interface and semantics as ``needle_cy.reference.model.ReferenceEngine``
+(read that module's docstring first); this is its fast twin.
+
+How it runs
+-----------
+``_run_chunk`` is the whole forward pass for a chunk of up to ``CHUNK`` new
+tokens against the state, top to bottom in one function, llama2.c style:
+
+    embedding rows (CQ row decode) · sqrt(d)
+    engram keys/values of every site (hash → table rows → A8 → 2 CQ matmuls → dilated conv)
+    for each block:  mHC router (RMS-unit, A8, 3 CQ matmuls, σ, Sinkhorn)
+                     u = Σ hpre·lanes;  engram gate;  ZC-RMSNorm;  A8
+                     q/k/v/gate CQ matmuls;  causal conv;  QK norm;  RoPE;  A8 / KV quant
+                     write k, v into the ring-buffer KV cache;  GQA attention
+                     σ(gate) ⊙ o;  A8;  out-proj;  post-norm;  Monarch MLP
+                     lanes' = P·lanes + hpost·(Block(u) − u);  cell = lane mean
+                     fold the cell into the online probe pools
+    final norm, A8, tied head (only the rows that are asked for)
+
+``prefill`` feeds its ids in chunks (batched CQ *matmul* kernels for every
+projection), ``step`` is a chunk of one (CQ *matvec*), ``forward`` runs chunks
+on a throw-away state.  Every buffer is allocated once per engine (scratch)
+or per state (KV cache, histories, pools): nothing is allocated per token.
+Threads: the CQ kernels split rows across ``threads`` OpenMP threads; the
+per-token work of a chunk (norms, conv, RoPE, attention, MLP, mHC mixing) is
+split across tokens.
+
+KV cache layout
+---------------
+Stored as float32 values *after* the KV quantizer (the fake-quant output
+k̂ = q·s is exactly what the reference attends to), laid out
+``[layer, kv_head, slot, dim]`` so one head's keys are contiguous.  Slot of
+absolute position p: p itself below the sink count S, else
+``S + (p − S) mod (capacity − S)`` — a ring buffer.  Capacity is the window
+W plus one chunk, so writing a chunk never overwrites a key an earlier query of
+the same chunk still sees; without a window the capacity is ``max_seq_len`` and
+slot = position.  The arrays are allocated with ``np.empty`` (untouched pages
+cost no memory), so resident memory grows with the context actually used.
+"""
+import numpy as np
+cimport numpy as cnp
+from cython.parallel cimport prange, threadid
+from libc.math cimport sqrtf, expf, INFINITY
+from libc.stdint cimport int64_t, uint32_t
+from libc.string cimport memcpy, memset, memmove
+
+from needle_cy._cq cimport CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row
+from needle_cy._ops cimport (a8_inplace, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
+                             conv_step_c, attend_c, sigmoid_c, engram_hash_c, engram_alpha_c,
+                             sinkhorn_c, monarch_mlp_c, pool_update_c)
+
+from needle_cy._cq import prepare
+from needle_cy import _ops as ops
+from needle_cy.errors import ContextOverflowError, ModelStateError
+
+cnp.import_array()
+
+NUMERICS = ("deploy", "float")
+PAD_ID = 0
+DEF PAD_ID_C = 0
+DEF CHUNK_MAX = 64           # tokens per batched chunk (prefill / forward)
+DEF MAX_TAPS = 16
+DEF MAX_LANES = 16
+DEF MAX_HEADS = 4            # probe heads
+cdef float A8_QMAX = 127.0
+cdef int SINKHORN_ITERS = 20
+
+
+ctypedef struct LayerC:
+    CQView q_proj
+    CQView k_proj
+    CQView v_proj
+    CQView gate_proj
+    CQView out_proj
+    CQView phi_pre
+    CQView phi_post
+    CQView phi_res
+    const float* norm_in
+    const float* post_norm
+    const float* pre_hada
+    const float* q_taps          # [C, H·dq] or NULL
+    const float* k_taps
+    const float* v_taps
+    const float* q_norm
+    const float* k_norm
+    float attn_gate              # σ(raw gate logit)
+    float a_pre
+    float a_post
+    float a_res
+    const float* b_pre
+    const float* b_post
+    const float* b_res
+    const float* d1
+    const float* d2
+    const float* b2
+    const float* d3
+    const float* d4
+    const float* w1a
+    const float* w1b
+    const float* w2a
+    const float* w2b
+    const float* w3a
+    const float* w3b
+    const float* cond_v
+    const float* cond_u
+    int lane
+    Py_ssize_t band              # sliding band, -1 for global layers
+    int site                     # engram site index or -1
+
+
+ctypedef struct SiteC:
+    CQView tables
+    CQView key_proj
+    CQView value_proj
+    const float* taps            # [n_taps, d]
+
+
+ctypedef struct HeadC:
+    const float* probes          # dense [R, k, d]
+    Py_ssize_t k
+
+
+cdef inline float* fptr(cnp.ndarray a):
+    return <float*>cnp.PyArray_DATA(a)
+
+
+cdef inline int64_t* iptr(cnp.ndarray a):
+    return <int64_t*>cnp.PyArray_DATA(a)
+
+
+cdef inline bint _visible(Py_ssize_t t, Py_ssize_t j, Py_ssize_t recent, Py_ssize_t sinks,
+                          Py_ssize_t band) noexcept nogil:
+    """Spec §9.2: key j visible from t (recent/band < 0 = unlimited)."""
+    if j < 0 or j > t:
+        return 0
+    if recent >= 0 and not (t - j < recent or j < sinks):
+        return 0
+    if band >= 0 and t - j >= band:
+        return 0
+    return 1
+
+
+cdef inline void _project(const CQView* w, const float* X, Py_ssize_t T, Py_ssize_t xs,
+                          float* Y, Py_ssize_t ys, float* work, int threads) noexcept nogil:
+    """Y[t] = W·X[t] for T tokens: matvec for one token, the batched matmul otherwise."""
+    if T == 1:
+        cq_matvec(w, X, Y, work, threads)
+    else:
+        cq_matmul(w, X, T, xs, Y, ys, work, threads)
+
+
+cdef class EngineState:
+    """Everything the next token depends on (spec §4.10); copied by snapshot()."""
+    cdef public Py_ssize_t position
+    cdef public object owner
+    cdef public cnp.ndarray k_cache      # [L, K, cap, dq]
+    cdef public cnp.ndarray v_cache      # [L, K, cap, dv]
+    cdef public cnp.ndarray conv_q       # [L, C-1, H·dq] raw projections, oldest first
+    cdef public cnp.ndarray conv_k
+    cdef public cnp.ndarray conv_v
+    cdef public cnp.ndarray value_hist   # [S, (taps-1)·dil, d] engram v' history
+    cdef public cnp.ndarray tokens       # [max(order)-1] last tokens
+    cdef public list pools               # per head: (max [R,k], denom [R,k], weighted [R,k,d])
+
+    def used_slots(self, Py_ssize_t capacity):
+        return min(self.position, capacity)
+
+
+cdef class CythonEngine:
+    """Fast Needle 3 engine; interface of ``needle_cy.reference.model.ReferenceEngine``."""
+
+    # configuration
+    cdef public object w
+    cdef public str numerics
+    cdef public object window
+    cdef public int sinks
+    cdef public int threads
+    cdef public object state
+    cdef bint quant
+    cdef Py_ssize_t recent           # -1 = unlimited
+    cdef Py_ssize_t cap              # KV slots per (layer, kv head)
+    cdef Py_ssize_t d, n, H, K, dq, dv, L, N, R_cond, ba, bb, C, nd
+    cdef Py_ssize_t V, V_out, max_seq
+    cdef Py_ssize_t n_sites, NT, sub, slots, n_orders, E, stride, e_taps, e_dil, n_tok_hist, n_vhist
+    cdef int orders[8]
+    cdef int kv_bits
+    cdef float emb_scale, attn_scale
+    cdef Py_ssize_t n_heads, R_cells
+    cdef HeadC heads_c[MAX_HEADS]
+    # C views of the weights (the Python objects stay alive in self._keep)
+    cdef LayerC* layers
+    cdef SiteC* sites
+    cdef CQView emb
+    cdef CQView emb_out
+    cdef const float* final_norm
+    cdef const int64_t* p1
+    cdef const int64_t* p2
+    cdef const float* kv_levels
+    cdef int n_kv_levels
+    cdef const float* rope_cos
+    cdef const float* rope_sin
+    cdef list _keep
+    cdef bytes _layers_buf
+    cdef bytes _sites_buf
+    cdef object _head_names
+    cdef dict _head_dense
+    # scratch (per engine; [CHUNK, ...] or [threads, ...])
+    cdef cnp.ndarray _scratch
+    cdef float* s_lanes      # [CH, n·d]
+    cdef float* s_nx         # [CH, n·d]  router input, then the new lanes
+    cdef float* s_phi        # [CH, 2n + n²]
+    cdef float* s_u          # [CH, d]
+    cdef float* s_x          # [CH, d]
+    cdef float* s_a          # [CH, d]
+    cdef float* s_q          # [CH, H·dq] raw, then conv'd/normed
+    cdef float* s_k          # [CH, K·dq]
+    cdef float* s_v          # [CH, K·dv]
+    cdef float* s_qc         # [CH, H·dq]
+    cdef float* s_kc         # [CH, K·dq]
+    cdef float* s_vc         # [CH, K·dv]
+    cdef float* s_g          # [CH, H·dv]
+    cdef float* s_o          # [CH, H·dv]
+    cdef float* s_ao         # [CH, d]
+    cdef float* s_cell       # [CH, d]
+    cdef float* s_x0         # [CH, d]
+    cdef float* s_e          # [CH, NT·sub]
+    cdef float* s_ekey       # [n_sites, CH, d]
+    cdef float* s_evraw      # [CH, d]
+    cdef float* s_eval       # [n_sites, CH, d]
+    cdef float* s_hid        # [CH, d]  final normed hidden
+    cdef float* s_mlp_work   # [threads, 4N + 8 + R]
+    cdef float* s_scores     # [threads, cap]
+    cdef float* s_row        # [threads, group]
+    cdef float* s_cq_work    # CQ kernel workspace
+    cdef Py_ssize_t mlp_work_len, row_len
+    cdef int64_t* s_ctx      # [n_tok_hist + CH] token context
+    cdef cnp.ndarray _ctx_arr
+
+    def __init__(self, weights, numerics="deploy", window=None, sinks=0, threads=None):
+        from needle_cy.threads import get_num_threads
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 or None, got {window}")
+        if sinks < 0 or (window is not None and sinks >= window):
+            raise ValueError(f"sinks must lie in [0, window) = [0, {window}), got {sinks}")
+        w = weights
+        self.w = w
+        self.numerics = numerics
+        self.quant = numerics == "deploy"
+        self.window = window
+        self.sinks = int(sinks) if window is not None else 0
+        self.recent = -1 if window is None else int(window) - self.sinks
+        self.threads = int(get_num_threads(threads))
+        self._keep = []
+        self._head_dense = {}
+
+        # geometry
+        self.d, self.n, self.H, self.K = w.d_model, w.mhc_lanes, w.num_heads, w.num_kv_heads
+        self.dq, self.dv, self.L, self.N = w.qk_head_dim, w.v_head_dim, w.num_layers, w.hada_n
+        self.C = w.qkv_conv_taps
+        self.V, self.V_out, self.max_seq = w.vocab, w.out_vocab, w.max_seq_len
+        if self.n > MAX_LANES or self.C > MAX_TAPS or w.engram_conv_taps > MAX_TAPS:
+            raise ValueError(f"CythonEngine supports at most {MAX_LANES} lanes and {MAX_TAPS} taps")
+        if self.H % self.K:
+            raise ValueError(f"num_heads {self.H} is not a multiple of num_kv_heads {self.K}")
+        if self.dq % 2:
+            raise ValueError(f"qk_head_dim {self.dq} must be even (RoPE rotates halves)")
+        if len(w.engram_orders) > 8:
+            raise ValueError("CythonEngine supports at most 8 engram orders")
+        self.kv_bits = int(w.kv_bits)
+        self.emb_scale = np.float32(np.sqrt(self.d))
+        self.attn_scale = np.float32(1.0) / np.float32(np.sqrt(self.dq))
+        if window is None:
+            self.cap = self.max_seq
+        else:
+            self.cap = min(int(window), self.max_seq) + CHUNK_MAX
+
+        # engram
+        self.n_sites = len(w.engram_sites)
+        self.n_orders = len(w.engram_orders)
+        for i, o in enumerate(w.engram_orders):
+            self.orders[i] = int(o)
+        self.E = w.engram_heads
+        self.stride = w.engram_seed_stride
+        self.NT = self.n_orders * self.E
+        self.sub = w.engram_sub_dim
+        self.slots = w.engram_slots
+        self.e_taps = w.engram_conv_taps
+        self.e_dil = w.engram_conv_dilation
+        self.n_tok_hist = max(w.engram_orders, default=1) - 1
+        self.n_vhist = (self.e_taps - 1) * self.e_dil
+
+        self._bind(w)
+        self._alloc_scratch()
+        self.state = self._fresh_state()
+
+    # ------------------------------------------------------------------ binding
+    cdef const float* _f32(self, arr):
+        a = np.ascontiguousarray(np.asarray(arr, dtype=np.float32))
+        self._keep.append(a)
+        return fptr(a)
+
+    cdef CQView _view(self, W):
+        cdef CQWeight cw = prepare(W)
+        self._keep.append(cw)
+        return cw.view
+
+    cdef _bind(self, w):
+        cdef LayerC* lc
+        cdef SiteC* sc
+        cdef Py_ssize_t i
+        self._layers_buf = b"\0" * (sizeof(LayerC) * max(1, self.L))
+        self.layers = <LayerC*><char*>self._layers_buf
+        self._sites_buf = b"\0" * (sizeof(SiteC) * max(1, self.n_sites))
+        self.sites = <SiteC*><char*>self._sites_buf
+        self.emb = self._view(w.embedding)
+        self.emb_out = self.emb
+        self.emb_out.rows = self.V_out          # the tied head uses the first out_vocab rows
+        self.final_norm = self._f32(w.final_norm)
+        p1 = np.ascontiguousarray(np.asarray(w.hada_p1, np.int64))
+        p2 = np.ascontiguousarray(np.asarray(w.hada_p2, np.int64))
+        if p1.shape != (self.N,) or p2.shape != (self.N,) or p1.min() < 0 or p2.min() < 0 \
+                or p1.max() >= self.N or p2.max() >= self.N:
+            raise ValueError(f"hada_p1/hada_p2 must be {self.N} indices in [0, {self.N})")
+        self._keep += [p1, p2]
+        self.p1, self.p2 = iptr(p1), iptr(p2)
+        if self.L:
+            self.ba, self.bb = w.layers[0].mlp.w1a.shape[0], w.layers[0].mlp.w1b.shape[0]
+            self.R_cond = w.layers[0].mlp.cond_u.shape[0]
+        for i, layer in enumerate(w.layers):
+            lc = &self.layers[i]
+            m = ops.MonarchArrays(layer.mlp)       # validates shapes
+            if (m.ba, m.bb, m.R, m.N, m.d) != (self.ba, self.bb, self.R_cond, self.N, self.d):
+                raise ValueError(f"layer {i}: Monarch MLP shapes differ from layer 0")
+            lc.q_proj = self._view(layer.q_proj)
+            lc.k_proj = self._view(layer.k_proj)
+            lc.v_proj = self._view(layer.v_proj)
+            lc.gate_proj = self._view(layer.gate_proj)
+            lc.out_proj = self._view(layer.out_proj)
+            lc.phi_pre = self._view(layer.mhc.phi_pre)
+            lc.phi_post = self._view(layer.mhc.phi_post)
+            lc.phi_res = self._view(layer.mhc.phi_res)
+            self._check_view(lc.q_proj, self.H * self.dq, self.d, f"layer {i} q_proj")
+            self._check_view(lc.k_proj, self.K * self.dq, self.d, f"layer {i} k_proj")
+            self._check_view(lc.v_proj, self.K * self.dv, self.d, f"layer {i} v_proj")
+            self._check_view(lc.gate_proj, self.H * self.dv, self.d, f"layer {i} gate_proj")
+            self._check_view(lc.out_proj, self.d, self.H * self.dv, f"layer {i} out_proj")
+            self._check_view(lc.phi_pre, self.n, self.n * self.d, f"layer {i} phi_pre")
+            self._check_view(lc.phi_post, self.n, self.n * self.d, f"layer {i} phi_post")
+            self._check_view(lc.phi_res, self.n * self.n, self.n * self.d, f"layer {i} phi_res")
+            lc.norm_in = self._f32(layer.norm_in)
+            lc.post_norm = self._f32(layer.post_norm)
+            lc.pre_hada = self._f32(layer.pre_hada)
+            lc.q_norm = self._f32(layer.q_norm)
+            lc.k_norm = self._f32(layer.k_norm)
+            if self.C:
+                lc.q_taps = self._f32(np.asarray(layer.q_taps).reshape(self.C, self.H * self.dq))
+                lc.k_taps = self._f32(np.asarray(layer.k_taps).reshape(self.C, self.K * self.dq))
+                lc.v_taps = self._f32(np.asarray(layer.v_taps).reshape(self.C, self.K * self.dv))
+            else:
+                lc.q_taps = lc.k_taps = lc.v_taps = NULL
+            lc.attn_gate = float(ops.sigmoid(np.float32(layer.attn_gate)))
+            lc.a_pre, lc.a_post, lc.a_res = layer.mhc.a_pre, layer.mhc.a_post, layer.mhc.a_res
+            lc.b_pre = self._f32(np.asarray(layer.mhc.b_pre).reshape(self.n))
+            lc.b_post = self._f32(np.asarray(layer.mhc.b_post).reshape(self.n))
+            lc.b_res = self._f32(np.asarray(layer.mhc.b_res).reshape(self.n * self.n))
+            lc.d1, lc.d2, lc.b2, lc.d3, lc.d4 = (self._f32(m.d1), self._f32(m.d2), self._f32(m.b2),
+                                                 self._f32(m.d3), self._f32(m.d4))
+            lc.w1a, lc.w1b, lc.w2a = self._f32(m.w1a), self._f32(m.w1b), self._f32(m.w2a)
+            lc.w2b, lc.w3a, lc.w3b = self._f32(m.w2b), self._f32(m.w3a), self._f32(m.w3b)
+            lc.cond_v, lc.cond_u = self._f32(m.cond_v), self._f32(m.cond_u)
+            lc.lane = layer.lane
+            lc.band = -1 if (layer.is_global or w.sliding_window <= 0) else int(w.sliding_window)
+            lc.site = -1 if layer.engram_site is None else int(layer.engram_site)
+        for i, site in enumerate(w.engram_sites):
+            sc = &self.sites[i]
+            sc.tables = self._view(site.tables)
+            sc.key_proj = self._view(site.key_proj)
+            sc.value_proj = self._view(site.value_proj)
+            self._check_view(sc.tables, self.NT * self.slots, self.sub, f"engram site {i} tables")
+            self._check_view(sc.key_proj, self.d, self.NT * self.sub, f"engram site {i} key_proj")
+            self._check_view(sc.value_proj, self.d, self.NT * self.sub, f"engram site {i} value_proj")
+            sc.taps = self._f32(np.asarray(site.taps).reshape(self.e_taps, self.d))
+        self._check_view(self.emb, self.V, self.d, "embedding")
+        if self.V_out > self.V:
+            raise ValueError(f"out_vocab {self.V_out} exceeds vocab {self.V}")
+        if self.kv_bits < 8:
+            lv = ops.kv_codebook(self.kv_bits)
+            self.kv_levels = self._f32(lv)
+            self.n_kv_levels = lv.shape[0]
+        cos_t, sin_t = ops.rope_tables(self.max_seq, self.dq, w.rope_theta)
+        self.rope_cos, self.rope_sin = self._f32(cos_t), self._f32(sin_t)
+        # probe heads: probes decoded once to float32 [R, k, d]
+        self.R_cells = self.L + 1
+        self._head_names = tuple(w.heads)
+        if len(self._head_names) > MAX_HEADS:
+            raise ValueError(f"at most {MAX_HEADS} probe heads are supported")
+        self.n_heads = len(self._head_names)
+        for i, name in enumerate(self._head_names):
+            head = w.heads[name]
+            probes = self._dense(head.probes).reshape(self.R_cells, head.probes_per_row, self.d)
+            self.heads_c[i].probes = self._f32(probes)
+            self.heads_c[i].k = head.probes_per_row
+
+    cdef _check_view(self, CQView v, Py_ssize_t rows, Py_ssize_t cols, what):
+        if v.rows != rows or v.cols != cols:
+            raise ValueError(f"{what}: expected a [{rows}, {cols}] CQ matrix, got [{v.rows}, {v.cols}]")
+
+    def _dense(self, W):
+        """float32 copy of a CQ matrix (decoded by the CQ kernels) or of a dense array."""
+        key = id(W)
+        hit = self._head_dense.get(key)
+        if hit is None or hit[0] is not W:
+            if hasattr(W, "packed"):
+                from needle_cy._cq import dequantize
+                dense = dequantize(W)
+            else:
+                dense = np.asarray(W, np.float32)
+            hit = (W, np.ascontiguousarray(dense, dtype=np.float32))
+            self._head_dense[key] = hit
+        return hit[1]
+
+    cdef _alloc_scratch(self):
+        cdef Py_ssize_t CH = CHUNK_MAX, d = self.d, n = self.n, T = self.threads
+        cdef Py_ssize_t nd = n * d, work = 0, i
+        sizes = [("lanes", CH * nd), ("nx", CH * nd), ("phi", CH * (2 * n + n * n)),
+                 ("u", CH * d), ("x", CH * d), ("a", CH * d),
+                 ("q", CH * self.H * self.dq), ("k", CH * self.K * self.dq), ("v", CH * self.K * self.dv),
+                 ("qc", CH * self.H * self.dq), ("kc", CH * self.K * self.dq), ("vc", CH * self.K * self.dv),
+                 ("g", CH * self.H * self.dv), ("o", CH * self.H * self.dv), ("ao", CH * d),
+                 ("cell", CH * d), ("x0", CH * d), ("e", CH * max(1, self.NT * self.sub)),
+                 ("ekey", max(1, self.n_sites) * CH * d), ("evraw", CH * d),
+                 ("eval", max(1, self.n_sites) * CH * d), ("hid", CH * d)]
+        self.mlp_work_len = 4 * self.N + self.R_cond + 16
+        sizes.append(("mlp", T * self.mlp_work_len))
+        sizes.append(("scores", T * self.cap))
+        self.row_len = 1024
+        sizes.append(("row", T * self.row_len + 1024))
+        # CQ workspace: enough for the widest matrix at a full chunk
+        cdef LayerC* lc
+        work = self._need(&self.emb_out, work)
+        for i in range(self.L):
+            lc = &self.layers[i]
+            work = self._need(&lc.q_proj, work)
+            work = self._need(&lc.k_proj, work)
+            work = self._need(&lc.v_proj, work)
+            work = self._need(&lc.gate_proj, work)
+            work = self._need(&lc.out_proj, work)
+            work = self._need(&lc.phi_pre, work)
+            work = self._need(&lc.phi_post, work)
+            work = self._need(&lc.phi_res, work)
+        for i in range(self.n_sites):
+            work = self._need(&self.sites[i].key_proj, work)
+            work = self._need(&self.sites[i].value_proj, work)
+            work = self._need(&self.sites[i].tables, work)
+        work = self._need(&self.emb, work)
+        sizes[-1] = ("row", T * self.row_len + 1024)
+        sizes.append(("cq", work + 64))
+        total = sum(s for _, s in sizes) + 16 * len(sizes)
+        self._scratch = np.zeros(total, np.float32)
+        cdef float* base = fptr(self._scratch)
+        cdef Py_ssize_t off = 0
+        ptrs = {}
+        for name, size in sizes:
+            ptrs[name] = off
+            off += size + 16                # keep each buffer 64-byte aligned-ish apart
+        self.s_lanes = base + <Py_ssize_t>ptrs["lanes"]
+        self.s_nx = base + <Py_ssize_t>ptrs["nx"]
+        self.s_phi = base + <Py_ssize_t>ptrs["phi"]
+        self.s_u = base + <Py_ssize_t>ptrs["u"]
+        self.s_x = base + <Py_ssize_t>ptrs["x"]
+        self.s_a = base + <Py_ssize_t>ptrs["a"]
+        self.s_q = base + <Py_ssize_t>ptrs["q"]
+        self.s_k = base + <Py_ssize_t>ptrs["k"]
+        self.s_v = base + <Py_ssize_t>ptrs["v"]
+        self.s_qc = base + <Py_ssize_t>ptrs["qc"]
+        self.s_kc = base + <Py_ssize_t>ptrs["kc"]
+        self.s_vc = base + <Py_ssize_t>ptrs["vc"]
+        self.s_g = base + <Py_ssize_t>ptrs["g"]
+        self.s_o = base + <Py_ssize_t>ptrs["o"]
+        self.s_ao = base + <Py_ssize_t>ptrs["ao"]
+        self.s_cell = base + <Py_ssize_t>ptrs["cell"]
+        self.s_x0 = base + <Py_ssize_t>ptrs["x0"]
+        self.s_e = base + <Py_ssize_t>ptrs["e"]
+        self.s_ekey = base + <Py_ssize_t>ptrs["ekey"]
+        self.s_evraw = base + <Py_ssize_t>ptrs["evraw"]
+        self.s_eval = base + <Py_ssize_t>ptrs["eval"]
+        self.s_hid = base + <Py_ssize_t>ptrs["hid"]
+        self.s_mlp_work = base + <Py_ssize_t>ptrs["mlp"]
+        self.s_scores = base + <Py_ssize_t>ptrs["scores"]
+        self.s_row = base + <Py_ssize_t>ptrs["row"]
+        self.s_cq_work = base + <Py_ssize_t>ptrs["cq"]
+        self._ctx_arr = np.zeros(self.n_tok_hist + CH, np.int64)
+        self.s_ctx = iptr(self._ctx_arr)
+
+    cdef Py_ssize_t _need(self, const CQView* v, Py_ssize_t work):
+        """Grow the CQ workspace / row scratch sizes to fit matrix v at a full chunk."""
+        cdef Py_ssize_t need = cq_work_floats(v, CHUNK_MAX, self.threads)
+        if v.group_size > self.row_len:
+            self.row_len = v.group_size
+        return need if need > work else work
+
+    cdef EngineState _fresh_state(self):
+        cdef EngineState st = EngineState()
+        hist = max(self.C - 1, 0)
+        st.position = 0
+        st.owner = id(self)
+        st.k_cache = np.empty((self.L, self.K, self.cap, self.dq), np.float32)
+        st.v_cache = np.empty((self.L, self.K, self.cap, self.dv), np.float32)
+        st.conv_q = np.zeros((self.L, hist, self.H * self.dq), np.float32)
+        st.conv_k = np.zeros((self.L, hist, self.K * self.dq), np.float32)
+        st.conv_v = np.zeros((self.L, hist, self.K * self.dv), np.float32)
+        st.value_hist = np.zeros((max(1, self.n_sites), max(1, self.n_vhist), self.d), np.float32)
+        st.tokens = np.zeros(max(1, self.n_tok_hist), np.int64)
+        st.pools = []
+        for i in range(self.n_heads):
+            k = self.heads_c[i].k
+            st.pools.append((np.full((self.R_cells, k), -np.inf, np.float32),
+                             np.zeros((self.R_cells, k), np.float32),
+                             np.zeros((self.R_cells, k, self.d), np.float32)))
+        return st
+
+    # ---------------------------------------------------------------- interface
+    @property
+    def position(self):
+        return self.state.position
+
+    @property
+    def capacity(self):
+        """KV slots per layer and KV head."""
+        return self.cap
+
+    def reset(self):
+        self.state = self._fresh_state()
+
+    def set_sinks(self, sinks):
+        """Change the pinned sink count; only valid while nothing was evicted (position < window)."""
+        if self.window is None:
+            return
+        if not 0 <= sinks < self.window:
+            raise ValueError(f"sinks must lie in [0, window) = [0, {self.window}), got {sinks}")
+        if self.state.position >= self.window:
+            raise ModelStateError("set_sinks: the window has already wrapped")
+        # slots equal positions until the window first wraps, so the ring needs no remapping
+        self.sinks = int(sinks)
+        self.recent = int(self.window) - self.sinks
+
+    def snapshot(self):
+        """A copy of the state (only the KV slots in use are copied)."""
+        cdef EngineState st = self.state
+        cdef EngineState c = EngineState()
+        used = min(st.position, self.cap)
+        c.position = st.position
+        c.owner = st.owner
+        c.k_cache = np.ascontiguousarray(st.k_cache[:, :, :used])
+        c.v_cache = np.ascontiguousarray(st.v_cache[:, :, :used])
+        c.conv_q, c.conv_k, c.conv_v = st.conv_q.copy(), st.conv_k.copy(), st.conv_v.copy()
+        c.value_hist, c.tokens = st.value_hist.copy(), st.tokens.copy()
+        c.pools = [tuple(a.copy() for a in p) for p in st.pools]
+        return c
+
+    def restore(self, snap):
+        if not isinstance(snap, EngineState) or snap.owner != id(self):
+            raise ModelStateError("restore: the snapshot was not taken from this engine")
+        cdef EngineState s = snap
+        cdef EngineState st = self._fresh_state()
+        used = s.k_cache.shape[2]
+        st.position = s.position
+        st.k_cache[:, :, :used] = s.k_cache
+        st.v_cache[:, :, :used] = s.v_cache
+        st.conv_q, st.conv_k, st.conv_v = s.conv_q.copy(), s.conv_k.copy(), s.conv_v.copy()
+        st.value_hist, st.tokens = s.value_hist.copy(), s.tokens.copy()
+        st.pools = [tuple(a.copy() for a in p) for p in s.pools]
+        self.state = st
+
+    def forward(self, ids):
+        """Logits [T, out_vocab] of a fresh sequence at every position (state untouched)."""
+        return self.forward_cells(ids, cells=False)[0]
+
+    def forward_cells(self, ids, cells=True):
+        """(logits [T, out_vocab], cells [T, D+1, d] or None) of a fresh sequence."""
+        ids = self._check_ids(ids)
+        cdef EngineState st = self._fresh_state()
+        T = ids.shape[0]
+        logits = np.empty((T, self.V_out), np.float32)
+        cell_out = np.empty((T, self.R_cells, self.d), np.float32) if cells else None
+        self._run(st, ids, logits, cell_out, True, False)
+        return logits, cell_out
+
+    def prefill(self, ids):
+        """Append ids to the state (batched chunks); logits of the last position."""
+        ids = self._check_ids(ids)
+        logits = np.empty((1, self.V_out), np.float32)
+        self._run(self.state, ids, logits, None, False, True)
+        return logits[0]
+
+    def step(self, token):
+        """Append one token; its logits [out_vocab]."""
+        return self.prefill(np.array([token], np.int64))
+
+    def head_outputs(self):
+        return self._heads_from_pools(self.state)
+
+    def head_outputs_for(self, ids):
+        ids = self._check_ids(ids)
+        cdef EngineState st = self._fresh_state()
+        self._run(st, ids, None, None, False, True)
+        return self._heads_from_pools(st)
+
+    def heads_from_cells(self, cells, ids=None):
+        """Head outputs from whole-sequence cells [T, D+1, d] (non-online pooling, for tests)."""
+        keep = None if ids is None else np.asarray(ids) != PAD_ID
+        out = {}
+        for i, name in enumerate(self._head_names):
+            head = self.w.heads[name]
+            probes = self._dense(head.probes).reshape(self.R_cells, head.probes_per_row, self.d)
+            z = ops.probe_pool(cells, probes, head.gain, self._dense(head.query), head.row_bias, keep)
+            out[name] = ops.HEAD_POST[name](ops.probe_head_output(z, self._dense(head.proj), head.bias))
+        return out
+
+    def _heads_from_pools(self, EngineState st):
+        out = {}
+        for i, name in enumerate(self._head_names):
+            head = self.w.heads[name]
+            mx, den, weighted = st.pools[i]
+            if bool(np.all(np.isneginf(mx))):
+                raise ModelStateError("head_outputs: no (non-PAD) token has been fed since reset")
+            pooled = (weighted / den[..., None]).astype(np.float32)
+            z = ops.probe_pool_rows(pooled, head.gain, self._dense(head.query), head.row_bias)
+            out[name] = ops.HEAD_POST[name](ops.probe_head_output(z, self._dense(head.proj), head.bias))
+        return out
+
+    def _check_ids(self, ids):
+        arr = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
+        if arr.size == 0:
+            raise ValueError("empty token sequence")
+        if arr.min() < 0 or arr.max() >= self.V:
+            raise ValueError(f"token ids must lie in [0, {self.V})")
+        return arr
+
+    # ------------------------------------------------------------ forward pass
+    def _run(self, EngineState st, cnp.ndarray ids, logits, cells, bint all_logits, bint pool):
+        """Feed ids chunk by chunk; logits rows for every token (all_logits) or the last."""
+        cdef Py_ssize_t T = ids.shape[0], t0, nt
+        if st.position + T > self.max_seq or (self.window is None and st.position + T > self.cap):
+            raise ContextOverflowError(
+                f"{T} token(s) at position {st.position} would exceed max_seq_len {self.max_seq}")
+        cdef float* lp
+        cdef float* cp
+        t0 = 0
+        while t0 < T:
+            nt = min(CHUNK_MAX, T - t0)
+            if logits is None:
+                lp = NULL
+            elif all_logits:
+                lp = fptr(logits) + t0 * self.V_out
+            elif t0 + nt == T:
+                lp = fptr(logits)
+            else:
+                lp = NULL
+            cp = NULL if cells is None else fptr(cells) + t0 * self.R_cells * self.d
+            self._run_chunk(st, iptr(ids) + t0, nt, lp, all_logits, cp, pool)
+            t0 += nt
+
+    cdef void _slot_ranges(self, Py_ssize_t t, Py_ssize_t band, Py_ssize_t* rng, int* n_rng) noexcept nogil:
+        """Cache slots visible from position t, as half-open ranges (spec §9.2)."""
+        cdef Py_ssize_t band_lo = 0, lo, s_end, a, b, S = self.sinks, ring = self.cap - S
+        cdef int k = 0
+        if band >= 0 and t - band + 1 > 0:
+            band_lo = t - band + 1
+        lo = band_lo
+        if self.recent >= 0 and t - self.recent + 1 > lo:
+            lo = t - self.recent + 1
+        # sinks that the band still shows: positions [band_lo, min(S, lo))
+        s_end = S if S < lo else lo
+        if self.recent >= 0 and band_lo < s_end:
+            rng[0] = band_lo
+            rng[1] = s_end
+            k = 1
+        if self.window is None:
+            rng[2 * k] = lo
+            rng[2 * k + 1] = t + 1
+            n_rng[0] = k + 1
+            return
+        # recent positions [lo, t]: below S they sit at their own slot, above it in the ring
+        if lo < S:
+            b = t + 1 if t + 1 < S else S
+            rng[2 * k] = lo
+            rng[2 * k + 1] = b
+            k += 1
+            lo = S
+        if lo <= t:
+            a = S + (lo - S) % ring
+            b = S + (t - S) % ring
+            if a <= b:
+                rng[2 * k] = a
+                rng[2 * k + 1] = b + 1
+                k += 1
+            else:
+                rng[2 * k] = a
+                rng[2 * k + 1] = self.cap
+                rng[2 * k + 2] = S
+                rng[2 * k + 3] = b + 1
+                k += 2
+        n_rng[0] = k
+
+    cdef inline Py_ssize_t _slot(self, Py_ssize_t p) noexcept nogil:
+        if self.window is None or p < self.sinks:
+            return p
+        return self.sinks + (p - self.sinks) % (self.cap - self.sinks)
+
+    cdef _run_chunk(self, EngineState st, const int64_t* ids, Py_ssize_t T, float* logits,
+                    bint all_rows, float* cells, bint pool):
+        """Advance st by T ≤ CHUNK_MAX tokens: the forward pass of spec §4, top to bottom.
+
+        logits: NULL, or [T, out_vocab] (all_logits) / [1, out_vocab] (last token only).
+        cells: NULL or [T, D+1, d].  pool: fold the cells into the online probe pools."""
+        cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, H = self.H, K = self.K
+        cdef Py_ssize_t dq = self.dq, dv = self.dv, G = self.H // self.K
+        cdef Py_ssize_t qw = H * dq, kw = K * dq, vw = K * dv, gw = H * dv
+        cdef Py_ssize_t nphi = 2 * n + n * n
+        cdef Py_ssize_t pos0 = st.position, t, i, j, m, c, l, s, h, kh, src, tid, hd, r, jj
+        cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
+        cdef Py_ssize_t recent = self.recent, S = self.sinks, band, slot, p
+        cdef int ntok = <int>(T if T < self.threads else self.threads)
+        cdef int cq_threads = self.threads
+        cdef float* cqw = self.s_cq_work
+        cdef LayerC* lc
+        cdef SiteC* sc
+        cdef float* conv_q = fptr(st.conv_q)
+        cdef float* conv_k = fptr(st.conv_k)
+        cdef float* conv_v = fptr(st.conv_v)
+        cdef float* kcache = fptr(st.k_cache)
+        cdef float* vcache = fptr(st.v_cache)
+        cdef float* vhist = fptr(st.value_hist)
+        cdef int64_t* tokhist = iptr(st.tokens)
+        cdef bint quant = self.quant
+        cdef float* lanes = self.s_lanes
+        cdef float* nx = self.s_nx
+        cdef float* phi = self.s_phi
+        cdef float* ptr
+        cdef float* qh
+        cdef const float* hptr[MAX_TAPS]
+        cdef Py_ssize_t rng[12]
+        cdef int n_rng
+        cdef float acc, gsig, alpha
+        cdef float hpre[MAX_LANES]
+        cdef float hpost[MAX_LANES]
+        cdef float Pm[MAX_LANES * MAX_LANES]
+        cdef uint32_t seed
+        cdef int oi, e, order
+        cdef Py_ssize_t nth = self.n_tok_hist, vh = self.n_vhist, NT = self.NT, sub = self.sub
+        cdef Py_ssize_t cap = self.cap, R_cells = self.R_cells, L = self.L
+        cdef Py_ssize_t e_taps = self.e_taps, e_dil = self.e_dil
+        cdef float* pmax[MAX_HEADS]
+        cdef float* pden[MAX_HEADS]
+        cdef float* psum[MAX_HEADS]
+        cdef float score, sqrt_d = sqrtf(<float>d)
+        cdef const float* probes
+        cdef Py_ssize_t kprobe, n_heads = self.n_heads if pool else 0
+        cdef float fn = <float>n
+        cdef Py_ssize_t out_rows
+        cdef int64_t row_id
+        cdef float* hid = self.s_hid
+        cdef Py_ssize_t first
+
+        for hd in range(n_heads):
+            pmax[hd] = fptr(st.pools[hd][0])
+            pden[hd] = fptr(st.pools[hd][1])
+            psum[hd] = fptr(st.pools[hd][2])
+
+        with nogil:
+            # ---- embedding: x0 = E[tok]·sqrt(d); every lane starts as x0 (spec §4.3, §4.5)
+            for t in range(T):
+                cq_dequantize_row(&self.emb, ids[t], self.s_x0 + t * d, self.s_row)
+                for c in range(d):
+                    self.s_x0[t * d + c] = self.s_x0[t * d + c] * self.emb_scale
+                for m in range(n):
+                    memcpy(lanes + t * nd + m * d, self.s_x0 + t * d, d * sizeof(float))
+                if cells != NULL:
+                    memcpy(cells + t * R_cells * d, self.s_x0 + t * d, d * sizeof(float))
+            for hd in range(n_heads):
+                self._pool_row(hd, 0, self.s_x0, ids, T, pmax[hd], pden[hd], psum[hd])
+
+            # ---- engram memory of every site (spec §4.4): keys and conv'd values of the chunk
+            if self.n_sites > 0:
+                for i in range(nth):
+                    self.s_ctx[i] = tokhist[i]
+                for t in range(T):
+                    self.s_ctx[nth + t] = ids[t]
+                for s in range(self.n_sites):
+                    sc = &self.sites[s]
+                    for t in range(T):
+                        for oi in range(self.n_orders):
+                            order = self.orders[oi]
+                            for e in range(self.E):
+                                ptr = self.s_e + t * NT * sub + (oi * self.E + e) * sub
+                                if _visible(pos0 + t, pos0 + t - (order - 1), recent, S, -1):
+                                    seed = <uint32_t>0x9E3779B9u * <uint32_t>(oi * self.stride + e + 1)
+                                    row_id = (oi * self.E + e) * self.slots + \
+                                        <int64_t>(engram_hash_c(self.s_ctx, nth + t, order, seed) % <uint32_t>self.slots)
+                                    cq_dequantize_row(&sc.tables, row_id, ptr, self.s_row)
+                                else:
+                                    memset(ptr, 0, sub * sizeof(float))
+                        if quant:
+                            a8_inplace(self.s_e + t * NT * sub, NT * sub, A8_QMAX)
+                    _project(&sc.key_proj, self.s_e, T, NT * sub, self.s_ekey + s * CHUNK_MAX * d, d, cqw, cq_threads)
+                    _project(&sc.value_proj, self.s_e, T, NT * sub, self.s_evraw, d, cqw, cq_threads)
+                    # dilated causal conv over v' (taps at t, t-dil, t-2·dil, ...), history first
+                    for t in range(T):
+                        for j in range(e_taps):
+                            src = t - j * e_dil
+                            if not _visible(pos0 + t, pos0 + src, recent, S, -1):
+                                hptr[j] = NULL
+                            elif src >= 0:
+                                hptr[j] = self.s_evraw + src * d
+                            else:
+                                hptr[j] = vhist + (s * vh + vh + src) * d
+                        conv_step_c(sc.taps, e_taps, d, hptr, self.s_eval + (s * CHUNK_MAX + t) * d)
+                    self._shift_history(vhist + s * vh * d, vh, self.s_evraw, T, d)
+                if nth > 0:
+                    for i in range(nth):
+                        tokhist[i] = self.s_ctx[T + i]
+
+            # ---- the blocks
+            for l in range(L):
+                lc = &self.layers[l]
+                band = lc.band
+                # mHC router input nx = A8(RMSunit(flatten X))                        (spec §4.5)
+                for t in prange(T, num_threads=ntok, schedule="static"):
+                    rms_unit_c(lanes + t * nd, nx + t * nd, nd)
+                    if quant:
+                        a8_inplace(nx + t * nd, nd, A8_QMAX)
+                _project(&lc.phi_pre, nx, T, nd, phi, nphi, cqw, cq_threads)
+                _project(&lc.phi_post, nx, T, nd, phi + n, nphi, cqw, cq_threads)
+                _project(&lc.phi_res, nx, T, nd, phi + 2 * n, nphi, cqw, cq_threads)
+                for t in prange(T, num_threads=ntok, schedule="static"):
+                    self._mhc_in(lc, t)
+                # block input after the engram gate (spec §4.6), then a = A8(ZCRMS(x))
+                for t in prange(T, num_threads=ntok, schedule="static"):
+                    if lc.site >= 0:
+                        alpha = engram_alpha_c(self.s_u + t * d, self.s_ekey + (lc.site * CHUNK_MAX + t) * d, d)
+                        for c in range(d):
+                            self.s_x[t * d + c] = self.s_u[t * d + c] + alpha * self.s_eval[(lc.site * CHUNK_MAX + t) * d + c]
+                    else:
+                        memcpy(self.s_x + t * d, self.s_u + t * d, d * sizeof(float))
+                    zc_rmsnorm_c(self.s_x + t * d, lc.norm_in, self.s_a + t * d, d)
+                    if quant:
+                        a8_inplace(self.s_a + t * d, d, A8_QMAX)
+                # attention projections (spec §4.7 step 1)
+                _project(&lc.q_proj, self.s_a, T, d, self.s_q, qw, cqw, cq_threads)
+                _project(&lc.k_proj, self.s_a, T, d, self.s_k, kw, cqw, cq_threads)
+                _project(&lc.v_proj, self.s_a, T, d, self.s_v, vw, cqw, cq_threads)
+                _project(&lc.gate_proj, self.s_a, T, d, self.s_g, gw, cqw, cq_threads)
+                # conv, QK norm, RoPE, quantizers; k and v go into the cache (steps 2–6)
+                for t in prange(T, num_threads=ntok, schedule="static"):
+                    self._qkv_token(lc, l, t, pos0, conv_q, conv_k, conv_v, kcache, vcache)
+                if hist > 0:
+                    self._shift_history(conv_q + l * hist * qw, hist, self.s_q, T, qw)
+                    self._shift_history(conv_k + l * hist * kw, hist, self.s_k, T, kw)
+                    self._shift_history(conv_v + l * hist * vw, hist, self.s_v, T, vw)
+                # GQA attention over the visible cache slots (steps 7–8), gate, A8 (step 9)
+                for t in prange(T, num_threads=ntok, schedule="static"):
+                    self._attend_token(lc, l, t, pos0, kcache, vcache)
+                _project(&lc.out_proj, self.s_o, T, gw, self.s_ao, d, cqw, cq_threads)
+                # rest of the block, y = Block(u) − u, lane update, cell (spec §4.5–§4.8)
+                for t in prange(T, num_threads=ntok, schedule="static"):
+                    self._block_out(lc, t)
+                if cells != NULL:
+                    for t in range(T):
+                        memcpy(cells + (t * R_cells + l + 1) * d, self.s_cell + t * d, d * sizeof(float))
+                for hd in range(n_heads):
+                    self._pool_row(hd, l + 1, self.s_cell, ids, T, pmax[hd], pden[hd], psum[hd])
+
+            # ---- output: final norm, A8, tied head (spec §4.9); only the rows asked for
+            if logits != NULL:
+                if L == 0:
+                    memcpy(self.s_cell, self.s_x0, T * d * sizeof(float))
+                first = 0 if all_rows else T - 1
+                for t in range(first, T):
+                    zc_rmsnorm_c(self.s_cell + t * d, self.final_norm, hid + (t - first) * d, d)
+                    if quant:
+                        a8_inplace(hid + (t - first) * d, d, A8_QMAX)
+                _project(&self.emb_out, hid, T - first, d, logits, self.V_out, cqw, cq_threads)
+        st.position += T
+
+    cdef void _shift_history(self, float* hist, Py_ssize_t nh, const float* chunk, Py_ssize_t T,
+                             Py_ssize_t width) noexcept nogil:
+        """hist ← the last nh rows of [hist; chunk] (oldest first)."""
+        cdef Py_ssize_t keep
+        if nh <= 0:
+            return
+        if T >= nh:
+            memcpy(hist, chunk + (T - nh) * width, nh * width * sizeof(float))
+        else:
+            keep = nh - T
+            memmove(hist, hist + T * width, keep * width * sizeof(float))
+            memcpy(hist + keep * width, chunk, T * width * sizeof(float))
+
+    cdef void _mhc_in(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
+        """Router weights of token t: hpre, hpost (into s_phi) and P (Sinkhorn, in place);
+        block input u = Σ_m hpre[m]·X[m]."""
+        cdef Py_ssize_t n = self.n, d = self.d, nd = self.n * self.d, m, i, c
+        cdef float* ph = self.s_phi + t * (2 * n + n * n)
+        cdef float* X = self.s_lanes + t * nd
+        cdef float* u = self.s_u + t * d
+        cdef float off, acc
+        for m in range(n):
+            off = <float>4.0 if m == lc.lane else <float>-4.0
+            ph[m] = sigmoid_c(lc.a_pre * ph[m] + lc.b_pre[m] + off)
+            off = <float>0.0 if m == lc.lane else <float>-4.0
+            ph[n + m] = <float>2.0 * sigmoid_c(lc.a_post * ph[n + m] + lc.b_post[m] + off)
+        for i in range(n * n):
+            ph[2 * n + i] = lc.a_res * ph[2 * n + i] + lc.b_res[i]
+        sinkhorn_c(ph + 2 * n, <int>n, SINKHORN_ITERS)
+        for c in range(d):
+            acc = 0.0
+            for m in range(n):
+                acc = acc + ph[m] * X[m * d + c]
+            u[c] = acc
+
+    cdef void _qkv_token(self, LayerC* lc, Py_ssize_t l, Py_ssize_t t, Py_ssize_t pos0,
+                         float* conv_q, float* conv_k, float* conv_v,
+                         float* kcache, float* vcache) noexcept nogil:
+        """Token t of the chunk: causal conv of the raw q/k/v, QK norm, RoPE, quantizers;
+        writes k̂, v̂ into the cache slot of its position (spec §4.7 steps 2–6)."""
+        cdef Py_ssize_t H = self.H, K = self.K, dq = self.dq, dv = self.dv
+        cdef Py_ssize_t qw = H * dq, kw = K * dq, vw = K * dv, h, p = pos0 + t, slot
+        cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
+        cdef float* q = self.s_qc + t * qw
+        cdef float* k = self.s_kc + t * kw
+        cdef float* v = self.s_vc + t * vw
+        cdef const float* cos_row = self.rope_cos + p * (dq // 2)
+        cdef const float* sin_row = self.rope_sin + p * (dq // 2)
+        cdef float* dst
+        if self.C > 0:
+            self._conv_token(lc.q_taps, self.s_q, conv_q + l * hist * qw, qw, t, pos0, lc.band, q)
+            self._conv_token(lc.k_taps, self.s_k, conv_k + l * hist * kw, kw, t, pos0, lc.band, k)
+            self._conv_token(lc.v_taps, self.s_v, conv_v + l * hist * vw, vw, t, pos0, lc.band, v)
+        else:
+            memcpy(q, self.s_q + t * qw, qw * sizeof(float))
+            memcpy(k, self.s_k + t * kw, kw * sizeof(float))
+            memcpy(v, self.s_v + t * vw, vw * sizeof(float))
+        for h in range(H):
+            zc_rmsnorm_c(q + h * dq, lc.q_norm, q + h * dq, dq)
+            rope_c(q + h * dq, dq, cos_row, sin_row)
+            if self.quant:
+                a8_inplace(q + h * dq, dq, A8_QMAX)
+        slot = self._slot(p)
+        for h in range(K):
+            zc_rmsnorm_c(k + h * dq, lc.k_norm, k + h * dq, dq)
+            rope_c(k + h * dq, dq, cos_row, sin_row)
+            if self.quant:
+                if self.kv_bits >= 8:
+                    a8_inplace(k + h * dq, dq, A8_QMAX)
+                    a8_inplace(v + h * dv, dv, A8_QMAX)
+                else:
+                    kv_cq_inplace(k + h * dq, dq, self.kv_levels, self.n_kv_levels)
+                    kv_cq_inplace(v + h * dv, dv, self.kv_levels, self.n_kv_levels)
+            dst = kcache + ((l * K + h) * self.cap + slot) * dq
+            memcpy(dst, k + h * dq, dq * sizeof(float))
+            dst = vcache + ((l * K + h) * self.cap + slot) * dv
+            memcpy(dst, v + h * dv, dv * sizeof(float))
+
+    cdef void _conv_token(self, const float* taps, const float* raw, const float* hist,
+                          Py_ssize_t width, Py_ssize_t t, Py_ssize_t pos0, Py_ssize_t band,
+                          float* out) noexcept nogil:
+        """Causal depthwise conv at chunk token t: taps j read position t − j from the
+        chunk's raw rows or the history (oldest first), dropped when not visible."""
+        cdef const float* hptr[MAX_TAPS]
+        cdef Py_ssize_t j, src, C = self.C, hist_n = self.C - 1
+        for j in range(C):
+            src = t - j
+            if not _visible(pos0 + t, pos0 + src, self.recent, self.sinks, band):
+                hptr[j] = NULL
+            elif src >= 0:
+                hptr[j] = raw + src * width
+            else:
+                hptr[j] = hist + (hist_n + src) * width
+        conv_step_c(taps, C, width, hptr, out)
+
+    cdef void _attend_token(self, LayerC* lc, Py_ssize_t l, Py_ssize_t t, Py_ssize_t pos0,
+                            const float* kcache, const float* vcache) noexcept nogil:
+        """All query heads of token t against the visible slots; o ⊙ σ(g), A8."""
+        cdef Py_ssize_t H = self.H, K = self.K, dq = self.dq, dv = self.dv, G = self.H // self.K
+        cdef Py_ssize_t h, kh, c, gw = self.H * self.dv
+        cdef Py_ssize_t rng[12]
+        cdef int n_rng = 0
+        cdef int tid = threadid()
+        cdef float* scores = self.s_scores + tid * self.cap
+        cdef float* o = self.s_o + t * gw
+        cdef const float* g = self.s_g + t * gw
+        self._slot_ranges(pos0 + t, lc.band, rng, &n_rng)
+        for h in range(H):
+            kh = h // G
+            attend_c(self.s_qc + t * H * dq + h * dq,
+                     kcache + (l * K + kh) * self.cap * dq,
+                     vcache + (l * K + kh) * self.cap * dv,
+                     dq, dv, self.attn_scale, rng, n_rng, scores, o + h * dv)
+        for c in range(gw):
+            o[c] = o[c] * sigmoid_c(g[c])
+        if self.quant:
+            a8_inplace(o, gw, A8_QMAX)
+
+    cdef void _block_out(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
+        """Rest of Block_l for token t (post-norm, gated residual, Monarch MLP), then
+        y = Block(u) − u, lanes' = P·lanes + hpost·y and the cell (lane mean)."""
+        cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, c, i, j
+        cdef int tid = threadid()
+        cdef float* work = self.s_mlp_work + tid * self.mlp_work_len
+        cdef float* mlp_out = work + 4 * self.N + self.R_cond + 8
+        cdef float* x = self.s_x + t * d
+        cdef float* a = self.s_ao + t * d
+        cdef float* u = self.s_u + t * d
+        cdef float* X = self.s_lanes + t * nd
+        cdef float* Xn = self.s_nx + t * nd
+        cdef float* ph = self.s_phi + t * (2 * n + n * n)
+        cdef float* P = ph + 2 * n
+        cdef float* m = self.s_a + t * d
+        cdef float* cell = self.s_cell + t * d
+        cdef float acc
+        zc_rmsnorm_c(a, lc.post_norm, a, d)
+        for c in range(d):
+            x[c] = x[c] + lc.attn_gate * a[c]
+        zc_rmsnorm_c(x, lc.pre_hada, m, d)
+        monarch_mlp_c(m, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
+                      lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
+                      lc.cond_v, lc.cond_u, self.p1, self.p2, work, a)
+        for c in range(d):
+            x[c] = (x[c] + a[c]) - u[c]          # y = Block(u) − u
+        for i in range(n):
+            for c in range(d):
+                acc = 0.0
+                for j in range(n):
+                    acc = acc + P[i * n + j] * X[j * d + c]
+                Xn[i * d + c] = acc + ph[n + i] * x[c]
+        memcpy(X, Xn, nd * sizeof(float))
+        for c in range(d):
+            acc = 0.0
+            for i in range(n):
+                acc = acc + X[i * d + c]
+            cell[c] = acc / <float>n
+
+    cdef void _pool_row(self, Py_ssize_t hd, Py_ssize_t r, const float* rows, const int64_t* ids,
+                        Py_ssize_t T, float* pmax, float* pden, float* psum) noexcept nogil:
+        """Fold cell row r of the chunk's tokens into head hd's online pools (spec §5.5);
+        PAD tokens are left out (spec §5.1)."""
+        cdef Py_ssize_t k = self.heads_c[hd].k, d = self.d, t, j, i
+        cdef const float* probes = self.heads_c[hd].probes + r * k * d
+        cdef const float* cell
+        cdef float s, sqrt_d = sqrtf(<float>d)
+        for t in range(T):
+            if ids[t] == PAD_ID_C:
+                continue
+            cell = rows + t * d
+            for j in range(k):
+                s = 0.0
+                for i in range(d):
+                    s = s + cell[i] * probes[j * d + i]
+                pool_update_c(cell, d, s / sqrt_d, pmax + r * k + j, pden + r * k + j,
+                              psum + (r * k + j) * d)
