@@ -15,7 +15,8 @@ real one — prefill, greedy reasoning, constrained decoding — on realistic to
 
 Columns: cold = first turn of a conversation (includes prefilling the BOS+system+tools
 prefix once); warm = after ``reset()`` (the prefix comes from the snapshot cache).
-"to calls" = start of the turn until the ``toolcall_end`` event (the calls are known);
+"to 1st call" = start of the turn until the first ``toolcall_end`` event (the first call is
+known and could be executed);
 "turn" = until ``done``.  prefill / reasoning / constrained are the engine phases, and
 "grammar" is the part of constrained decoding spent in ``Grammar.best_allowed``.
 """
@@ -115,7 +116,7 @@ def measure_turn(agent, query):
     to_calls = None
     response = None
     for event in agent.stream(query):
-        if event["type"] == "toolcall_end":
+        if event["type"] == "toolcall_end" and to_calls is None:
             to_calls = time.perf_counter() - t0
         elif event["type"] in ("done", "error"):
             response = event["response"]
@@ -156,7 +157,7 @@ def _mean(rows, key):
 
 def format_table(name, backend, rows):
     lines = [f"### {name} (backend={backend})", "",
-             "| tools | prefix tok | cold to calls s | cold turn s | warm to calls s | warm turn s "
+             "| tools | prefix tok | cold to 1st call s | cold turn s | warm to 1st call s | warm turn s "
              "| warm prefill s | reasoning s | constrained s | call tok | grammar s | grammar / constrained | ok |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, cold, warm in rows:

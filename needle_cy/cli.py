@@ -146,12 +146,14 @@ def cmd_run(args):
     agent = _make_agent(args, tools)
     live = sys.stdout.isatty() and not args.json
     final = None
-    text = ""
+    parts = []
     for event in agent.stream(args.query):
         kind = event["type"]
-        if kind == "toolcall_delta" and live:
-            text += event["delta"]
-            shown = render_partial_calls(text).replace("\n", "; ")
+        if kind == "toolcall_start":
+            parts.append("")
+        elif kind == "toolcall_delta" and live:
+            parts[event["index"]] += event["delta"]
+            shown = render_partial_calls("[" + ",".join(parts)).replace("\n", "; ")
             sys.stdout.write("\r\033[K" + shown)
             sys.stdout.flush()
         elif kind in ("done", "error"):

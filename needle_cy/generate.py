@@ -28,6 +28,12 @@ from the model's unmasked distribution (a grammar-forced token the model found u
 lowers the confidence, which is the point).  Either term alone when the other does not
 exist (no confidence head / no call tokens); ``None`` only when neither exists.
 
+Events (dicts with ``type``), in order: ``thinking_start``, ``thinking_delta`` (``delta``
+text), ``thinking_end`` (``content``) when the model writes ``<think>``; then per call
+``toolcall_start`` (``index``), ``toolcall_delta`` (``index``, ``delta``: the call's JSON
+text as it is written), ``toolcall_end`` (``index``, ``call``: the parsed call, available
+before the rest of the array is decoded).  A refusal or decline has no toolcall events.
+
 ``run_turn`` is a generator: it yields event dicts and *returns* a ``TurnResult``.  The
 caller (the agent) owns the model snapshot and rolls back on error or cancellation.
 """
@@ -144,6 +150,74 @@ def _dedupe(calls):
     return out
 
 
+class CallSplitter:
+    """Splits the call array's bytes into per-call events as they stream.
+
+    Tracks JSON nesting (strings and escapes respected): a call starts at a ``{`` at
+    array depth 1 and ends at its matching ``}``.  ``feed(bytes)`` returns the events
+    this chunk completes: ``toolcall_start``/``toolcall_delta``/``toolcall_end`` with the
+    call ``index``; ``toolcall_end`` carries the parsed ``call`` (None if unparsable)."""
+
+    def __init__(self):
+        self.depth = 0
+        self.in_string = self.escape = False
+        self.index = -1
+        self.buf = bytearray()
+        self.decoder = None
+
+    def feed(self, data: bytes) -> list:
+        events, pending = [], bytearray()
+
+        def flush():
+            if pending and self.decoder is not None:
+                text = self.decoder.decode(bytes(pending))
+                if text:
+                    events.append({"type": "toolcall_delta", "index": self.index, "delta": text})
+            pending.clear()
+
+        for b in data:
+            inside = self.depth >= 2
+            if self.in_string:
+                if inside:
+                    pending.append(b)
+                    self.buf.append(b)
+                if self.escape:
+                    self.escape = False
+                elif b == 0x5C:
+                    self.escape = True
+                elif b == 0x22:
+                    self.in_string = False
+                continue
+            if b == 0x22:
+                self.in_string = True
+            elif b in (0x7B, 0x5B):                      # { [
+                self.depth += 1
+                if self.depth == 2:
+                    self.index += 1
+                    self.buf = bytearray()
+                    self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+                    events.append({"type": "toolcall_start", "index": self.index})
+            elif b in (0x7D, 0x5D):                      # } ]
+                if self.depth >= 2:
+                    pending.append(b)
+                    self.buf.append(b)
+                self.depth -= 1
+                if self.depth == 1:
+                    flush()
+                    try:
+                        call = json.loads(self.buf.decode("utf-8"))
+                    except ValueError:
+                        call = None
+                    events.append({"type": "toolcall_end", "index": self.index, "call": call})
+                    self.decoder = None
+                continue
+            if self.depth >= 2:
+                pending.append(b)
+                self.buf.append(b)
+        flush()
+        return events
+
+
 def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece_table,
              cancel=None, ids=None, clock=time.perf_counter):
     """Generator: yields events, returns a TurnResult.  See the module docstring."""
@@ -253,17 +327,13 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
         res.n_generated = len(generated)
         res.stop_reason = stop
         _finish_confidence(model, res, probs)
-        yield {"type": "toolcall_start"}
-        yield {"type": "toolcall_delta", "delta": "[]"}
-        yield {"type": "toolcall_end", "function_calls": []}
         return res
 
     # --- 3. the call block ----------------------------------------------------
-    yield {"type": "toolcall_start"}
     logits = model.step(ids.tool_call)
     call_start = len(generated)
     t0 = clock()
-    text_decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    splitter = CallSplitter()
     call_bytes = bytearray()
     grammar_s = 0.0
     if settings.constrained:
@@ -290,9 +360,7 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
             generated.append(token)
             piece = piece_table[token]
             call_bytes += piece
-            delta = text_decoder.decode(piece)
-            if delta:
-                yield {"type": "toolcall_delta", "delta": delta}
+            yield from splitter.feed(piece)
             state = new_state
             string_run = string_run + 1 if state.in_string() else 0
             if state.is_complete():
@@ -336,9 +404,7 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
             generated.append(token)
             piece = tokenizer.piece_bytes(token)
             call_bytes += piece
-            delta = text_decoder.decode(piece)
-            if delta:
-                yield {"type": "toolcall_delta", "delta": delta}
+            yield from splitter.feed(piece)
             logits = model.step(token)
         res.constrained_s = clock() - t0
         res.n_constrained = len(generated) - call_start
@@ -357,7 +423,6 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
     res.calls = _dedupe(calls)
     res.stop_reason = "call" if res.calls else "refusal"
     _finish_confidence(model, res, probs)
-    yield {"type": "toolcall_end", "function_calls": res.calls}
     return res
 
 

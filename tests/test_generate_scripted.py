@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import fixture_path
-from needle_cy.generate import DecodeSettings, run_turn, sigmoid, token_probability
+from needle_cy.generate import CallSplitter, DecodeSettings, run_turn, sigmoid, token_probability
 from needle_cy.prompt import Conversation, render_tools_json
 from scripted_support import FiniteGrammar, ScriptedModel
 
@@ -75,8 +75,8 @@ def test_refusal_after_reasoning(tok):
     res, events, model, _ = drive(tok, ["<think>\nNo tool turns on a kettle.\n</think>\n"])
     assert res.calls == [] and res.stop_reason == "refusal" and res.success
     assert res.reasoning == "No tool turns on a kettle."
-    assert kinds(events) == (["thinking_start"] + ["thinking_delta"] * (len(kinds(events)) - 5)
-                             + ["thinking_end", "toolcall_start", "toolcall_delta", "toolcall_end"])
+    assert kinds(events) == (["thinking_start"] + ["thinking_delta"] * (len(kinds(events)) - 2)
+                             + ["thinking_end"])     # a refusal has no toolcall events
     assert "".join(e["delta"] for e in events if e["type"] == "thinking_delta").strip() == res.reasoning
     # The turn is closed in the model state: the refusal ends with <|im_end|>, nothing else.
     assert model.history[-1] == tok.marker_id("<|im_end|>")
@@ -89,8 +89,7 @@ def test_reasoning_cap_declines_and_closes_the_turn(tok):
     assert res.stop_reason == "reasoning_limit" and res.calls == [] and res.success
     assert res.n_reasoning == 12
     assert tok.decode(model.history).endswith("</think>\n<tool_call>[]</tool_call><|im_end|>")
-    assert kinds(events)[-3:] == ["toolcall_start", "toolcall_delta", "toolcall_end"]
-    assert "thinking_end" in kinds(events)
+    assert kinds(events)[-1] == "thinking_end" and not any(k.startswith("toolcall") for k in kinds(events))
 
 
 def test_max_new_tokens_in_reasoning_is_a_decline(tok):
@@ -106,9 +105,15 @@ def test_multi_call_order_and_closing_tokens(tok):
     assert [c["name"] for c in res.calls] == ["set_light", "set_timer"]
     assert res.calls[0]["arguments"] == {"room": "kitchen", "on": True}
     assert res.raw_call_text == body
-    assert "".join(e["delta"] for e in events if e["type"] == "toolcall_delta") == body
-    end = [e for e in events if e["type"] == "toolcall_end"]
-    assert len(end) == 1 and end[0]["function_calls"] == res.calls
+    # Per-call events: start, deltas, end (with the parsed call) for call 0, then call 1.
+    calls = [e for e in events if e["type"].startswith("toolcall")]
+    assert [(e["type"], e["index"]) for e in calls if e["type"] != "toolcall_delta"] == [
+        ("toolcall_start", 0), ("toolcall_end", 0), ("toolcall_start", 1), ("toolcall_end", 1)]
+    for i, text in enumerate((CALL_A, CALL_B)):
+        assert "".join(e["delta"] for e in calls if e["type"] == "toolcall_delta" and e["index"] == i) == text
+    assert [e["call"] for e in calls if e["type"] == "toolcall_end"] == res.calls
+    first_end = kinds(events).index("toolcall_end")
+    assert kinds(events)[first_end + 1] == "toolcall_start"     # call 0 is known before call 1 starts
     assert tok.decode(model.history).endswith(f"<tool_call>{body}</tool_call><|im_end|>")
     assert res.assistant_ids == model.history[-len(res.assistant_ids):]
 
@@ -225,3 +230,16 @@ def test_string_token_cap_closes_a_runaway_string(tok):
     assert res.success
     label = res.calls[0]["arguments"]["label"]
     assert 0 < len(label) <= 40
+
+
+def test_call_splitter_respects_strings_and_escapes():
+    text = '[{"name":"a","arguments":{"s":"}{\\"]","n":[1,{"x":2}]}},{"name":"b","arguments":{}}]'
+    sp = CallSplitter()
+    events = []
+    for i in range(0, len(text), 3):            # arbitrary chunking
+        events += sp.feed(text[i:i + 3].encode())
+    ends = [e["call"] for e in events if e["type"] == "toolcall_end"]
+    assert ends == json.loads(text)
+    joined = ["".join(e["delta"] for e in events if e["type"] == "toolcall_delta" and e["index"] == i)
+              for i in range(2)]
+    assert "[" + ",".join(joined) + "]" == text
