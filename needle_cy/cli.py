@@ -51,8 +51,16 @@ def _looks_like_typed_parameters(params):
             and all(isinstance(v, dict) and "type" in v for v in params.values()))
 
 
+DEFAULT_TOOLS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "home_tools.json")
+
+
 def load_tools(path):
-    """Tools from a JSON file: a list, ``{"tools": [...]}``, or call-me-maybe definitions."""
+    """Tools from a JSON file: a list, ``{"tools": [...]}``, or call-me-maybe definitions.
+    ``None`` → the tool catalogue shipped with the embedded model, when there is one."""
+    if path is None:
+        if not os.path.exists(DEFAULT_TOOLS_PATH):
+            raise CliError("no --tools file given and no embedded tool catalogue is installed")
+        path = DEFAULT_TOOLS_PATH
     data = _read_json(path, "tools")
     if isinstance(data, dict) and isinstance(data.get("tools"), list):
         data = data["tools"]
@@ -317,7 +325,8 @@ def build_parser():
 
     p = sub.add_parser("run", help="one request → tool calls")
     p.add_argument("query")
-    p.add_argument("--tools", required=True, help="JSON file with the tool definitions")
+    p.add_argument("--tools", default=None,
+                   help="JSON file with the tool definitions (default: the embedded model's catalogue)")
     p.add_argument("--system", default=None, help='facts, e.g. "date: 2026-03-04; location: Paris"')
     p.add_argument("--no-constrained", action="store_true", help="decode freely, validate afterwards")
     p.add_argument("--json", action="store_true", help="print the full response envelope")
@@ -335,7 +344,7 @@ def build_parser():
     p.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("chat", help="multi-turn REPL with simulated execution")
-    p.add_argument("--tools", required=True)
+    p.add_argument("--tools", default=None)
     p.add_argument("--system", default=None)
     p.add_argument("--max-steps", type=int, default=4)
     common(p)
