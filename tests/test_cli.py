@@ -142,3 +142,13 @@ def test_run_end_to_end_on_a_fixture_archive(tmp_path, tools_file):
     assert env["type"] == "call" and set(env) >= {"success", "function_calls", "confidence", "prefill_tps"}
     assert env["timings"]["n_reasoning"] <= 16
     assert env["confidence"] is None or 0 <= env["confidence"] <= 1
+
+
+def test_chat_repl_on_a_fixture_archive(tools_file):
+    model = str(fixture_path("needle3_tiny_a", "model.cact"))
+    proc = subprocess.run([sys.executable, "-m", "needle_cy", "chat", "--tools", str(tools_file),
+                           "--model", model, "--reasoning-limit", "4", "--max-new-tokens", "24"],
+                          input="turn on the light\n/reset\nagain\n/quit\n", capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "(conversation reset)" in proc.stdout and "Traceback" not in proc.stderr
