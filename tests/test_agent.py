@@ -420,3 +420,17 @@ def test_embedding_retrieval_with_disk_cache(tok, tmp_path):
     assert model2.n_prefill_calls < first_prefills
     with pytest.raises(Exception, match="needs an archive with an embedding head"):
         make_agent(tok, [""], tools=tools, retrieval="embedding")[0].complete("x")
+
+
+def test_tool_token_budget_takes_the_best_prefix_that_fits(tok):
+    tools = [{"name": f"tool_{i}", "description": f"does thing number {i}",
+              "parameters": {"type": "object", "properties": {}}} for i in range(4)]
+    tools[2]["description"] = "turn on the kitchen light"
+    agent, _ = make_agent(tok, [""], tools=tools, retrieval="bm25")
+    costs = agent._token_counts()
+    assert costs == [len(tok.encode(s.compact_json(), dummy_prefix=False)) + 1 for s in agent.specs]
+    agent.tool_token_budget = costs[2] + min(costs[:2] + costs[3:])
+    chosen = [s.name for s in agent.select_tools("turn on the kitchen light")]
+    assert len(chosen) == 2 and "tool_2" in chosen
+    agent.tool_token_budget = sum(costs)
+    assert len(agent.select_tools("anything")) == 4
