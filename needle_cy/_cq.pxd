@@ -21,6 +21,12 @@ Typical use from the forward pass (``_model.pyx``)::
     cq_matmul(q, X, T, x_stride, Y, y_stride, work, threads)   # Y[T, rows] = X[T, cols] · Wᵀ
     cq_dequantize_row(emb, token_id, out, scratch)     # out[cols], scratch[group_size]
 
+    # one input, several matrices (q/k/v/gate; the three mHC Φ): rotate once
+    # (valid for every matrix b with cq_same_rotation(q, b); size work for the largest T)
+    cq_rotate(q, X, T, x_stride, work, threads)
+    cq_matmul_rotated(q, work, T, Yq, rows_q, threads)
+    cq_matmul_rotated(k, work, T, Yk, rows_k, threads)     # T = 1: cq_matvec_rotated(k, work, yk, threads)
+
 Threads: ``threads`` is an upper bound (resolve it once with
 ``needle_cy.threads.get_num_threads``); small products use fewer threads
 because an OpenMP fork costs more than it saves below ~64 K multiply–adds per
@@ -66,6 +72,14 @@ cdef void cq_matvec(const CQView* w, const float* x, float* y, float* work,
                     int threads) noexcept nogil
 cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
                     float* Y, Py_ssize_t y_stride, float* work, int threads) noexcept nogil
+# rotate once, multiply by several matrices that share the input (q/k/v/gate, the mHC Φs)
+cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil
+cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
+                    float* work, int threads) noexcept nogil
+cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
+                            int threads) noexcept nogil
+cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
+                            float* Y, Py_ssize_t y_stride, int threads) noexcept nogil
 cdef void cq_dequantize_row(const CQView* w, Py_ssize_t row, float* out,
                             float* scratch) noexcept nogil
 cdef void cq_fwht_scaled(float* v, Py_ssize_t n, float scale) noexcept nogil

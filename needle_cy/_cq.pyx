@@ -298,22 +298,52 @@ cdef extern from *:
         default: nc_cq_row_tokens_4(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
         }
     }
-    /* In-place Walsh–Hadamard transform of n = 2^k ≥ 8 floats, times scale.  Stages
-       h = 1, 2, 4 run inside one register: x·sign + swapped(x) gives (a + b, a − b)
-       exactly as the scalar butterflies do. */
-    static NC_CQ_TARGET void nc_cq_fwht_avx2(float* v, ptrdiff_t n, float scale) {
+    /* In-place Walsh–Hadamard transform of n = 2^k ≥ 8 floats, times scale.  Blocks of
+       up to 128 floats are transformed in registers (NV vectors): stages h = 1, 2, 4
+       inside each register (x·sign + swapped(x) gives a + b and a − b exactly, as the
+       scalar butterflies do), stages 8 … 64 between registers; longer transforms
+       finish with butterfly passes over memory. */
+    NC_CQ_INLINE void nc_cq_fwht_block(float* v, const int NV, int scale_now, __m256 k) {
         const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
         const __m256 s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
         const __m256 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
-        const __m256 k = _mm256_set1_ps(scale);
-        for (ptrdiff_t i = 0; i < n; i += 8) {
-            __m256 a = _mm256_loadu_ps(v + i);
+        __m256 r[16];
+        #pragma GCC unroll 16
+        for (int i = 0; i < NV; i++) {
+            __m256 a = _mm256_loadu_ps(v + 8 * i);
             a = _mm256_fmadd_ps(a, s1, _mm256_permute_ps(a, 0xB1));
             a = _mm256_fmadd_ps(a, s2, _mm256_permute_ps(a, 0x4E));
-            a = _mm256_fmadd_ps(a, s4, _mm256_permute2f128_ps(a, a, 1));
-            _mm256_storeu_ps(v + i, a);
+            r[i] = _mm256_fmadd_ps(a, s4, _mm256_permute2f128_ps(a, a, 1));
         }
-        for (ptrdiff_t h = 8; h < n; h *= 2) {
+        #pragma GCC unroll 4
+        for (int h = 1; h < NV; h *= 2)
+            #pragma GCC unroll 16
+            for (int i = 0; i < NV; i += 2 * h)
+                #pragma GCC unroll 16
+                for (int j = i; j < i + h; j++) {
+                    const __m256 a = r[j], b = r[j + h];
+                    r[j] = _mm256_add_ps(a, b);
+                    r[j + h] = _mm256_sub_ps(a, b);
+                }
+        #pragma GCC unroll 16
+        for (int i = 0; i < NV; i++)
+            _mm256_storeu_ps(v + 8 * i, scale_now ? _mm256_mul_ps(r[i], k) : r[i]);
+    }
+
+    static NC_CQ_TARGET void nc_cq_fwht_avx2(float* v, ptrdiff_t n, float scale) {
+        const __m256 k = _mm256_set1_ps(scale);
+        const ptrdiff_t B = n < 128 ? n : 128;
+        const int scale_now = (n == B);
+        for (ptrdiff_t i = 0; i < n; i += B) {
+            switch (B) {
+            case 8: nc_cq_fwht_block(v + i, 1, scale_now, k); break;
+            case 16: nc_cq_fwht_block(v + i, 2, scale_now, k); break;
+            case 32: nc_cq_fwht_block(v + i, 4, scale_now, k); break;
+            case 64: nc_cq_fwht_block(v + i, 8, scale_now, k); break;
+            default: nc_cq_fwht_block(v + i, 16, scale_now, k); break;
+            }
+        }
+        for (ptrdiff_t h = 128; h < n; h *= 2) {
             const int last = (2 * h == n);
             for (ptrdiff_t i = 0; i < n; i += 2 * h) {
                 for (ptrdiff_t j = i; j < i + h; j += 8) {
@@ -325,7 +355,6 @@ cdef extern from *:
                 }
             }
         }
-        if (n == 8) _mm256_storeu_ps(v, _mm256_mul_ps(_mm256_loadu_ps(v), k));
     }
 
     /* xp[c·C + k] = xt[c·C + perm[k]]: the rotated activation in lane order. */
@@ -517,15 +546,37 @@ cdef int cq_effective_threads(const CQView* w, Py_ssize_t n_tokens, int threads)
     return <int>n
 
 
-cdef void cq_matvec(const CQView* w, const float* x, float* y, float* work,
-                    int threads) noexcept nogil:
-    """y[rows] = W · x[cols].  work: cq_work_floats(w, 1, threads) floats."""
+cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil:
+    """True when a workspace rotated for a serves b too (same cols, group, field width, path)."""
+    return (a.cols == b.cols and a.group_size == b.group_size
+            and a.field_bits == b.field_bits and a.simd == b.simd)
+
+
+cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
+                    float* work, int threads) noexcept nogil:
+    """Rotate T = n_tokens inputs (row stride x_stride) into work, once for every matrix
+    that cq_same_rotation accepts.  work: cq_work_floats(w, n_tokens, threads) floats."""
     cdef bint simd = nc_cq_use_simd(w.simd)
+    cdef Py_ssize_t P = w.padded_len, t
     cdef float* xt = work
-    cdef float* xp = work + w.padded_len
+    cdef float* xp = work + n_tokens * P
+    cdef int n = cq_effective_threads(w, n_tokens, threads)
+    if n == 1 or n_tokens == 1:
+        for t in range(n_tokens):
+            _rotate_token(w, X + t * x_stride, xt + t * P, xp + t * P, simd)
+    else:
+        for t in prange(n_tokens, num_threads=n, schedule="static"):
+            _rotate_token(w, X + t * x_stride, xt + t * P, xp + t * P, simd)
+
+
+cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
+                            int threads) noexcept nogil:
+    """y[rows] = W · x from a workspace that cq_rotate filled for one token."""
+    cdef bint simd = nc_cq_use_simd(w.simd)
+    cdef const float* xt = work
+    cdef const float* xp = work + w.padded_len
     cdef int n = cq_effective_threads(w, 1, threads)
     cdef Py_ssize_t r
-    _rotate_token(w, x, xt, xp, simd)
     if simd:
         if n == 1:
             for r in range(w.rows):
@@ -544,6 +595,13 @@ cdef void cq_matvec(const CQView* w, const float* x, float* y, float* work,
         else:
             for r in prange(w.rows, num_threads=n, schedule="static"):
                 y[r] = _row_dot_scalar(w, r, xt)
+
+
+cdef void cq_matvec(const CQView* w, const float* x, float* y, float* work,
+                    int threads) noexcept nogil:
+    """y[rows] = W · x[cols].  work: cq_work_floats(w, 1, threads) floats."""
+    cq_rotate(w, x, 1, w.cols, work, threads)
+    cq_matvec_rotated(w, work, y, threads)
 
 
 cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const float* xp,
@@ -582,25 +640,18 @@ cdef void _matmul_row_scalar(const CQView* w, Py_ssize_t r, const float* xt, Py_
             Y[t * y_stride + r] += nrow[gamma] * acc
 
 
-cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
-                    float* Y, Py_ssize_t y_stride, float* work, int threads) noexcept nogil:
-    """Y[t, r] = Σ_c W[r, c]·X[t, c] for T = n_tokens rows of X (row stride x_stride)
-    into Y (row stride y_stride).  work: cq_work_floats(w, n_tokens, threads) floats."""
+cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
+                            float* Y, Py_ssize_t y_stride, int threads) noexcept nogil:
+    """Y[t, r] for T = n_tokens inputs that cq_rotate put into work (Y row stride y_stride)."""
     cdef bint simd = nc_cq_use_simd(w.simd)
-    cdef Py_ssize_t P = w.padded_len, t, rb, r, r0, r1
+    cdef Py_ssize_t P = w.padded_len, rb, r, r0, r1
     cdef Py_ssize_t n_blocks = (w.rows + ROW_BLOCK - 1) // ROW_BLOCK
-    cdef float* xt = work
-    cdef float* xp = work + n_tokens * P
+    cdef const float* xt = work
+    cdef const float* xp = work + n_tokens * P
     cdef float* scratch = work + 2 * n_tokens * P
     cdef int n = cq_effective_threads(w, n_tokens, threads)
     if n_tokens < 1:
         return
-    if n == 1 or n_tokens == 1:
-        for t in range(n_tokens):
-            _rotate_token(w, X + t * x_stride, xt + t * P, xp + t * P, simd)
-    else:
-        for t in prange(n_tokens, num_threads=n, schedule="static"):
-            _rotate_token(w, X + t * x_stride, xt + t * P, xp + t * P, simd)
     if simd:
         if n == 1:
             _matmul_rows_simd(w, 0, w.rows, xp, n_tokens, Y, y_stride)
@@ -619,6 +670,16 @@ cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
             for r in prange(w.rows, num_threads=n, schedule="static"):
                 _matmul_row_scalar(w, r, xt, n_tokens, Y, y_stride,
                                    scratch + threadid() * w.group_size)
+
+
+cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
+                    float* Y, Py_ssize_t y_stride, float* work, int threads) noexcept nogil:
+    """Y[t, r] = Σ_c W[r, c]·X[t, c] for T = n_tokens rows of X (row stride x_stride)
+    into Y (row stride y_stride).  work: cq_work_floats(w, n_tokens, threads) floats."""
+    if n_tokens < 1:
+        return
+    cq_rotate(w, X, n_tokens, x_stride, work, threads)
+    cq_matmul_rotated(w, work, n_tokens, Y, y_stride, threads)
 
 
 cdef void cq_dequantize_row(const CQView* w, Py_ssize_t row, float* out,
@@ -840,24 +901,40 @@ def _check_out(name, out, shape):
     return out
 
 
+cdef inline bint _is_f32_vector(object a, Py_ssize_t n, bint writeable):
+    """Fast path: already a C-contiguous float32 ndarray of length n (no conversion needed)."""
+    cdef cnp.ndarray arr
+    if type(a) is not np.ndarray:
+        return False
+    arr = <cnp.ndarray>a
+    return (cnp.PyArray_TYPE(arr) == cnp.NPY_FLOAT32 and cnp.PyArray_NDIM(arr) == 1
+            and cnp.PyArray_DIM(arr, 0) == n and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+            and (not writeable or cnp.PyArray_ISWRITEABLE(arr)))
+
+
 def matvec(W, x, out=None, threads=None):
     """y = W · x: W a CQMatrix (or CQWeight) [rows, cols], x [cols] → float32 [rows]."""
-    cdef CQWeight cw = prepare(W)
+    cdef CQWeight cw = W if type(W) is CQWeight else prepare(W)
     cdef const CQView* v = &cw.view
-    xa = _as_float32("matvec x", x, (v.cols,))
-    y = _check_out("matvec out", out, (v.rows,))
+    cdef cnp.ndarray xa = x if _is_f32_vector(x, v.cols, False) else _as_float32("matvec x", x, (v.cols,))
+    cdef cnp.ndarray y
+    cdef cnp.npy_intp n_rows = v.rows
+    if out is None:
+        y = cnp.PyArray_EMPTY(1, &n_rows, cnp.NPY_FLOAT32, 0)
+    elif _is_f32_vector(out, v.rows, True):
+        y = out
+    else:
+        y = _check_out("matvec out", out, (v.rows,))
     cdef int n = get_num_threads(threads)
-    cdef const float[::1] xv = xa
-    cdef float[::1] yv = y
+    cdef const float* xp = <const float*>cnp.PyArray_DATA(xa)
+    cdef float* yp = <float*>cnp.PyArray_DATA(y)
     cdef Py_ssize_t nwork = cq_work_floats(v, 1, n)
     cdef float* work = <float*>malloc(nwork * sizeof(float))
     if work == NULL:
         raise MemoryError(f"matvec: cannot allocate {nwork * 4} bytes of workspace")
-    try:
-        with nogil:
-            cq_matvec(v, &xv[0], &yv[0], work, n)
-    finally:
-        free(work)
+    with nogil:
+        cq_matvec(v, xp, yp, work, n)
+    free(work)
     return y
 
 
@@ -886,6 +963,54 @@ def matmul(W, X, out=None, threads=None):
     finally:
         free(work)
     return Y
+
+
+def multiply_shared(weights, x, threads=None):
+    """Several matrices times one input, rotating the input once (cq_rotate + cq_*_rotated).
+
+    weights: CQMatrix/CQWeight objects with equal cols, group size and field width;
+    x: [cols] (→ list of float32 [rows_i]) or [T, cols] (→ list of float32 [T, rows_i]).
+    """
+    cdef list cws = [prepare(W) for W in weights]
+    if not cws:
+        return []
+    cdef CQWeight first = cws[0], other
+    cdef const CQView* v0 = &first.view
+    for other in cws[1:]:
+        if not cq_same_rotation(v0, &other.view):
+            _fail("multiply_shared weights",
+                  f"equal cols / group_size / field width ({v0.cols}, {v0.group_size}, {v0.field_bits})",
+                  (other.view.cols, other.view.group_size, other.view.field_bits))
+    xa = np.asarray(x)
+    vector = xa.ndim == 1
+    if xa.ndim not in (1, 2):
+        _fail("multiply_shared x", f"[{v0.cols}] or [T, {v0.cols}]", _describe(xa))
+    X = _as_float32("multiply_shared x", xa.reshape(1, -1) if vector else xa,
+                    (1 if vector else xa.shape[0], v0.cols))
+    cdef Py_ssize_t T = X.shape[0]
+    cdef int n = get_num_threads(threads)
+    results = [np.empty((T, cw.rows), np.float32) for cw in cws]
+    if T == 0:
+        return results
+    cdef const float* xp = <const float*>cnp.PyArray_DATA(X)
+    cdef Py_ssize_t nwork = cq_work_floats(v0, T, n)
+    cdef float* work = <float*>malloc(nwork * sizeof(float))
+    cdef float* yp
+    if work == NULL:
+        raise MemoryError(f"multiply_shared: cannot allocate {nwork * 4} bytes of workspace")
+    try:
+        with nogil:
+            cq_rotate(v0, xp, T, v0.cols, work, n)
+        for other, Y in zip(cws, results):
+            yp = <float*>cnp.PyArray_DATA(Y)
+            with nogil:
+                if T == 1:
+                    cq_matvec_rotated(&other.view, work, yp, n)
+                else:
+                    cq_matmul_rotated(&other.view, work, T, yp, other.view.rows, n)
+    finally:
+        free(work)
+    return [Y[0] for Y in results] if vector else results
 
 
 def dequantize_rows(W, ids, out=None):

@@ -114,7 +114,7 @@ def test_avx2_and_scalar_agree():
     assert rel_err(fast, slow) <= 1e-5
 
 
-@pytest.mark.parametrize("g", [8, 32, 128, 256])
+@pytest.mark.parametrize("g", [8, 32, 128, 256, 512])
 @pytest.mark.parametrize("bits", WIDTHS)
 def test_dequantize_rows_match_reference(bits, g):
     rng = np.random.default_rng(bits * 7 + g)
@@ -218,3 +218,19 @@ def test_inconsistent_matrices_are_refused_before_any_kernel_runs():
         _cq.matvec(_fake(W, norms=np.full((4, 3), np.inf, np.float16)), x)
     with pytest.raises(ValueError, match="CQMatrix"):
         _cq.matvec(object(), x)
+
+
+def test_multiply_shared_rotates_once_for_several_matrices(kernel):
+    rng = np.random.default_rng(21)
+    Ws = [random_cq(rng, rows, 300, bits, 64) for rows, bits in ((17, 2), (9, 5), (33, 2))]
+    x = rng.standard_normal(300).astype(np.float32)
+    X = rng.standard_normal((6, 300)).astype(np.float32)
+    for W, y in zip(Ws, _cq.multiply_shared(Ws, x, threads=2)):
+        assert rel_err(y, ref.matvec(W, x)) <= 1e-5
+    for W, Y in zip(Ws, _cq.multiply_shared(Ws, X)):
+        assert Y.shape == (6, W.rows)
+        assert rel_err(Y, ref.matmul(W, X)) <= 1e-5
+    with pytest.raises(ValueError, match="multiply_shared weights"):
+        _cq.multiply_shared([Ws[0], random_cq(rng, 4, 300, 4, 64)], x)
+    with pytest.raises(ValueError, match="multiply_shared weights"):
+        _cq.multiply_shared([Ws[0], random_cq(rng, 4, 301, 2, 64)], x)
