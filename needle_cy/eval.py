@@ -212,7 +212,8 @@ def predicted_calls(response, include_suppressed=False):
     return calls
 
 
-def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None):
+def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
+              backend=None):
     from needle_cy.agent import Needle
 
     agents = {}
@@ -226,6 +227,8 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
             kwargs = {"model": model, "tools": case_tools}
             if threads:
                 kwargs["threads"] = threads
+            if backend:
+                kwargs["backend"] = backend
             agent = agents[key] = Needle(**kwargs)
         agent.reset()
         error, predicted, latency = None, None, None
@@ -253,6 +256,7 @@ def main(argv=None):
     parser.add_argument("--out", help="write per-case records (JSONL) here")
     parser.add_argument("--limit", type=int, help="only the first N cases")
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--backend", choices=("cython", "numpy"), help="engine (default: the agent's)")
     parser.add_argument("--include-suppressed", action="store_true",
                         help="count suppressed (escalated) calls as predictions")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each wrong case")
@@ -270,7 +274,8 @@ def main(argv=None):
                   f"  got  {json.dumps(rec['predicted'])}"
                   + (f"\n  error {rec['error']}" if rec["error"] else ""), file=sys.stderr)
 
-    records = run_cases(cases, tools, args.model, args.threads, args.include_suppressed, progress)
+    records = run_cases(cases, tools, args.model, args.threads, args.include_suppressed, progress,
+                        args.backend)
     summary = summarize(records)
     summary["model"] = args.model or "default"
     summary["data"] = args.data

@@ -36,19 +36,19 @@ from . import data as data_mod
 # The shipped configuration: chosen for a Raspberry Pi-class CPU and for what 2
 # shared cores can train in a few hours (see needle_cy/models/MODEL_CARD.md).
 MODEL_CONFIG = dict(
-    d_model=256, num_heads=4, num_kv_heads=2, num_layers=6, qk_head_dim=32, v_head_dim=64,
+    d_model=256, num_heads=4, num_kv_heads=2, num_layers=4, qk_head_dim=32, v_head_dim=64,
     max_seq_len=1024, rope_theta=100000.0, mhc_lanes=4, qkv_conv_taps=3,
-    sliding_window=256, global_layers=(2, 5), engram_orders=(2, 3), engram_heads=0,
-    engram_slots=2039, engram_seed_heads=0, engram_layers=(1, 4),
+    sliding_window=256, global_layers=(1, 3), engram_orders=(2, 3), engram_heads=0,
+    engram_slots=2039, engram_seed_heads=0, engram_layers=(0, 2),
     embedding_dim=128, embedding_probes=4, embedding_queries=4,
     confidence_probes=4, confidence_queries=4, router_probes=4, router_queries=4,
     kv_bits=8, act_bits=8, dtype="float32", flash=True, remat=False, out_vocab=0,
 )
 HYPER = dict(
-    vocab_size=4096, examples=150000, seed=0, peak_lr=2e-3, min_lr_ratio=0.1, warmup=150,
-    total_steps=6000, weight_decay=0.05, b1=0.9, b2=0.95, clip=1.0, prompt_weight=0.1,
-    tokens_per_batch=6144, buckets=(320, 384, 448, 512, 640, 1024), checkpoint_every=50,
-    log_every=10,
+    vocab_size=4096, examples=150000, seed=0, peak_lr=2e-3, min_lr_ratio=0.1, warmup=50,
+    total_steps=1500, decay_steps=300, weight_decay=0.05, b1=0.9, b2=0.95, clip=1.0, prompt_weight=0.1,
+    tokens_per_batch=2048, buckets=(512,), checkpoint_every=25,
+    log_every=5,
 )
 
 
@@ -175,12 +175,22 @@ class Batches:
 
 # ------------------------------------------------------------------------ fit ---
 
+def lr_at(step, hyper, end, decay_steps):
+    """Warmup, then a constant peak, then a linear decay to min over the last
+    ``decay_steps`` before ``end`` (warmup-stable-decay): the end can be chosen
+    while the run is going, so a run can be cut to the time there is."""
+    peak, floor = hyper["peak_lr"], hyper["peak_lr"] * hyper["min_lr_ratio"]
+    if step < hyper["warmup"]:
+        return peak * (step + 1) / hyper["warmup"]
+    start = end - decay_steps
+    if step < start:
+        return peak
+    frac = min(1.0, (step - start) / max(1, decay_steps))
+    return peak + (floor - peak) * frac
+
+
 def _optimizer(hyper):
     import optax
-
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=hyper["peak_lr"], warmup_steps=hyper["warmup"],
-        decay_steps=hyper["total_steps"], end_value=hyper["peak_lr"] * hyper["min_lr_ratio"])
 
     def decay_mask(params):
         import jax
@@ -188,8 +198,24 @@ def _optimizer(hyper):
 
     return optax.chain(
         optax.clip_by_global_norm(hyper["clip"]),
-        optax.adamw(schedule, b1=hyper["b1"], b2=hyper["b2"],
-                    weight_decay=hyper["weight_decay"], mask=decay_mask)), schedule
+        optax.inject_hyperparams(optax.adamw)(
+            learning_rate=hyper["peak_lr"], b1=hyper["b1"], b2=hyper["b2"],
+            weight_decay=hyper["weight_decay"], mask=decay_mask))
+
+
+def read_control(run_dir, hyper):
+    """(end, decay_steps) from run_dir/control.json, else from the hyper-parameters.
+    Edit control.json while a run goes to move its end; it is re-read every log."""
+    end, decay = hyper["total_steps"], hyper.get("decay_steps", hyper["total_steps"] // 4)
+    path = os.path.join(run_dir, "control.json")
+    if os.path.exists(path):
+        try:
+            with open(path) as handle:
+                ctl = json.load(handle)
+            end, decay = int(ctl.get("end", end)), int(ctl.get("decay_steps", decay))
+        except (ValueError, OSError):
+            pass
+    return end, decay
 
 
 def _save_state(run_dir, state):
@@ -219,7 +245,7 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
     hyper = run["hyper"]
     config = transformer_config(run)
     model = SimpleAttentionNetwork(config)
-    optimizer, schedule = _optimizer(hyper)
+    optimizer = _optimizer(hyper)
     batches = Batches(run_dir, hyper)
 
     state = load_state(run_dir)
@@ -247,16 +273,21 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
         return total, target_ce
 
     @jax.jit
-    def train_step(p, o, ids, weights):
+    def train_step(p, o, ids, weights, lr):
+        o[1].hyperparams["learning_rate"] = lr
         (loss, target_ce), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, ids, weights)
         updates, o = optimizer.update(grads, o, p)
         return optax.apply_updates(p, updates), o, loss, target_ce
 
-    end = hyper["total_steps"]
-    if until_step is not None:
-        end = until_step
-    if steps is not None:
-        end = min(end, state["step"] + steps)
+    def stop_at():
+        sched_end, decay = read_control(run_dir, hyper)
+        end = sched_end if until_step is None else min(until_step, sched_end)
+        if steps is not None:
+            end = min(end, first_step + steps)
+        return end, sched_end, decay
+
+    first_step = state["step"]
+    end, sched_end, decay = stop_at()
     _log(run_dir, {"event": "start", "step": state["step"], "end": end, "params": n_params,
                    "qat": bool(qat), "time": time.strftime("%Y-%m-%d %H:%M:%S")})
     t_last = time.time()
@@ -264,9 +295,13 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
     acc_loss, acc_tce, acc_n, acc_tok = 0.0, 0.0, 0, 0
     while state["step"] < end:
         ids, weights, epoch = batches.batch(state["step"])
+        lr = lr_at(state["step"], hyper, sched_end, decay)
         params, opt_state, loss, tce = train_step(params, opt_state, jnp.asarray(ids),
-                                                  jnp.asarray(weights))
+                                                  jnp.asarray(weights), jnp.float32(lr))
         state["step"] += 1
+        if acc_n == 0 and state["step"] == first_step + 1:
+            loss.block_until_ready()
+            _log(run_dir, {"event": "first step done", "seconds": round(time.time() - t_last, 1)})
         ntok = int((ids != 0).sum())
         state["tokens"] += ntok
         state["target_tokens"] += int((weights >= 1.0).sum())
@@ -279,11 +314,12 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
             state["seconds"] += now - t_last
             _log(run_dir, {"step": state["step"], "epoch": epoch, "loss": round(acc_loss / acc_n, 4),
                            "target_ce": round(acc_tce / acc_n, 4),
-                           "lr": float(schedule(state["step"])),
+                           "lr": round(lr, 7),
                            "tok_per_s": round(acc_tok / max(now - t_last, 1e-9), 1),
                            "tokens": state["tokens"], "seconds": round(state["seconds"])})
             t_last = now
             acc_loss, acc_tce, acc_n, acc_tok = 0.0, 0.0, 0, 0
+            end, sched_end, decay = stop_at()
         if (state["step"] % hyper["checkpoint_every"] == 0 or state["step"] == end
                 or time.time() - last_save > 600):
             state["params"] = jax.tree.map(np.asarray, params)
@@ -327,6 +363,73 @@ def export(run_dir, out_path, bits=4, state_path=None):
     return info
 
 
+def official_float_tensors(params, config):
+    """Role → float32 array in the archive layout, as the official exporter lays it out.
+
+    The official ``_tensors`` is run with its quantize/round helpers swapped for
+    capturing ones, so the transposes and reshapes are exactly the exporter's; the
+    arrays are then written by needle_cy's own writer (any CQ width)."""
+    import re
+    from needle.model import export as official
+
+    captured = {}
+
+    def grab_q(name, mat, bits, group):
+        captured[name] = np.asarray(mat, np.float32)
+        return official._Tensor(name, official.FP16, (), b"")
+
+    def grab_fp16(name, arr):
+        captured[name] = np.asarray(arr, np.float32)
+        return official._Tensor(name, official.FP16, (), b"")
+
+    saved = official._q, official._fp16
+    official._q, official._fp16 = grab_q, grab_fp16
+    try:
+        tensors = official._tensors(params, config, 4, 128)
+    finally:
+        official._q, official._fp16 = saved
+    for t in tensors:
+        if t.name not in captured and t.dtype == official.FP32:
+            captured[t.name] = np.frombuffer(t.blob, np.float32).reshape(t.shape)
+    roles = {}
+    for name, value in captured.items():
+        role = re.sub(r"^layer(\d+)\.", lambda m: f"layers.{int(m.group(1))}.", name)
+        role = re.sub(r"^engram(\d+)\.", lambda m: f"engram.{int(m.group(1))}.", role)
+        roles[role] = value
+    return roles
+
+
+def export_ours(run_dir, out_path, bits=2):
+    """Write the run's parameters with needle_cy.archive.write_archive at ``bits``."""
+    from needle.model.architecture import effective_kv_window
+    from needle.model.export import _tokenizer_blob
+    from needle_cy.archive import NeedleConfig, write_archive
+
+    run = load_run(run_dir)
+    config = transformer_config(run)
+    state = load_state(run_dir)
+    params = {k: v for k, v in state["params"].items()
+              if k not in ("embedding_head", "confidence_head", "router_head")}
+    tensors = official_float_tensors(params, config)
+    m = run["model"]
+    cfg = NeedleConfig.build(
+        vocab=run["hyper"]["vocab_size"], out_vocab=m["out_vocab"], d_model=m["d_model"],
+        num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"], num_layers=m["num_layers"],
+        qk_head_dim=m["qk_head_dim"], v_head_dim=m["v_head_dim"], max_seq_len=m["max_seq_len"],
+        mhc_lanes=m["mhc_lanes"], sliding_window=m["sliding_window"],
+        global_layers=tuple(m["global_layers"]), qkv_conv_taps=m["qkv_conv_taps"],
+        engram_slots=m["engram_slots"], engram_orders=tuple(m["engram_orders"]),
+        engram_heads=m["engram_heads"], engram_seed_heads=m["engram_seed_heads"],
+        engram_sites=tuple(m["engram_layers"]), rope_theta=m["rope_theta"],
+        kv_window=effective_kv_window(config), kv_bits=m["kv_bits"])
+    tok = _SpHolder(os.path.join(run_dir, "tokenizer.model"))
+    write_archive(out_path, cfg, tensors, bits=bits, group_size=128,
+                  tokenizer_bytes=_tokenizer_blob(tok))
+    size = os.path.getsize(out_path)
+    print(f"wrote {out_path} {size / 1e6:.2f} MB at {bits} bits (step {state['step']})")
+    return out_path
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m needle_cy.training.train")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -344,11 +447,14 @@ def main(argv=None):
     e.add_argument("run_dir")
     e.add_argument("out")
     e.add_argument("--bits", type=int, default=4)
+    e.add_argument("--writer", choices=("official", "ours"), default="official")
     args = parser.parse_args(argv)
     if args.cmd == "prepare":
         prepare(args.run_dir, args.examples, args.seed, args.vocab)
     elif args.cmd == "fit":
         fit(args.run_dir, args.steps, args.until_step, args.qat)
+    elif args.writer == "ours":
+        export_ours(args.run_dir, args.out, args.bits)
     else:
         export(args.run_dir, args.out, args.bits)
 
