@@ -40,7 +40,7 @@ import weakref
 
 import numpy as np
 cimport numpy as cnp
-from cython.parallel cimport prange, threadid
+from cython.parallel cimport prange
 from libc.stdint cimport uint8_t, uint32_t, int64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
@@ -409,8 +409,9 @@ TERNARY_BITS = 5
 # Below this many multiply–adds per thread an OpenMP fork costs more than it saves.
 cdef Py_ssize_t MIN_MACS_PER_THREAD = 65536
 # Matmul blocking: rows that share one block of rotated tokens while it is in L1/L2.
-cdef Py_ssize_t ROW_BLOCK = 16
+cdef Py_ssize_t ROW_BLOCK = 16     # the tile in _matmul_rows_simd holds TOKEN_BLOCK × ROW_BLOCK
 cdef Py_ssize_t TOKEN_BLOCK = 8
+cdef Py_ssize_t SCALAR_PIECE = 1024  # stack buffer of the scalar matmul (vals in _matmul_row_scalar)
 
 
 # ---------------------------------------------------------------------------
@@ -528,10 +529,9 @@ cdef float _row_dot_scalar(const CQView* w, Py_ssize_t r, const float* xt) noexc
 # ---------------------------------------------------------------------------
 
 cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil:
-    """Workspace the kernels need: rotated tokens twice (plain and lane order) + scratch."""
-    if threads < 1:
-        threads = 1
-    return 2 * n_tokens * w.padded_len + threads * w.group_size
+    """Workspace the kernels need: the rotated tokens twice (plain and lane order).
+    Independent of threads (kept in the signature so callers need not change)."""
+    return 2 * n_tokens * w.padded_len
 
 
 cdef int cq_effective_threads(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil:
@@ -606,8 +606,21 @@ cdef void cq_matvec(const CQView* w, const float* x, float* y, float* work,
 
 cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const float* xp,
                             Py_ssize_t n_tokens, float* Y, Py_ssize_t y_stride) noexcept nogil:
-    cdef Py_ssize_t t0, r, P = w.padded_len
+    """Rows r0..r1 (≤ ROW_BLOCK) for every token, TOKEN_BLOCK tokens at a time.
+
+    Results go to a small tile first: written straight into Y, the outputs of one
+    row for 8 tokens would be y_stride apart (64 KB for the head), all in the
+    same L1 set."""
+    cdef Py_ssize_t t0, t, r, P = w.padded_len, nr = r1 - r0
     cdef int nt
+    cdef float tile[8 * 16]  # TOKEN_BLOCK × ROW_BLOCK
+    if nr > ROW_BLOCK:  # never for the callers below; keeps the tile in bounds regardless
+        r = r0
+        while r < r1:
+            _matmul_rows_simd(w, r, r + ROW_BLOCK if r + ROW_BLOCK < r1 else r1, xp,
+                              n_tokens, Y, y_stride)
+            r += ROW_BLOCK
+        return
     t0 = 0
     while t0 < n_tokens:
         nt = <int>(n_tokens - t0 if n_tokens - t0 < TOKEN_BLOCK else TOKEN_BLOCK)
@@ -615,29 +628,36 @@ cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const
             nc_cq_avx2_row_tokens(w.packed + r * w.row_bytes, w.packed_end,
                                   w.norms + r * w.norm_stride, xp + t0 * P, P, w.n_chunks,
                                   w.field_bits, w.group_size, w.simd_table, nt,
-                                  Y + t0 * y_stride + r, y_stride)
+                                  tile + (r - r0), ROW_BLOCK)
+        for t in range(nt):
+            memcpy(Y + (t0 + t) * y_stride + r0, tile + t * ROW_BLOCK, nr * sizeof(float))
         t0 += TOKEN_BLOCK
 
 
 cdef void _matmul_row_scalar(const CQView* w, Py_ssize_t r, const float* xt, Py_ssize_t n_tokens,
-                             float* Y, Py_ssize_t y_stride, float* vals) noexcept nogil:
-    """One row for every token; each group's codewords are decoded once into vals."""
-    cdef Py_ssize_t g = w.group_size, gamma, t, j, P = w.padded_len
-    cdef Py_ssize_t group_bytes = g * w.field_bits // 8
+                             float* Y, Py_ssize_t y_stride) noexcept nogil:
+    """One row for every token; each group's codewords are decoded once (in pieces of
+    at most SCALAR_PIECE fields, on the stack) and reused for every token."""
+    cdef Py_ssize_t g = w.group_size, gamma, t, j, piece, start, P = w.padded_len
     cdef const uint8_t* row = w.packed + r * w.row_bytes
     cdef const float* nrow = w.norms + r * w.norm_stride
     cdef const float* xg
     cdef float acc
+    cdef float vals[1024]  # SCALAR_PIECE
+    piece = g if g < SCALAR_PIECE else SCALAR_PIECE
     for t in range(n_tokens):
         Y[t * y_stride + r] = 0
     for gamma in range(w.n_groups):
-        _group_decode(row + gamma * group_bytes, w.codebook, vals, g, w.field_bits)
-        for t in range(n_tokens):
-            xg = xt + t * P + gamma * g
-            acc = 0
-            for j in range(g):
-                acc = acc + vals[j] * xg[j]
-            Y[t * y_stride + r] += nrow[gamma] * acc
+        start = gamma * g
+        while start < (gamma + 1) * g:  # a group is a whole number of pieces (powers of two)
+            _group_decode(row + start * w.field_bits // 8, w.codebook, vals, piece, w.field_bits)
+            for t in range(n_tokens):
+                xg = xt + t * P + start
+                acc = 0
+                for j in range(piece):
+                    acc = acc + vals[j] * xg[j]
+                Y[t * y_stride + r] += nrow[gamma] * acc
+            start += piece
 
 
 cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
@@ -648,13 +668,17 @@ cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
     cdef Py_ssize_t n_blocks = (w.rows + ROW_BLOCK - 1) // ROW_BLOCK
     cdef const float* xt = work
     cdef const float* xp = work + n_tokens * P
-    cdef float* scratch = work + 2 * n_tokens * P
     cdef int n = cq_effective_threads(w, n_tokens, threads)
     if n_tokens < 1:
         return
     if simd:
         if n == 1:
-            _matmul_rows_simd(w, 0, w.rows, xp, n_tokens, Y, y_stride)
+            for rb in range(n_blocks):
+                r0 = rb * ROW_BLOCK
+                r1 = r0 + ROW_BLOCK
+                if r1 > w.rows:
+                    r1 = w.rows
+                _matmul_rows_simd(w, r0, r1, xp, n_tokens, Y, y_stride)
         else:
             for rb in prange(n_blocks, num_threads=n, schedule="static"):
                 r0 = rb * ROW_BLOCK
@@ -665,11 +689,10 @@ cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
     else:
         if n == 1:
             for r in range(w.rows):
-                _matmul_row_scalar(w, r, xt, n_tokens, Y, y_stride, scratch)
+                _matmul_row_scalar(w, r, xt, n_tokens, Y, y_stride)
         else:
             for r in prange(w.rows, num_threads=n, schedule="static"):
-                _matmul_row_scalar(w, r, xt, n_tokens, Y, y_stride,
-                                   scratch + threadid() * w.group_size)
+                _matmul_row_scalar(w, r, xt, n_tokens, Y, y_stride)
 
 
 cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,

@@ -76,6 +76,11 @@ def test_small_groups_and_token_counts(kernel, bits):
         W = random_cq(rng, 7, 5 * g + 3, bits, g)
         X = rng.standard_normal((5, W.cols)).astype(np.float32)
         assert rel_err(_cq.matmul(W, X), ref.matmul(W, X)) <= 1e-5
+    # groups longer than the scalar matmul's stack piece (1024 fields)
+    W = random_cq(rng, 3, 2100, bits, 2048)
+    X = rng.standard_normal((3, 2100)).astype(np.float32)
+    assert rel_err(_cq.matmul(W, X), ref.matmul(W, X)) <= 1e-5
+    assert rel_err(_cq.matvec(W, X[0]), ref.matvec(W, X[0])) <= 1e-5
     W = random_cq(rng, 21, 300, bits, 64)
     X = rng.standard_normal((17, 300)).astype(np.float32)
     Y_ref = ref.matmul(W, X)
