@@ -16,7 +16,8 @@ Typical use from the forward pass (``_model.pyx``)::
 
     cdef CQWeight wq = prepare(archive.tensor("layers.0.q_proj"))   # once, at load
     cdef const CQView* q = &wq.view
-    # work: at least cq_work_floats(q, T, threads) float32s (reusable across calls)
+    # work: at least cq_work_floats(q, T, threads) float32s = 2·T·padded_len (reusable
+    # across calls and matrices; it does not depend on threads)
     cq_matvec(q, x, y, work, threads)                   # y[rows] = W · x[cols]
     cq_matmul(q, X, T, x_stride, Y, y_stride, work, threads)   # Y[T, rows] = X[T, cols] · Wᵀ
     cq_dequantize_row(emb, token_id, out, scratch)     # out[cols], scratch[group_size]
@@ -31,7 +32,9 @@ Threads: ``threads`` is an upper bound (resolve it once with
 ``needle_cy.threads.get_num_threads``); small products use fewer threads
 because an OpenMP fork costs more than it saves below ~64 K multiply–adds per
 thread.  Results do not depend on the thread count (each output is summed by
-one thread in a fixed order).
+one thread in a fixed order).  Nothing here allocates or raises; inputs may not
+alias work.  The functions may be called from several threads at once as long
+as each uses its own work buffer.
 """
 from libc.stdint cimport uint8_t
 

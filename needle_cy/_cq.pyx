@@ -11,23 +11,36 @@ is evaluated directly on the packed indices.  The NumPy twin is
 
 Two inner loops:
 
-* AVX2 (x86-64 CPUs with AVX2+FMA, chosen at run time): the codebook lives in a
-  register and ``vpermps`` turns eight packed indices into eight codewords at
-  once.  A 32-byte chunk of a row is loaded into eight 32-bit lanes; lane l
-  holds F consecutive fields (F = 32/bits; at 3 bits, 3 bytes → 8 fields are
-  spread into each lane first).  Step s shifts every lane right by s·bits, so
-  the low bits of each lane are field s of that lane, and ``vpermps`` (which
-  reads the low 3 bits of each lane) looks the codewords up.  The activation
-  is stored once per call in the matching transposed order (``xp``), so each
-  step is one FMA with a contiguous load.  4-bit indices need two 8-entry
-  tables and a blend on bit 3; 1- and 2-bit (and ternary) tables repeat the
-  codebook so the ignored upper index bits do not matter.  A lane never
-  straddles two groups (F ≤ group size), so per-lane group norms are applied
-  once per chunk.  The matmul decodes each step once and reuses the codewords
-  for a block of 8 tokens (8 independent accumulators).
-* Portable scalar Cython (any CPU, any width): byte-wise decoding with codebook
-  lookups, one group at a time; the matmul decodes a group's codewords once
-  into a small per-thread buffer and reuses them for every token.
+* AVX2 (x86-64 CPUs with AVX2+FMA, detected at run time; compiled with a target
+  attribute so a portable build has it too).  The codebook lives in a register
+  and one permute turns eight packed indices into eight codewords.  A 32-byte
+  chunk of a row is loaded as eight 32-bit lanes; lane l holds F consecutive
+  fields (F = 32/bits; at 3 bits each 3-byte run of 8 fields is spread into a
+  lane first).  Step s shifts every lane right by s·bits so its low bits are
+  field s, and the permute (which reads only the low bits) looks the codeword
+  up: ``vpermilps`` at 1/2 bits and ternary (the codebook repeated), ``vpermps``
+  at 3 bits.  At 1/2 bits, loads at byte offsets 1–3 replace a quarter of the
+  shifts.  At 4 bits the lookup is done on bytes instead: the 16 codewords are
+  split into four byte planes, four ``vpshufb`` look up 32 nibbles and two
+  rounds of unpacks reassemble the floats.  The rotated activation is written
+  once per call in the matching lane order (``xp``, a gather through
+  ``lane_perm``), so every step is one FMA with a contiguous load.  A lane never
+  straddles two groups (F ≤ group size; 32 at 4 bits), so group norms are
+  applied per lane once per chunk.  The matmul decodes each step once, scales
+  it by the lane norms and reuses it for a block of 8 tokens (8 independent
+  accumulators), row blocks of 16 sharing one block of tokens.
+  Limits on this kind of CPU (Zen 3): at 1/2 bits a step costs two
+  shuffle-pipe µops (permute + shift; 1.75 with the offset loads) for 8 MACs,
+  so the matvec tops out near 8–9 MAC/cycle; at 4 bits three (≈ 5 MAC/cycle).
+  The matmul amortises decoding over 8 tokens and is bound by FMA throughput.
+* Portable scalar Cython (any CPU, any width, any group size ≥ 8): byte-wise
+  decoding with codebook lookups, one group at a time; the matmul decodes a
+  group's codewords once (a stack buffer) and reuses them for every token.
+
+The FWHT is a butterfly loop (AVX2: 128-point blocks in registers).  A forward
+pass that multiplies one input by several matrices (q/k/v/gate; the three mHC
+Φ) rotates it once: ``cq_rotate`` + ``cq_matvec_rotated``/``cq_matmul_rotated``
+in the C surface, ``multiply_shared`` in Python.
 
 Norms are converted from FP16 to float32 once, when a matrix is prepared
 (``prepare``): the kernels read a float32 copy padded per row (4 bytes per
