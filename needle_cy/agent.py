@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .errors import ModelNotAvailableError, NeedleError, SchemaError
 from .generate import Cancelled, DecodeSettings, run_turn
-from .prompt import BOS_ID, Conversation, render_tools_json
+from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
 from .retrieval import EmbeddingRanker, file_fingerprint, rank_bm25, select_prefix
 from .toolspec import normalize_tool, normalize_tools
 
@@ -63,6 +63,8 @@ class Needle:
         the embedded default model (``needle_cy/models/default.cact``).
     tools: functions (``@tool`` or plain), JSON-Schema dicts, JSON strings, pydantic models.
     system: facts placed in the system block (``date: …; location: …``).
+    auto_date: add today's ``date:`` fact as the official package does (spec §8.4); off
+        by default so that prompts (and the prefix cache) are reproducible.
     max_calls_per_turn: the grammar allows at most this many calls in one turn.
     tool_token_budget / max_retrieved_tools / retrieval: tool selection (``bm25``,
         ``embedding`` or ``auto``), see ``needle_cy.retrieval``.
@@ -78,7 +80,7 @@ class Needle:
                  tool_token_budget=None, max_retrieved_tools=5, retrieval="auto",
                  reasoning_limit=256, constrained=True, threads=None, backend="cython",
                  max_new_tokens=512, string_token_cap=64, tool_index_path=None,
-                 tokenizer=None, stateless=False, force_call=False):
+                 tokenizer=None, stateless=False, force_call=False, auto_date=False):
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -88,7 +90,7 @@ class Needle:
         self.model, self.tokenizer, self.model_path = _load(model, backend, threads, tokenizer)
         self.specs = normalize_tools(list(tools) if isinstance(tools, (list, tuple)) else tools)
         self.tools = {s.name: s for s in self.specs}
-        self.system = system
+        self.system = with_date_fact(system) if auto_date else system
         self.max_calls_per_turn = int(max_calls_per_turn)
         self.tool_token_budget = tool_token_budget
         self.max_retrieved_tools = max_retrieved_tools

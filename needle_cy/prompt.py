@@ -17,10 +17,12 @@ re-encoded.
 """
 from __future__ import annotations
 
+import datetime
 import json
+import re
 
 __all__ = [
-    "BOS_ID", "MARKERS", "compact_json", "render_tools_json", "prefix_text", "first_query_text",
+    "BOS_ID", "MARKERS", "with_date_fact", "compact_json", "render_tools_json", "prefix_text", "first_query_text",
     "next_query_text", "tool_result_text", "assistant_text", "Conversation",
 ]
 
@@ -31,6 +33,27 @@ TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 TOOL_RESULT, TOOL_RESULT_END = "<tool_result>", "</tool_result>"
 MARKERS = (IM_START, IM_END, THINK, THINK_END, "<tools>", "</tools>", TOOL_CALL,
            TOOL_CALL_END, TOOL_RESULT, TOOL_RESULT_END)
+
+
+_DATE_KEY = re.compile(r"(?<![A-Za-z])date:")
+_DATE_STAMP = re.compile(r"\d{4}-\d{2}-\d{2}")
+_WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+def with_date_fact(system, now=None) -> str:
+    """Spec §8.4 date handling: keep ``system`` when it already has a ``date:`` key or a
+    YYYY-MM-DD stamp; else add ``date: YYYY-MM-DD Ddd HH:MM`` (local time) — alone when
+    blank, not at all when the text is JSON facts (starts with ``{``), else in front."""
+    text = system or ""
+    if _DATE_KEY.search(text) or _DATE_STAMP.search(text):
+        return text
+    now = now or datetime.datetime.now()
+    fact = f"date: {now:%Y-%m-%d} {_WEEKDAYS[now.weekday()]} {now:%H:%M}"
+    if not text.strip():
+        return fact
+    if text.lstrip().startswith("{"):
+        return text
+    return f"{fact}; {text}"
 
 
 def compact_json(obj) -> str:

@@ -89,3 +89,15 @@ def test_follow_up_query_and_reset(tok):
     assert conv.ids + second == whole
     conv.reset()
     assert conv.ids == conv.prefix_ids and conv.n_user_turns == 0
+
+
+def test_date_fact_rules():
+    import datetime
+    from needle_cy.prompt import with_date_fact
+    now = datetime.datetime(2026, 3, 4, 9, 5)
+    assert with_date_fact("", now) == "date: 2026-03-04 Wed 09:05"
+    assert with_date_fact("location: Paris", now) == "date: 2026-03-04 Wed 09:05; location: Paris"
+    assert with_date_fact("date: tomorrow", now) == "date: tomorrow"
+    assert with_date_fact("update: x; 2025-01-01 trip", now) == "update: x; 2025-01-01 trip"
+    assert with_date_fact("update: soon", now) == "date: 2026-03-04 Wed 09:05; update: soon"
+    assert with_date_fact('{"user": "Ada"}', now) == '{"user": "Ada"}'
