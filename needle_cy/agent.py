@@ -425,7 +425,7 @@ def _load(model, backend, threads, tokenizer):
         if not DEFAULT_MODEL_PATH.exists():
             raise ModelNotAvailableError(
                 f"no model given and the embedded default model is not installed "
-                f"({DEFAULT_MODEL_PATH} is missing); pass model='path/to/model.cact'")
+                f"({DEFAULT_MODEL_PATH} is missing); pass model='path/to/model.cact' (CLI: --model)")
         model = DEFAULT_MODEL_PATH
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
