@@ -31,8 +31,9 @@ split across tokens.
 KV cache layout
 ---------------
 Stored as float32 values *after* the KV quantizer (the fake-quant output
-k̂ = q·s is exactly what the reference attends to), laid out
-``[layer, kv_head, slot, dim]`` so one head's keys are contiguous.  Slot of
+k̂ = q·s is exactly what the reference attends to).  Values are laid out
+``[layer, kv_head, slot, dv]``; keys transposed, ``[layer, kv_head, dq, slot]``,
+so the scores of consecutive slots come from streaming multiply–adds.  Slot of
 absolute position p: p itself below the sink count S, else
 ``S + (p − S) mod (capacity − S)`` — a ring buffer.  Capacity is the window
 W plus one chunk, so writing a chunk never overwrites a key an earlier query of
@@ -47,10 +48,11 @@ from libc.math cimport sqrtf, expf, INFINITY
 from libc.stdint cimport int64_t, uint32_t
 from libc.string cimport memcpy, memset, memmove
 
-from needle_cy._cq cimport CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row
+from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row,
+                            cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated)
 from needle_cy._ops cimport (a8_inplace, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
-                             conv_step_c, attend_c, sigmoid_c, engram_hash_c, engram_alpha_c,
-                             sinkhorn_c, monarch_mlp_c, pool_update_c)
+                             conv_step_c, attend_group_c, sigmoid_c, engram_hash_c, engram_alpha_c,
+                             sinkhorn_c, monarch_mlp_c, pool_update_c, dot_c)
 
 from needle_cy._cq import prepare
 from needle_cy import _ops as ops
@@ -143,6 +145,19 @@ cdef inline bint _visible(Py_ssize_t t, Py_ssize_t j, Py_ssize_t recent, Py_ssiz
     return 1
 
 
+cdef inline void _project_shared(const CQView* first, const CQView* w, const float* X, Py_ssize_t T,
+                                 Py_ssize_t xs, float* Y, Py_ssize_t ys, float* work,
+                                 int threads) noexcept nogil:
+    """Y = X·Wᵀ reusing the rotation of X that cq_rotate(first, ...) left in work
+    (when w rotates its input like first; otherwise a full product)."""
+    if not cq_same_rotation(first, w):
+        _project(w, X, T, xs, Y, ys, work, threads)   # clobbers work: caller re-rotates
+    elif T == 1:
+        cq_matvec_rotated(w, work, Y, threads)
+    else:
+        cq_matmul_rotated(w, work, T, Y, ys, threads)
+
+
 cdef inline void _project(const CQView* w, const float* X, Py_ssize_t T, Py_ssize_t xs,
                           float* Y, Py_ssize_t ys, float* work, int threads) noexcept nogil:
     """Y[t] = W·X[t] for T tokens: matvec for one token, the batched matmul otherwise."""
@@ -156,7 +171,7 @@ cdef class EngineState:
     """Everything the next token depends on (spec §4.10); copied by snapshot()."""
     cdef public Py_ssize_t position
     cdef public object owner
-    cdef public cnp.ndarray k_cache      # [L, K, cap, dq]
+    cdef public cnp.ndarray k_cache      # [L, K, dq, cap]  (transposed: scores stream over slots)
     cdef public cnp.ndarray v_cache      # [L, K, cap, dv]
     cdef public cnp.ndarray conv_q       # [L, C-1, H·dq] raw projections, oldest first
     cdef public cnp.ndarray conv_k
@@ -265,6 +280,8 @@ cdef class CythonEngine:
         self.V, self.V_out, self.max_seq = w.vocab, w.out_vocab, w.max_seq_len
         if self.n > MAX_LANES or self.C > MAX_TAPS or w.engram_conv_taps > MAX_TAPS:
             raise ValueError(f"CythonEngine supports at most {MAX_LANES} lanes and {MAX_TAPS} taps")
+        if self.H // max(self.K, 1) > 64:
+            raise ValueError(f"CythonEngine supports at most 64 query heads per KV head")
         if self.H % self.K:
             raise ValueError(f"num_heads {self.H} is not a multiple of num_kv_heads {self.K}")
         if self.dq % 2:
@@ -437,7 +454,7 @@ cdef class CythonEngine:
                  ("eval", max(1, self.n_sites) * CH * d), ("hid", CH * d)]
         self.mlp_work_len = 4 * self.N + self.R_cond + 16
         sizes.append(("mlp", T * self.mlp_work_len))
-        sizes.append(("scores", T * self.cap))
+        sizes.append(("scores", T * (self.H // self.K) * self.cap))
         self.row_len = 1024
         sizes.append(("row", T * self.row_len + 1024))
         # CQ workspace: enough for the widest matrix at a full chunk
@@ -509,7 +526,7 @@ cdef class CythonEngine:
         hist = max(self.C - 1, 0)
         st.position = 0
         st.owner = id(self)
-        st.k_cache = np.empty((self.L, self.K, self.cap, self.dq), np.float32)
+        st.k_cache = np.empty((self.L, self.K, self.dq, self.cap), np.float32)   # keys transposed
         st.v_cache = np.empty((self.L, self.K, self.cap, self.dv), np.float32)
         st.conv_q = np.zeros((self.L, hist, self.H * self.dq), np.float32)
         st.conv_k = np.zeros((self.L, hist, self.K * self.dq), np.float32)
@@ -556,7 +573,7 @@ cdef class CythonEngine:
         used = min(st.position, self.cap)
         c.position = st.position
         c.owner = st.owner
-        c.k_cache = np.ascontiguousarray(st.k_cache[:, :, :used])
+        c.k_cache = np.ascontiguousarray(st.k_cache[:, :, :, :used])
         c.v_cache = np.ascontiguousarray(st.v_cache[:, :, :used])
         c.conv_q, c.conv_k, c.conv_v = st.conv_q.copy(), st.conv_k.copy(), st.conv_v.copy()
         c.value_hist, c.tokens = st.value_hist.copy(), st.tokens.copy()
@@ -568,9 +585,9 @@ cdef class CythonEngine:
             raise ModelStateError("restore: the snapshot was not taken from this engine")
         cdef EngineState s = snap
         cdef EngineState st = self._fresh_state()
-        used = s.k_cache.shape[2]
+        used = s.v_cache.shape[2]
         st.position = s.position
-        st.k_cache[:, :, :used] = s.k_cache
+        st.k_cache[:, :, :, :used] = s.k_cache
         st.v_cache[:, :, :used] = s.v_cache
         st.conv_q, st.conv_k, st.conv_v = s.conv_q.copy(), s.conv_k.copy(), s.conv_v.copy()
         st.value_hist, st.tokens = s.value_hist.copy(), s.tokens.copy()
@@ -835,9 +852,14 @@ cdef class CythonEngine:
                     rms_unit_c(lanes + t * nd, nx + t * nd, nd)
                     if quant:
                         a8_inplace(nx + t * nd, nd, A8_QMAX)
-                _project(&lc.phi_pre, nx, T, nd, phi, nphi, cqw, cq_threads)
-                _project(&lc.phi_post, nx, T, nd, phi + n, nphi, cqw, cq_threads)
-                _project(&lc.phi_res, nx, T, nd, phi + 2 * n, nphi, cqw, cq_threads)
+                cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
+                _project_shared(&lc.phi_pre, &lc.phi_pre, nx, T, nd, phi, nphi, cqw, cq_threads)
+                if not cq_same_rotation(&lc.phi_pre, &lc.phi_post):
+                    cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
+                _project_shared(&lc.phi_pre, &lc.phi_post, nx, T, nd, phi + n, nphi, cqw, cq_threads)
+                if not cq_same_rotation(&lc.phi_pre, &lc.phi_post):
+                    cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
+                _project_shared(&lc.phi_pre, &lc.phi_res, nx, T, nd, phi + 2 * n, nphi, cqw, cq_threads)
                 for t in prange(T, num_threads=ntok, schedule="static"):
                     self._mhc_in(lc, t)
                 # block input after the engram gate (spec §4.6), then a = A8(ZCRMS(x))
@@ -852,10 +874,18 @@ cdef class CythonEngine:
                     if quant:
                         a8_inplace(self.s_a + t * d, d, A8_QMAX)
                 # attention projections (spec §4.7 step 1)
-                _project(&lc.q_proj, self.s_a, T, d, self.s_q, qw, cqw, cq_threads)
-                _project(&lc.k_proj, self.s_a, T, d, self.s_k, kw, cqw, cq_threads)
-                _project(&lc.v_proj, self.s_a, T, d, self.s_v, vw, cqw, cq_threads)
-                _project(&lc.gate_proj, self.s_a, T, d, self.s_g, gw, cqw, cq_threads)
+                # (one rotation of a shared by the four products when their CQ layouts agree)
+                cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
+                _project_shared(&lc.q_proj, &lc.q_proj, self.s_a, T, d, self.s_q, qw, cqw, cq_threads)
+                if not cq_same_rotation(&lc.q_proj, &lc.k_proj):
+                    cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
+                _project_shared(&lc.q_proj, &lc.k_proj, self.s_a, T, d, self.s_k, kw, cqw, cq_threads)
+                if not cq_same_rotation(&lc.q_proj, &lc.k_proj):
+                    cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
+                _project_shared(&lc.q_proj, &lc.v_proj, self.s_a, T, d, self.s_v, vw, cqw, cq_threads)
+                if not cq_same_rotation(&lc.q_proj, &lc.v_proj):
+                    cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
+                _project_shared(&lc.q_proj, &lc.gate_proj, self.s_a, T, d, self.s_g, gw, cqw, cq_threads)
                 # conv, QK norm, RoPE, quantizers; k and v go into the cache (steps 2–6)
                 for t in prange(T, num_threads=ntok, schedule="static"):
                     self._qkv_token(lc, l, t, pos0, conv_q, conv_k, conv_v, kcache, vcache)
@@ -918,10 +948,10 @@ cdef class CythonEngine:
             ph[2 * n + i] = lc.a_res * ph[2 * n + i] + lc.b_res[i]
         sinkhorn_c(ph + 2 * n, <int>n, SINKHORN_ITERS)
         for c in range(d):
-            acc = 0.0
-            for m in range(n):
-                acc = acc + ph[m] * X[m * d + c]
-            u[c] = acc
+            u[c] = ph[0] * X[c]
+        for m in range(1, n):
+            for c in range(d):
+                u[c] = u[c] + ph[m] * X[m * d + c]
 
     cdef void _qkv_token(self, LayerC* lc, Py_ssize_t l, Py_ssize_t t, Py_ssize_t pos0,
                          float* conv_q, float* conv_k, float* conv_v,
@@ -929,7 +959,7 @@ cdef class CythonEngine:
         """Token t of the chunk: causal conv of the raw q/k/v, QK norm, RoPE, quantizers;
         writes k̂, v̂ into the cache slot of its position (spec §4.7 steps 2–6)."""
         cdef Py_ssize_t H = self.H, K = self.K, dq = self.dq, dv = self.dv
-        cdef Py_ssize_t qw = H * dq, kw = K * dq, vw = K * dv, h, p = pos0 + t, slot
+        cdef Py_ssize_t qw = H * dq, kw = K * dq, vw = K * dv, h, i, p = pos0 + t, slot
         cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
         cdef float* q = self.s_qc + t * qw
         cdef float* k = self.s_kc + t * kw
@@ -961,8 +991,9 @@ cdef class CythonEngine:
                 else:
                     kv_cq_inplace(k + h * dq, dq, self.kv_levels, self.n_kv_levels)
                     kv_cq_inplace(v + h * dv, dv, self.kv_levels, self.n_kv_levels)
-            dst = kcache + ((l * K + h) * self.cap + slot) * dq
-            memcpy(dst, k + h * dq, dq * sizeof(float))
+            dst = kcache + (l * K + h) * dq * self.cap + slot      # keys stored transposed
+            for i in range(dq):
+                dst[i * self.cap] = k[h * dq + i]
             dst = vcache + ((l * K + h) * self.cap + slot) * dv
             memcpy(dst, v + h * dv, dv * sizeof(float))
 
@@ -985,22 +1016,23 @@ cdef class CythonEngine:
 
     cdef void _attend_token(self, LayerC* lc, Py_ssize_t l, Py_ssize_t t, Py_ssize_t pos0,
                             const float* kcache, const float* vcache) noexcept nogil:
-        """All query heads of token t against the visible slots; o ⊙ σ(g), A8."""
+        """All query heads of token t against the visible slots (the G heads of a KV
+        head together); then o ⊙ σ(g) and A8."""
         cdef Py_ssize_t H = self.H, K = self.K, dq = self.dq, dv = self.dv, G = self.H // self.K
-        cdef Py_ssize_t h, kh, c, gw = self.H * self.dv
+        cdef Py_ssize_t kh, c, gw = self.H * self.dv
         cdef Py_ssize_t rng[12]
         cdef int n_rng = 0
         cdef int tid = threadid()
-        cdef float* scores = self.s_scores + tid * self.cap
+        cdef float* scores = self.s_scores + tid * G * self.cap
         cdef float* o = self.s_o + t * gw
         cdef const float* g = self.s_g + t * gw
         self._slot_ranges(pos0 + t, lc.band, rng, &n_rng)
-        for h in range(H):
-            kh = h // G
-            attend_c(self.s_qc + t * H * dq + h * dq,
-                     kcache + (l * K + kh) * self.cap * dq,
-                     vcache + (l * K + kh) * self.cap * dv,
-                     dq, dv, self.attn_scale, rng, n_rng, scores, o + h * dv)
+        for kh in range(K):
+            attend_group_c(self.s_qc + t * H * dq + kh * G * dq, dq, G,
+                           kcache + (l * K + kh) * dq * self.cap, self.cap,
+                           vcache + (l * K + kh) * self.cap * dv,
+                           dq, dv, self.attn_scale, rng, n_rng, scores, self.cap,
+                           o + kh * G * dv, dv)
         for c in range(gw):
             o[c] = o[c] * sigmoid_c(g[c])
         if self.quant:
@@ -1034,16 +1066,19 @@ cdef class CythonEngine:
             x[c] = (x[c] + a[c]) - u[c]          # y = Block(u) − u
         for i in range(n):
             for c in range(d):
-                acc = 0.0
-                for j in range(n):
-                    acc = acc + P[i * n + j] * X[j * d + c]
-                Xn[i * d + c] = acc + ph[n + i] * x[c]
+                Xn[i * d + c] = P[i * n] * X[c]
+            for j in range(1, n):
+                for c in range(d):
+                    Xn[i * d + c] = Xn[i * d + c] + P[i * n + j] * X[j * d + c]
+            for c in range(d):
+                Xn[i * d + c] = Xn[i * d + c] + ph[n + i] * x[c]
         memcpy(X, Xn, nd * sizeof(float))
+        memcpy(cell, X, d * sizeof(float))
+        for i in range(1, n):
+            for c in range(d):
+                cell[c] = cell[c] + X[i * d + c]
         for c in range(d):
-            acc = 0.0
-            for i in range(n):
-                acc = acc + X[i * d + c]
-            cell[c] = acc / <float>n
+            cell[c] = cell[c] / <float>n
 
     cdef void _pool_row(self, Py_ssize_t hd, Py_ssize_t r, const float* rows, const int64_t* ids,
                         Py_ssize_t T, float* pmax, float* pden, float* psum) noexcept nogil:
@@ -1058,8 +1093,6 @@ cdef class CythonEngine:
                 continue
             cell = rows + t * d
             for j in range(k):
-                s = 0.0
-                for i in range(d):
-                    s = s + cell[i] * probes[j * d + i]
+                s = dot_c(cell, probes + j * d, d)
                 pool_update_c(cell, d, s / sqrt_d, pmax + r * k + j, pden + r * k + j,
                               psum + (r * k + j) * d)

@@ -21,11 +21,14 @@ cdef void rms_unit_c(const float* x, float* out, Py_ssize_t n) noexcept nogil
 cdef void rope_c(float* x, Py_ssize_t dh, const float* cos_row, const float* sin_row) noexcept nogil
 cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t channels,
                       const float* const* history, float* out) noexcept nogil
-cdef void attend_c(const float* q, const float* k_cache, const float* v_cache,
-                   Py_ssize_t dq, Py_ssize_t dv, float scale,
-                   const Py_ssize_t* ranges, int n_ranges,
-                   float* scores, float* out) noexcept nogil
+cdef void attend_group_c(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
+                         const float* k_cache_t, Py_ssize_t k_stride, const float* v_cache,
+                         Py_ssize_t dq, Py_ssize_t dv, float scale,
+                         const Py_ssize_t* ranges, int n_ranges,
+                         float* scores, Py_ssize_t score_stride,
+                         float* out, Py_ssize_t out_stride) noexcept nogil
 cdef float sigmoid_c(float x) noexcept nogil
+cdef float dot_c(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 
 # engram
 cdef float engram_alpha_c(const float* u, const float* key, Py_ssize_t d) noexcept nogil

@@ -16,6 +16,222 @@ from libc.string cimport memcpy, memset
 
 cnp.import_array()
 
+cdef extern from *:
+    """
+    #if defined(__AVX2__) && defined(__FMA__)
+    #include <immintrin.h>
+    static inline float nc_hsum256(__m256 v) {
+        __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+        lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+        return _mm_cvtss_f32(lo);
+    }
+    /* Σ a[i]·b[i] with 16 float32 lanes (2 AVX2 accumulators), then the tail. */
+    static inline float nc_dot(const float* a, const float* b, Py_ssize_t n) {
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        Py_ssize_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+        }
+        if (i + 8 <= n) {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+            i += 8;
+        }
+        float s = nc_hsum256(_mm256_add_ps(acc0, acc1));
+        for (; i < n; i++) s += a[i] * b[i];
+        return s;
+    }
+    /* exp(x) for 8 floats: Cody–Waite range reduction and the Cephes expf polynomial
+       (about 1 ulp; inputs below -88.38 give ~0, as softmax of masked scores wants). */
+    static inline __m256 nc_exp256(__m256 x) {
+        x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)),
+                          _mm256_set1_ps(88.3762626647949f));
+        __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+        x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+        __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+        y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+        __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+        return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+    }
+    /* x[i] = exp(x[i]·scale − sub); returns Σ x[i] */
+    static inline float nc_exp_sum(float* x, Py_ssize_t n, float scale, float sub) {
+        __m256 acc = _mm256_setzero_ps(), vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(sub);
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 e = nc_exp256(_mm256_fmsub_ps(_mm256_loadu_ps(x + i), vs, vm));
+            _mm256_storeu_ps(x + i, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        float s = nc_hsum256(acc);
+        for (; i < n; i++) { x[i] = expf(x[i] * scale - sub); s += x[i]; }
+        return s;
+    }
+    /* out = flatten(Aᵀ·Z·B), Z = z as [ba, bb]; bb a multiple of 8 up to 64:
+       each output row is accumulated in registers. */
+    static inline int nc_kron_avx2(const float* z, const float* A, const float* B,
+                                   Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) {
+        if (bb % 8 || bb > 64) return 0;
+        Py_ssize_t nv = bb / 8, i, j, k, v;
+        __m256 acc[8];
+        for (k = 0; k < ba; k++) {              /* tmp[k,:] = Σ_i A[i,k]·z[i,:] */
+            for (v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
+            for (i = 0; i < ba; i++) {
+                __m256 a = _mm256_set1_ps(A[i * ba + k]);
+                for (v = 0; v < nv; v++)
+                    acc[v] = _mm256_fmadd_ps(a, _mm256_loadu_ps(z + i * bb + 8 * v), acc[v]);
+            }
+            for (v = 0; v < nv; v++) _mm256_storeu_ps(tmp + k * bb + 8 * v, acc[v]);
+        }
+        for (k = 0; k < ba; k++) {              /* out[k,:] = Σ_j tmp[k,j]·B[j,:] */
+            for (v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
+            for (j = 0; j < bb; j++) {
+                __m256 t = _mm256_set1_ps(tmp[k * bb + j]);
+                for (v = 0; v < nv; v++)
+                    acc[v] = _mm256_fmadd_ps(t, _mm256_loadu_ps(B + j * bb + 8 * v), acc[v]);
+            }
+            for (v = 0; v < nv; v++) _mm256_storeu_ps(out + k * bb + 8 * v, acc[v]);
+        }
+        return 1;
+    }
+    /* Scores of 8 consecutive slots for G query heads (G a compile-time constant
+       after inlining, so the accumulators stay in registers). */
+    static inline __attribute__((always_inline)) void nc_scores8(
+            const float* q, Py_ssize_t q_stride, const int G, const float* kt, Py_ssize_t k_stride,
+            Py_ssize_t j, Py_ssize_t dq, float* scores, Py_ssize_t score_stride) {
+        __m256 acc[8];
+        int g;
+        for (g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+        for (Py_ssize_t i = 0; i < dq; i++) {
+            __m256 kv = _mm256_loadu_ps(kt + i * k_stride + j);
+            for (g = 0; g < G; g++)
+                acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + g * q_stride + i), kv, acc[g]);
+        }
+        for (g = 0; g < G; g++) _mm256_storeu_ps(scores + g * score_stride + j, acc[g]);
+    }
+    /* out[0:8·NV] = Σ_j p_j · v_j over slots [a, b), the row held in registers. */
+    static inline __attribute__((always_inline)) void nc_pv(
+            const float* sc, const float* vc, Py_ssize_t a, Py_ssize_t b, Py_ssize_t dv,
+            const int NV, float inv, float* out) {
+        __m256 acc[8];
+        int v;
+        for (v = 0; v < NV; v++) acc[v] = _mm256_setzero_ps();
+        for (Py_ssize_t j = a; j < b; j++) {
+            __m256 p = _mm256_broadcast_ss(sc + j);
+            const float* vj = vc + j * dv;
+            for (v = 0; v < NV; v++) acc[v] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * v), acc[v]);
+        }
+        for (v = 0; v < NV; v++) _mm256_storeu_ps(out + 8 * v, acc[v]);
+    }
+    /* GQA attention of G ≤ 8 query heads against one KV head (keys transposed
+       [dq][k_stride], values [slot][dv], dv a multiple of 8 up to 64): scores of 8
+       slots for all G heads per pass over the key dimensions, the softmax, then
+       Σ p·v with the output row in registers (one ring range at a time). */
+    static inline int nc_attend_avx2(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
+                                     const float* kt, Py_ssize_t k_stride, const float* vc,
+                                     Py_ssize_t dq, Py_ssize_t dv, float scale,
+                                     const Py_ssize_t* ranges, int n_ranges,
+                                     float* scores, Py_ssize_t score_stride,
+                                     float* out, Py_ssize_t out_stride) {
+        if (G > 8 || G < 1 || dv % 8 || dv > 64) return 0;
+        Py_ssize_t nv = dv / 8, i, j, g, v;
+        int r;
+        float part[64];
+        for (r = 0; r < n_ranges; r++) {
+            Py_ssize_t a = ranges[2 * r], b = ranges[2 * r + 1];
+            j = a;
+            switch (G) {
+    #define NC_SC(GG) case GG: for (; j + 8 <= b; j += 8) \
+                nc_scores8(q, q_stride, GG, kt, k_stride, j, dq, scores, score_stride); break;
+                NC_SC(1) NC_SC(2) NC_SC(3) NC_SC(4) NC_SC(5) NC_SC(6) NC_SC(7) NC_SC(8)
+    #undef NC_SC
+            }
+            for (; j < b; j++) {
+                for (g = 0; g < G; g++) {
+                    float s = 0.f;
+                    for (i = 0; i < dq; i++) s += q[g * q_stride + i] * kt[i * k_stride + j];
+                    scores[g * score_stride + j] = s;
+                }
+            }
+        }
+        for (g = 0; g < G; g++) {
+            float* sc = scores + g * score_stride;
+            float* o = out + g * out_stride;
+            float mx = -INFINITY, den = 0.f;
+            for (r = 0; r < n_ranges; r++)
+                for (j = ranges[2 * r]; j < ranges[2 * r + 1]; j++)
+                    if (sc[j] > mx) mx = sc[j];
+            for (r = 0; r < n_ranges; r++)
+                den += nc_exp_sum(sc + ranges[2 * r], ranges[2 * r + 1] - ranges[2 * r], scale, mx * scale);
+            for (v = 0; v < dv; v++) o[v] = 0.f;
+            for (r = 0; r < n_ranges; r++) {
+                Py_ssize_t a = ranges[2 * r], b = ranges[2 * r + 1];
+                switch (nv) {
+    #define NC_PV(NN) case NN: nc_pv(sc, vc, a, b, dv, NN, 1.f, part); break;
+                    NC_PV(1) NC_PV(2) NC_PV(3) NC_PV(4) NC_PV(5) NC_PV(6) NC_PV(7) NC_PV(8)
+    #undef NC_PV
+                }
+                for (v = 0; v < dv; v++) o[v] += part[v];
+            }
+            float inv = 1.0f / den;
+            for (v = 0; v < dv; v++) o[v] *= inv;
+        }
+        return 1;
+    }
+    #else
+    static inline int nc_attend_avx2(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
+                                     const float* kt, Py_ssize_t k_stride, const float* vc,
+                                     Py_ssize_t dq, Py_ssize_t dv, float scale,
+                                     const Py_ssize_t* ranges, int n_ranges,
+                                     float* scores, Py_ssize_t score_stride,
+                                     float* out, Py_ssize_t out_stride) {
+        return 0;
+    }
+    static inline float nc_exp_sum(float* x, Py_ssize_t n, float scale, float sub) {
+        float s = 0.f;
+        for (Py_ssize_t i = 0; i < n; i++) { x[i] = expf(x[i] * scale - sub); s += x[i]; }
+        return s;
+    }
+    static inline int nc_kron_avx2(const float* z, const float* A, const float* B,
+                                   Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) {
+        return 0;
+    }
+    /* portable: 4 independent accumulators so the adds pipeline */
+    static inline float nc_dot(const float* a, const float* b, Py_ssize_t n) {
+        float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            s0 += a[i] * b[i]; s1 += a[i + 1] * b[i + 1];
+            s2 += a[i + 2] * b[i + 2]; s3 += a[i + 3] * b[i + 3];
+        }
+        for (; i < n; i++) s0 += a[i] * b[i];
+        return (s0 + s1) + (s2 + s3);
+    }
+    #endif
+    """
+    float nc_dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
+    float nc_exp_sum(float* x, Py_ssize_t n, float scale, float sub) noexcept nogil
+    int nc_kron_avx2(const float* z, const float* A, const float* B,
+                     Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) noexcept nogil
+    int nc_attend_avx2(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
+                       const float* kt, Py_ssize_t k_stride, const float* vc,
+                       Py_ssize_t dq, Py_ssize_t dv, float scale,
+                       const Py_ssize_t* ranges, int n_ranges,
+                       float* scores, Py_ssize_t score_stride,
+                       float* out, Py_ssize_t out_stride) noexcept nogil
+
+cdef float dot_c(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
+    """Σ a·b (vectorised; the summation order differs from a plain loop in the last bits)."""
+    return nc_dot(a, b, n)
+
+
 cdef float RMS_EPS = 1e-6
 cdef float CQ_NORM_EPS = 1e-12
 cdef Py_ssize_t KV_GROUP = 64
@@ -136,12 +352,8 @@ cdef void kv_cq_inplace(float* x, Py_ssize_t dh, const float* levels, int n_leve
 # ---------------------------------------------------------------------------
 
 cdef inline float _inv_rms(const float* x, Py_ssize_t n) noexcept nogil:
-    # mean square accumulated in double (close to NumPy's pairwise float32 sum)
-    cdef double acc = 0.0
-    cdef Py_ssize_t j
-    for j in range(n):
-        acc += <double>x[j] * <double>x[j]
-    cdef float ms = <float>(acc / n)
+    # mean square from a 16-lane float32 sum (close to NumPy's pairwise float32 sum)
+    cdef float ms = nc_dot(x, x, n) / <float>n
     return <float>1.0 / sqrtf(ms + RMS_EPS)
 
 
@@ -200,47 +412,65 @@ cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t channels,
             out[c] = out[c] + tj[c] * h[c]
 
 
-cdef void attend_c(const float* q, const float* k_cache, const float* v_cache,
-                   Py_ssize_t dq, Py_ssize_t dv, float scale,
-                   const Py_ssize_t* ranges, int n_ranges,
-                   float* scores, float* out) noexcept nogil:
-    """One query head against one KV head's cache (rows [slot, dq] / [slot, dv]).
+cdef void attend_group_c(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
+                         const float* k_cache_t, Py_ssize_t k_stride, const float* v_cache,
+                         Py_ssize_t dq, Py_ssize_t dv, float scale,
+                         const Py_ssize_t* ranges, int n_ranges,
+                         float* scores, Py_ssize_t score_stride,
+                         float* out, Py_ssize_t out_stride) noexcept nogil:
+    """G query heads (q + g·q_stride) against one KV head (GQA).
 
-    The visible cache rows are the half-open slot ranges
-    [ranges[2r], ranges[2r+1]) for r < n_ranges (a ring buffer splits a
-    window into pieces).  Scores are q·k·scale, softmax in float32,
-    out = Σ p·v.  ``scores`` is indexed by slot."""
-    cdef Py_ssize_t j, i, a, b
+    Keys are stored transposed, ``k_cache_t[i·k_stride + slot]`` (dimension-major),
+    so the scores of consecutive slots come from streaming loops with no
+    horizontal sums; values are rows ``v_cache[slot·dv + i]``.  The visible slots
+    are the half-open ranges [ranges[2r], ranges[2r+1]).  Scores are q·k·scale,
+    softmax in float32, out = Σ p·v / Σ p.  scores: G rows of score_stride floats
+    indexed by slot."""
+    cdef Py_ssize_t j, i, a, b, g
     cdef int r
-    cdef float s, mx = -INFINITY, den = 0.0, p
-    cdef const float* kj
+    cdef float qi, p, den, mx
+    cdef const float* krow
     cdef const float* vj
-    for r in range(n_ranges):
-        a = ranges[2 * r]
-        b = ranges[2 * r + 1]
-        for j in range(a, b):
-            kj = k_cache + j * dq
-            s = 0.0
+    cdef const float* qg
+    cdef float* o
+    cdef float* sc
+    if nc_attend_avx2(q, q_stride, G, k_cache_t, k_stride, v_cache, dq, dv, scale, ranges,
+                      n_ranges, scores, score_stride, out, out_stride):
+        return
+    for g in range(G):
+        sc = scores + g * score_stride
+        qg = q + g * q_stride
+        o = out + g * out_stride
+        for r in range(n_ranges):
+            a = ranges[2 * r]
+            b = ranges[2 * r + 1]
+            for j in range(a, b):
+                sc[j] = 0.0
             for i in range(dq):
-                s = s + q[i] * kj[i]
-            s = s * scale
-            scores[j] = s
-            if s > mx:
-                mx = s
-    for i in range(dv):
-        out[i] = 0.0
-    for r in range(n_ranges):
-        a = ranges[2 * r]
-        b = ranges[2 * r + 1]
-        for j in range(a, b):
-            p = expf(scores[j] - mx)
-            den = den + p
-            vj = v_cache + j * dv
-            for i in range(dv):
-                out[i] = out[i] + p * vj[i]
-    p = <float>1.0 / den
-    for i in range(dv):
-        out[i] = out[i] * p
+                qi = qg[i]
+                krow = k_cache_t + i * k_stride
+                for j in range(a, b):
+                    sc[j] = sc[j] + qi * krow[j]
+        mx = -INFINITY
+        for r in range(n_ranges):
+            for j in range(ranges[2 * r], ranges[2 * r + 1]):
+                if sc[j] > mx:
+                    mx = sc[j]
+        den = 0.0
+        for r in range(n_ranges):
+            a = ranges[2 * r]
+            den = den + nc_exp_sum(sc + a, ranges[2 * r + 1] - a, scale, mx * scale)
+        for i in range(dv):
+            o[i] = 0.0
+        for r in range(n_ranges):
+            for j in range(ranges[2 * r], ranges[2 * r + 1]):
+                p = sc[j]
+                vj = v_cache + j * dv
+                for i in range(dv):
+                    o[i] = o[i] + p * vj[i]
+        p = <float>1.0 / den
+        for i in range(dv):
+            o[i] = o[i] * p
 
 
 # ---------------------------------------------------------------------------
@@ -310,6 +540,8 @@ cdef void kron_apply_c(const float* z, const float* A, const float* B,
     cdef float* trow
     cdef const float* brow
     cdef float* orow
+    if nc_kron_avx2(z, A, B, ba, bb, tmp, out):
+        return
     for k in range(ba * bb):
         tmp[k] = 0.0
     for i in range(ba):
@@ -811,9 +1043,10 @@ def gqa_attention(q, k, v, mask):
         raise ValueError("gqa_attention: shapes of q, k, v and mask do not agree")
     if Tq and not mk.any(axis=1).all():
         raise ValueError("gqa_attention: a query sees no key")
+    G_ = H // K
     out = np.empty((Tq, H, dv), np.float32)
-    scores = np.empty(max(Tk, 1), np.float32)
-    kbuf = np.empty((Tk, dq), np.float32)
+    scores = np.empty(G_ * max(Tk, 1), np.float32)
+    kbuf = np.empty((dq, max(Tk, 1)), np.float32)      # keys transposed: [dim, key]
     vbuf = np.empty((Tk, dv), np.float32)
     cdef float[:, :, ::1] qv = qa
     cdef float[:, :, ::1] ov = out
@@ -828,13 +1061,12 @@ def gqa_attention(q, k, v, mask):
         n_vis = idx.shape[0]
         for kh in range(K):
             # gather the visible keys so the C kernel sees one contiguous range
-            kbuf[:n_vis] = ka[kh, idx]
+            kbuf[:, :n_vis] = ka[kh, idx].T
             vbuf[:n_vis] = va[kh, idx]
             rng[0] = 0
             rng[1] = n_vis
-            for h in range(kh * G, kh * G + G):
-                attend_c(&qv[t, h, 0], &kb[0, 0], &vb[0, 0], dq, dv, scale,
-                         rng, 1, &sv[0], &ov[t, h, 0])
+            attend_group_c(&qv[t, kh * G, 0], dq, G, &kb[0, 0], kbuf.shape[1], &vb[0, 0],
+                           dq, dv, scale, rng, 1, &sv[0], max(Tk, 1), &ov[t, kh * G, 0], dv)
     return out
 
 
@@ -889,11 +1121,7 @@ def engram_fetch(rows, ngram_ok):
 cdef float engram_alpha_c(const float* u, const float* key, Py_ssize_t d) noexcept nogil:
     """σ(Σ RMSunit(u)·RMSunit(key) / sqrt(d)) without materialising the normed vectors."""
     cdef float ru = _inv_rms(u, d), rk = _inv_rms(key, d)
-    cdef float acc = 0.0
-    cdef Py_ssize_t c
-    for c in range(d):
-        acc = acc + (u[c] * ru) * (key[c] * rk)
-    return sigmoid_c(acc / sqrtf(<float>d))
+    return sigmoid_c((nc_dot(u, key, d) * ru * rk) / sqrtf(<float>d))
 
 
 def engram_inject(u, key, value):
