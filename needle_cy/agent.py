@@ -348,7 +348,8 @@ class Needle:
             "tools": list(entry.names),
             "timings": {"total_s": total_s, "prefix_s": prefix_s, "prefill_s": res.prefill_s,
                         "reasoning_s": res.reasoning_s, "constrained_s": res.constrained_s,
-                        "grammar_s": res.grammar_s, "n_prefill": res.n_prefill,
+                        "grammar_s": res.grammar_s, "n_backtracks": res.n_backtracks,
+                        "n_prefill": res.n_prefill,
                         "n_reasoning": res.n_reasoning, "n_constrained": res.n_constrained,
                         "n_prefix": len(entry.conversation.prefix_ids) if prefix_s > 0 else 0},
         }

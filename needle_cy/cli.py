@@ -159,8 +159,12 @@ def cmd_run(args):
         kind = event["type"]
         if kind == "toolcall_start":
             parts.append("")
-        elif kind == "toolcall_delta" and live:
-            parts[event["index"]] += event["delta"]
+        elif kind in ("toolcall_delta", "toolcall_rewind") and live:
+            if kind == "toolcall_rewind":
+                del parts[event["index"] + 1:]
+                parts[event["index"]] = event["text"]
+            else:
+                parts[event["index"]] += event["delta"]
             shown = render_partial_calls("[" + ",".join(parts)).replace("\n", "; ")
             sys.stdout.write("\r\033[K" + shown)
             sys.stdout.flush()

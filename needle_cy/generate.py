@@ -32,7 +32,10 @@ Events (dicts with ``type``), in order: ``thinking_start``, ``thinking_delta`` (
 text), ``thinking_end`` (``content``) when the model writes ``<think>``; then per call
 ``toolcall_start`` (``index``), ``toolcall_delta`` (``index``, ``delta``: the call's JSON
 text as it is written), ``toolcall_end`` (``index``, ``call``: the parsed call, available
-before the rest of the array is decoded).  A refusal or decline has no toolcall events.
+before the rest of the array is decoded), and — only if the grammar reached a dead end
+and tokens were taken back — ``toolcall_rewind`` (``index``, ``text``: that call's JSON
+text is now ``text``; a call whose start was taken back starts again with the same
+index).  A refusal or decline has no toolcall events.
 
 ``run_turn`` is a generator: it yields event dicts and *returns* a ``TurnResult``.  The
 caller (the agent) owns the model snapshot and rolls back on error or cancellation.
@@ -92,6 +95,7 @@ class TurnResult:
     reasoning_s: float = 0.0
     constrained_s: float = 0.0
     grammar_s: float = 0.0
+    n_backtracks: int = 0       # grammar dead ends recovered from (should stay 0)
 
     @property
     def success(self):
@@ -340,6 +344,13 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
         state = grammar.start()
         string_run = 0
         complete = False
+        # Per call position i: the grammar state, logits and string run *before* token i,
+        # kept so that a grammar dead end can take tokens back (see _backtrack).
+        tokens, states, logits_at, runs = [], [], [], []
+        banned = {}
+        locked = 0                      # positions before this belong to finished calls
+        probs_base = len(probs)
+        snap0 = model.snapshot() if hasattr(model, "snapshot") else None
         while True:
             if cancelled():
                 raise Cancelled("constrained decoding")
@@ -352,15 +363,43 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
                 token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=False)
             grammar_s += clock() - g0
             if token < 0:
-                res.error = (f"the grammar allows no token after {bytes(call_bytes)!r} (a dead end: "
-                             f"a needle_cy.grammar bug)")
-                res.error_code = "grammar_dead_end"
-                break
+                # A state with no allowed token should not exist; recover by taking tokens
+                # back to the nearest position with an untried alternative (bounded).
+                g0 = clock()
+                alt = _backtrack(grammar, piece_table, tokens, states, logits_at, banned, locked,
+                                 res) if snap0 is not None else None
+                grammar_s += clock() - g0
+                if alt is None:
+                    res.error = (f"the grammar allows no token after {bytes(call_bytes)!r} (a dead "
+                                 f"end: a needle_cy.grammar bug)")
+                    res.error_code = "grammar_dead_end"
+                    break
+                j, token, new_state = alt
+                state, logits, string_run = states[j], logits_at[j], runs[j]
+                del tokens[j:], states[j:], logits_at[j:], runs[j:]
+                del probs[probs_base + j:], generated[call_start + j:]
+                call_bytes = bytearray(b"".join(piece_table[t] for t in tokens))
+                open_index = splitter.index
+                splitter = CallSplitter()
+                splitter.feed(bytes(call_bytes))
+                text = (splitter.buf.decode("utf-8", "replace") if splitter.depth >= 2
+                        and splitter.index == open_index else "")
+                yield {"type": "toolcall_rewind", "index": open_index, "text": text}
+                model.restore(snap0)
+                if tokens:
+                    model.prefill(list(tokens))
+            tokens.append(token)
+            states.append(state)
+            logits_at.append(np.array(logits, dtype=np.float32, copy=True))
+            runs.append(string_run)
             probs.append(token_probability(logits, token))
             generated.append(token)
             piece = piece_table[token]
             call_bytes += piece
-            yield from splitter.feed(piece)
+            for event in splitter.feed(piece):
+                if event["type"] == "toolcall_end":
+                    locked = len(tokens)
+                yield event
             state = new_state
             string_run = string_run + 1 if state.in_string() else 0
             if state.is_complete():
@@ -424,6 +463,35 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
     res.stop_reason = "call" if res.calls else "refusal"
     _finish_confidence(model, res, probs)
     return res
+
+
+MAX_DEAD_ENDS = 24
+
+
+def _backtrack(grammar, piece_table, tokens, states, logits_at, banned, locked, res):
+    """(position, token, state) to resume from after a grammar dead end, or None.
+
+    The k-th dead end of a turn takes back 2^(k-1) tokens (never into a finished call),
+    bans the token that was taken at the landing position and picks the best other allowed
+    token there (moving further back when none is left).  The doubling leaves a wide dead
+    region (e.g. a run of escape hex digits) in a few steps instead of enumerating it."""
+    res.n_backtracks += 1
+    if res.n_backtracks > MAX_DEAD_ENDS:
+        return None
+    j = max(locked, len(tokens) - (1 << min(res.n_backtracks - 1, 30)))
+    while locked <= j < len(tokens):
+        ban = banned.setdefault(j, set())
+        ban.add(tokens[j])
+        masked = logits_at[j].copy()
+        masked[list(ban)] = -1e30
+        token, state = grammar.best_allowed(states[j], masked, piece_table, close_string=False)
+        if token >= 0 and token not in ban:
+            for k in [k for k in banned if k > j]:
+                del banned[k]
+            return j, token, state
+        del banned[j]            # nothing else fits here: change an earlier position
+        j -= 1
+    return None
 
 
 def _check_free_output(grammar, body: bytes, closed: bool):

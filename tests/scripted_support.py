@@ -119,11 +119,14 @@ class ScriptedModel:
 class FiniteGrammar:
     """Stand-in grammar whose language is a finite set of call strings.
 
-    Used only until ``needle_cy.grammar`` lands; same protocol (start/feed/best_allowed).
+    Same protocol as ``needle_cy.grammar`` (start/feed/best_allowed).  ``traps`` are
+    extra accepted prefixes that complete nothing: a deliberately buggy grammar, to test
+    the decoder's recovery from dead ends.
     """
 
-    def __init__(self, sentences):
+    def __init__(self, sentences, traps=()):
         self.sentences = [s.encode("utf-8") if isinstance(s, str) else s for s in sentences]
+        self.traps = [t.encode("utf-8") if isinstance(t, str) else t for t in traps]
 
     def start(self):
         return _FiniteState(self, b"")
@@ -148,7 +151,7 @@ class _FiniteState:
 
     def feed(self, data):
         new = self.text + bytes(data)
-        if any(s.startswith(new) for s in self.grammar.sentences):
+        if any(s.startswith(new) for s in self.grammar.sentences + self.grammar.traps):
             self.text = new
             return True
         return False

@@ -243,3 +243,36 @@ def test_call_splitter_respects_strings_and_escapes():
     joined = ["".join(e["delta"] for e in events if e["type"] == "toolcall_delta" and e["index"] == i)
               for i in range(2)]
     assert "[" + ",".join(joined) + "]" == text
+
+
+def test_grammar_dead_end_is_recovered_by_taking_tokens_back(tok):
+    # A buggy grammar lets the model walk into "[{\"name\":\"set_t" + "imer_x" which completes
+    # nothing; the decoder must take tokens back and finish a valid call, and the model's
+    # state must hold exactly the kept tokens (restore + replay).
+    good = f"[{CALL_B}]"
+    trap = '[{"name":"set_timer_extra'
+    model = ScriptedModel(tok, [f"<tool_call>{trap}"])
+    conv = Conversation(tok, None, render_tools_json([LIGHT, TIMER]))
+    model.prefill(conv.prefix_ids)
+    gen = run_turn(model, tok, FiniteGrammar([good], traps=[trap]), conv.query_ids("timer"),
+                   DecodeSettings(), tok.piece_table(size=tok.vocab_size))
+    events = []
+    try:
+        while True:
+            events.append(next(gen))
+    except StopIteration as stop:
+        res = stop.value
+    assert res.success and res.calls == [json.loads(CALL_B)] and res.n_backtracks >= 1
+    rewinds = [e for e in events if e["type"] == "toolcall_rewind"]
+    assert rewinds and rewinds[0]["index"] == 0
+    assert not rewinds[0]["text"].endswith("_")
+    # Replaying deltas with rewinds gives exactly the final call text.
+    text = ""
+    for e in events:
+        if e["type"] == "toolcall_delta":
+            text += e["delta"]
+        elif e["type"] == "toolcall_rewind":
+            text = e["text"]
+    assert text == CALL_B
+    assert tok.decode(model.history).endswith(f"<tool_call>{good}</tool_call><|im_end|>")
+    assert res.assistant_ids == model.history[-len(res.assistant_ids):]
