@@ -56,6 +56,7 @@ from .errors import ContextOverflowError
 __all__ = ["DecodeSettings", "TurnResult", "Cancelled", "run_turn", "parse_completion", "sigmoid"]
 
 PREFILL_CHUNK = 64          # tokens per prefill call: the cancellation granularity of prefill
+CLOSING_RESERVE = 12        # context kept free for the tokens that close a turn
 
 
 class Cancelled(Exception):
@@ -230,8 +231,8 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
     cancelled = (lambda: cancel.is_set()) if cancel is not None else (lambda: False)
 
     max_seq = int(getattr(model.config, "max_seq_len", 1 << 30))
-    room = max_seq - model.position - len(new_ids)
-    if room < 8:
+    room = max_seq - model.position - len(new_ids) - CLOSING_RESERVE
+    if room < 4:
         raise ContextOverflowError(
             f"the conversation needs {model.position + len(new_ids)} tokens plus room to answer, "
             f"but the model's context is {max_seq} tokens; call reset() or shorten the input")

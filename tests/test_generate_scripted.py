@@ -276,3 +276,13 @@ def test_grammar_dead_end_is_recovered_by_taking_tokens_back(tok):
     assert text == CALL_B
     assert tok.decode(model.history).endswith(f"<tool_call>{good}</tool_call><|im_end|>")
     assert res.assistant_ids == model.history[-len(res.assistant_ids):]
+
+
+def test_turn_near_the_context_end_closes_within_it(tok):
+    conv = Conversation(tok, None, render_tools_json([LIGHT, TIMER]))
+    n_prompt = len(conv.prefix_ids) + len(conv.query_ids("turn on the kitchen light"))
+    limit = n_prompt + 30
+    res, _, model, _ = drive(tok, ["<think>\n" + "and then " * 100], max_seq_len=limit)
+    assert res.stop_reason == "max_new_tokens" and res.success
+    assert len(model.history) <= limit
+    assert tok.decode(model.history).endswith("</think>\n<tool_call>[]</tool_call><|im_end|>")
