@@ -253,8 +253,9 @@ cdef extern from *:
         return nc_cq_hsum(total);
     }
 
-    /* One row · NT rotated activations (matmul): each step is decoded once and
-       scaled by the lane norms, then used by NT independent accumulators. */
+    /* One row · NT rotated activations (matmul), ADDED to y[t·y_stride]: each step is
+       decoded once and scaled by the lane norms, then used by NT independent
+       accumulators. */
     NC_CQ_INLINE void nc_cq_row_tokens_fb(const uint8_t* row, const uint8_t* end, const float* nrow,
                                           const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
                                           int g, const float* table, float* y, ptrdiff_t y_stride,
@@ -284,7 +285,7 @@ cdef extern from *:
                         acc[t] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
                 }
             }
-            for (int t = 0; t < NT; t++) y[t * y_stride] = nc_cq_hsum(acc[t]);
+            for (int t = 0; t < NT; t++) y[t * y_stride] += nc_cq_hsum(acc[t]);
             return;
         }
         for (ptrdiff_t c = 0; c < n_chunks; c++) {
@@ -298,7 +299,7 @@ cdef extern from *:
                 v = _mm256_srli_epi32(v, fb);
             }
         }
-        for (int t = 0; t < NT; t++) y[t * y_stride] = nc_cq_hsum(acc[t]);
+        for (int t = 0; t < NT; t++) y[t * y_stride] += nc_cq_hsum(acc[t]);
     }
 
     #define NC_CQ_SPECIALISE(FB)                                                               \\
@@ -320,7 +321,7 @@ cdef extern from *:
             nt -= 2; xp += 2 * xp_stride; y += 2 * y_stride;                                   \\
         }                                                                                      \\
         if (nt)                                                                                \\
-            y[0] = nc_cq_row_dot_fb(row, end, nrow, xp, n_chunks, g, table, FB);               \\
+            y[0] += nc_cq_row_dot_fb(row, end, nrow, xp, n_chunks, g, table, FB);              \\
     }
     NC_CQ_SPECIALISE(1)
     NC_CQ_SPECIALISE(2)
@@ -462,6 +463,7 @@ cdef Py_ssize_t MIN_MACS_PER_THREAD = 65536
 # Matmul blocking: rows that share one block of rotated tokens while it is in L1/L2.
 cdef Py_ssize_t ROW_BLOCK = 16     # the tile in _matmul_rows_simd holds TOKEN_BLOCK × ROW_BLOCK
 cdef Py_ssize_t TOKEN_BLOCK = 8
+cdef Py_ssize_t SLICE_FIELDS = 768   # matmul column slice (see _matmul_rows_simd)
 cdef Py_ssize_t SCALAR_PIECE = 1024  # stack buffer of the scalar matmul (vals in _matmul_row_scalar)
 
 
@@ -659,10 +661,13 @@ cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const
                             Py_ssize_t n_tokens, float* Y, Py_ssize_t y_stride) noexcept nogil:
     """Rows r0..r1 (≤ ROW_BLOCK) for every token, TOKEN_BLOCK tokens at a time.
 
-    Results go to a small tile first: written straight into Y, the outputs of one
-    row for 8 tokens would be y_stride apart (64 KB for the head), all in the
-    same L1 set."""
+    Results are summed in a small tile first: written straight into Y, the outputs
+    of one row for 8 tokens would be y_stride apart (64 KB for the head), all in
+    the same L1 set.  Long rows go in column slices of about SLICE_FIELDS so that
+    the slice of 8 rotated tokens (8 × 768 × 4 B = 24 KB) stays in L1 while the
+    16 rows use it."""
     cdef Py_ssize_t t0, t, r, P = w.padded_len, nr = r1 - r0
+    cdef Py_ssize_t C = w.chunk_fields, g = w.group_size, c0, nc, slice_chunks, unit
     cdef int nt
     cdef float tile[8 * 16]  # TOKEN_BLOCK × ROW_BLOCK
     if nr > ROW_BLOCK:  # never for the callers below; keeps the tile in bounds regardless
@@ -672,14 +677,23 @@ cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const
                               n_tokens, Y, y_stride)
             r += ROW_BLOCK
         return
+    # slices start at whole groups and whole chunks (both powers of two)
+    unit = g if g > C else C
+    slice_chunks = (SLICE_FIELDS + unit - 1) // unit * unit // C
     t0 = 0
     while t0 < n_tokens:
         nt = <int>(n_tokens - t0 if n_tokens - t0 < TOKEN_BLOCK else TOKEN_BLOCK)
-        for r in range(r0, r1):
-            nc_cq_avx2_row_tokens(w.packed + r * w.row_bytes, w.packed_end,
-                                  w.norms + r * w.norm_stride, xp + t0 * P, P, w.n_chunks,
-                                  w.field_bits, w.group_size, w.simd_table, nt,
-                                  tile + (r - r0), ROW_BLOCK)
+        memset(tile, 0, sizeof(tile))
+        c0 = 0
+        while c0 < w.n_chunks:
+            nc = w.n_chunks - c0 if w.n_chunks - c0 < slice_chunks else slice_chunks
+            for r in range(r0, r1):
+                nc_cq_avx2_row_tokens(w.packed + r * w.row_bytes + c0 * w.chunk_bytes, w.packed_end,
+                                      w.norms + r * w.norm_stride + (c0 * C) // g,
+                                      xp + t0 * P + c0 * C, P, nc,
+                                      w.field_bits, w.group_size, w.simd_table, nt,
+                                      tile + (r - r0), ROW_BLOCK)
+            c0 += nc
         for t in range(nt):
             memcpy(Y + (t0 + t) * y_stride + r0, tile + t * ROW_BLOCK, nr * sizeof(float))
         t0 += TOKEN_BLOCK
