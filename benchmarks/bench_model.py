@@ -15,8 +15,8 @@ written once into a cache folder under the system temp dir.
 * ``decode``: 16 ``step`` calls after that 600-token prompt (the state is restored
   from a snapshot before every round, outside the timing);
 * ``memory``: in a fresh subprocess, load + 600-token prefill + 64 steps; the peak
-  anonymous resident memory (``RssAnon``, i.e. not counting the mapped archive
-  pages) minus the same figure after importing numpy and needle_cy.
+  anonymous resident memory (``RssAnon + RssShmem``, i.e. not counting the mapped
+  archive pages) minus the same figure after importing numpy and needle_cy.
 
 Deploy numerics, 1 and 2 threads; the reference runs single-threaded once per width.
 """
@@ -122,10 +122,12 @@ def test_decode(benchmark, bits, impl, threads):
 MEMORY_SCRIPT = r"""
 import json, sys
 def anon():
+    total = 0.0
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024.0
+            if line.startswith(("RssAnon:", "RssShmem:")):
+                total += int(line.split()[1]) / 1024.0
+    return total
 import numpy as np
 from needle_cy.model import Model
 base = anon()

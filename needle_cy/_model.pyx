@@ -38,8 +38,9 @@ absolute position p: p itself below the sink count S, else
 ``S + (p − S) mod (capacity − S)`` — a ring buffer.  Capacity is the window
 W plus one chunk, so writing a chunk never overwrites a key an earlier query of
 the same chunk still sees; without a window the capacity is ``max_seq_len`` and
-slot = position.  The arrays are allocated with ``np.empty`` (untouched pages
-cost no memory), so resident memory grows with the context actually used.
+slot = position.  The arrays live on anonymous mappings (untouched pages cost no
+memory, and no transparent huge pages), so resident memory grows with the
+context actually used.
 """
 import numpy as np
 cimport numpy as cnp
@@ -123,6 +124,17 @@ ctypedef struct SiteC:
 ctypedef struct HeadC:
     const float* probes          # dense [R, k, d]
     Py_ssize_t k
+
+
+def lazy_empty(shape):
+    """float32 array on a fresh anonymous mapping: pages cost memory only once
+    written.  (NumPy asks for transparent huge pages on large arrays, which would
+    make a whole 2 MB of KV cache resident at the first token.)"""
+    import mmap
+    count = int(np.prod(shape))
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", 0x20))
+    buf = mmap.mmap(-1, max(count, 1) * 4, flags=flags)
+    return np.frombuffer(buf, dtype=np.float32, count=count).reshape(shape)
 
 
 cdef inline float* fptr(cnp.ndarray a):
@@ -526,8 +538,8 @@ cdef class CythonEngine:
         hist = max(self.C - 1, 0)
         st.position = 0
         st.owner = id(self)
-        st.k_cache = np.empty((self.L, self.K, self.dq, self.cap), np.float32)   # keys transposed
-        st.v_cache = np.empty((self.L, self.K, self.cap, self.dv), np.float32)
+        st.k_cache = lazy_empty((self.L, self.K, self.dq, self.cap))   # keys transposed
+        st.v_cache = lazy_empty((self.L, self.K, self.cap, self.dv))
         st.conv_q = np.zeros((self.L, hist, self.H * self.dq), np.float32)
         st.conv_k = np.zeros((self.L, hist, self.K * self.dq), np.float32)
         st.conv_v = np.zeros((self.L, hist, self.K * self.dv), np.float32)
