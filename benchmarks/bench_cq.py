@@ -5,6 +5,9 @@
     NEEDLE_CY_BENCH_TABLE=benchmarks/results_cq_table.md pytest benchmarks/bench_cq.py ...
         (also writes the GMAC/s table, computed from each benchmark's minimum)
     NEEDLE_CY_BENCH_SHAPES=768x768,96x768 pytest benchmarks/bench_cq.py ...   # a subset
+    NEEDLE_CY_BENCH_THREADS=1 pytest benchmarks/bench_cq.py --benchmark-timer=time.thread_time ...
+        (single-thread figures in the calling thread's CPU time: robust on a loaded machine;
+        never use a CPU-time timer for 2 threads, it misses or adds the other thread)
 
 For every projection shape of the full-size Needle 3 model, at 2 and 4 bits
 (group 128) and 1 and 2 threads:
@@ -49,7 +52,7 @@ ALL_SHAPES = [
 _only = os.environ.get("NEEDLE_CY_BENCH_SHAPES")
 SHAPES = [s for s in ALL_SHAPES if not _only or f"{s[1]}x{s[2]}" in _only.split(",")]
 WIDTHS = [2, 4]
-THREADS = [1, 2]
+THREADS = [int(t) for t in os.environ.get("NEEDLE_CY_BENCH_THREADS", "1,2").split(",")]
 TOKENS = 64
 GROUP = 128
 
@@ -161,9 +164,12 @@ def test_matmul64_dense_blas(benchmark, shape, threads):
 # GMAC/s table
 # ---------------------------------------------------------------------------
 
-def environment_lines():
+def environment_lines(config=None):
     lines = [f"- CPU: {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} logical CPUs; CQ inner loop: `{_cq.simd_kernel()}`"]
+    timer = getattr(getattr(config, "option", None), "benchmark_timer", None)
+    lines.append(f"- timer: {getattr(timer, '__name__', timer) or 'perf_counter'}; "
+                 f"threads {THREADS}; 1-min load average {os.getloadavg()[0]:.1f}")
     lines.append(f"- NumPy {np.__version__}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     if threadpool_info is not None:
         for lib in threadpool_info():
@@ -184,12 +190,12 @@ def gmacs(rows, cols, tokens, seconds):
     return rows * cols * tokens / seconds / 1e9
 
 
-def render_table():
+def render_table(config=None):
     by = {}
     for kind, shape, impl, bits, threads, sec in RESULTS:
         by[(kind, shape, impl, bits, threads)] = sec
     dims = {name: (r, c) for name, r, c in ALL_SHAPES}
-    out = environment_lines()
+    out = environment_lines(config)
     out.append("")
     out.append("| shape | bits | thr | matvec µs | matvec GMAC/s | vs fp32 BLAS matvec | vs NumPy ref | "
                "matmul64 GMAC/s | vs BLAS matmul64 | matmul64 / matvec per token |")
@@ -226,11 +232,11 @@ def render_table():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def gmacs_table():
+def gmacs_table(request):
     yield
     if not RESULTS:
         return
-    table = render_table()
+    table = render_table(request.config)
     print("\n" + table)
     path = os.environ.get("NEEDLE_CY_BENCH_TABLE")
     if path:
