@@ -17,7 +17,8 @@ Columns: cold = first turn of a conversation (includes prefilling the BOS+system
 prefix once); warm = after ``reset()`` (the prefix comes from the snapshot cache).
 "to 1st call" = start of the turn until the first ``toolcall_end`` event (the first call is
 known and could be executed);
-"turn" = until ``done``.  prefill / reasoning / constrained are the engine phases, and
+"turn" = until ``done``; "turn CPU" = process CPU time of the turn (all threads), which
+is steadier than wall time on a shared machine.  prefill / reasoning / constrained are the engine phases, and
 "grammar" is the part of constrained decoding spent in ``Grammar.best_allowed``.
 """
 import argparse
@@ -112,6 +113,7 @@ def make_agent(path, n_tools, backend, render_all, max_new_tokens=192, reasoning
 
 
 def measure_turn(agent, query):
+    c0 = time.process_time()
     t0 = time.perf_counter()
     to_calls = None
     response = None
@@ -121,10 +123,11 @@ def measure_turn(agent, query):
         elif event["type"] in ("done", "error"):
             response = event["response"]
     total = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     if response["error_code"] == "ContextOverflowError":
         return {"overflow": response["error"]}
     t = response.get("timings", {})
-    return {"to_calls": to_calls if to_calls is not None else float("nan"), "turn": total,
+    return {"to_calls": to_calls if to_calls is not None else float("nan"), "turn": total, "cpu": cpu,
             "prefill": t.get("prefill_s", 0.0) + t.get("prefix_s", 0.0),
             "reasoning": t.get("reasoning_s", 0.0), "constrained": t.get("constrained_s", 0.0),
             "grammar": t.get("grammar_s", 0.0), "n_prefill": t.get("n_prefill", 0),
@@ -158,8 +161,9 @@ def _mean(rows, key):
 def format_table(name, backend, rows):
     lines = [f"### {name} (backend={backend})", "",
              "| tools | prefix tok | cold to 1st call s | cold turn s | warm to 1st call s | warm turn s "
+             "| warm turn CPU s "
              "| warm prefill s | reasoning s | constrained s | call tok | grammar s | grammar / constrained | ok |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, cold, warm in rows:
         if "overflow" in cold:
             lines.append(f"| {label} | does not fit the context: {cold['overflow'][:90]} |")
@@ -168,7 +172,8 @@ def format_table(name, backend, rows):
         g = _mean(warm, "grammar")
         lines.append(
             f"| {label} | {cold['n_prefix']} | {cold['to_calls']:.3f} | {cold['turn']:.3f} | "
-            f"{_mean(warm, 'to_calls'):.3f} | {_mean(warm, 'turn'):.3f} | {_mean(warm, 'prefill'):.3f} | "
+            f"{_mean(warm, 'to_calls'):.3f} | {_mean(warm, 'turn'):.3f} | {_mean(warm, 'cpu'):.3f} | "
+            f"{_mean(warm, 'prefill'):.3f} | "
             f"{_mean(warm, 'reasoning'):.3f} | {c:.3f} | {_mean(warm, 'n_constrained'):.0f} | {g:.4f} | "
             f"{100 * g / c if c else 0:.1f}% | {sum(w['ok'] for w in warm + [cold])}/{len(warm) + 1} |")
     return "\n".join(lines)
