@@ -1236,7 +1236,8 @@ cdef class CState:
         return self.data.n_threads > 0
 
     def in_string(self):
-        """True when every thread is inside a string value (not a key)."""
+        """True when every thread is inside a free-text string value: not a key, and not an
+        enum/pattern/format string (those are bounded by their automaton)."""
         cdef int i
         cdef Thread* th
         if self.data.n_threads == 0:
@@ -1244,6 +1245,8 @@ cdef class CState:
         for i in range(self.data.n_threads):
             th = &self.data.threads[i]
             if th.depth == 0 or th.frames[th.depth - 1].kind != F_STRING:
+                return False
+            if self.g.prog.str_dfa[th.frames[th.depth - 1].node] >= 0:
                 return False
         return True
 

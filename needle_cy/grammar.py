@@ -48,6 +48,8 @@ import json
 import math
 import re
 import unicodedata
+
+import numpy as np
 from fractions import Fraction
 
 from .errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
@@ -206,21 +208,21 @@ def cs_complement(ranges):
     return cs_norm(res)
 
 
-def cs_from_pred(pred):
-    """Ranges of all code points satisfying pred (scans the BMP and beyond once)."""
-    res, start = [], None
-    for cp in range(MAX_CP + 1):
-        if 0xD800 <= cp <= 0xDFFF:
-            ok = False
-        else:
-            ok = pred(chr(cp))
-        if ok and start is None:
-            start = cp
-        elif not ok and start is not None:
-            res.append((start, cp - 1))
-            start = None
-    if start is not None:
-        res.append((start, MAX_CP))
+_ALL_CHARS = None
+
+
+def cs_from_re(cls):
+    """Ranges of the code points Python's re matches with a class such as r"\\d"."""
+    global _ALL_CHARS
+    if _ALL_CHARS is None:
+        _ALL_CHARS = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, MAX_CP + 1)))
+    res = []
+    for m in re.finditer(cls + "+", _ALL_CHARS):
+        lo, hi = m.start(), m.end() - 1
+        # positions past the surrogate gap are shifted by 0x800
+        lo = lo if lo < 0xD800 else lo + 0x800
+        hi = hi if hi < 0xD800 else hi + 0x800
+        res.append((lo, hi))
     return res
 
 
@@ -239,13 +241,14 @@ def class_ranges(letter):
     elif letter == "w":
         r = [(48, 57), (65, 90), (95, 95), (97, 122)]
     elif letter == "s":
-        r = [(lo, hi) for lo, hi in ECMA_SPACE if all(chr(c).isspace() for c in range(lo, hi + 1))]
+        py = cs_norm(cs_from_re(r"\s"))
+        r = [(max(lo, a), min(hi, b)) for lo, hi in ECMA_SPACE for a, b in py if max(lo, a) <= min(hi, b)]
     elif letter == "D":  # not a digit for either engine
-        r = cs_complement(cs_from_pred(lambda c: unicodedata.category(c) == "Nd") + [(48, 57)])
+        r = cs_complement(cs_from_re(r"\d") + [(48, 57)])
     elif letter == "W":
-        r = cs_complement(cs_from_pred(lambda c: c.isalnum() or c == "_") + class_ranges("w"))
+        r = cs_complement(cs_from_re(r"\w") + class_ranges("w"))
     elif letter == "S":
-        r = cs_complement(cs_from_pred(lambda c: c.isspace()) + ECMA_SPACE)
+        r = cs_complement(cs_from_re(r"\s") + ECMA_SPACE)
     else:
         raise KeyError(letter)
     r = cs_norm(r)
@@ -581,45 +584,61 @@ class NFA:
 
 
 class DFA:
-    """A byte DFA: trans[state][byte] -> state or -1; accept[state] is a label (-1 = reject)."""
+    """A byte DFA: trans[state, byte] -> state or -1; accept[state] is a label (-1 = reject)."""
 
     def __init__(self, trans, accept):
-        self.trans = trans
-        self.accept = accept
+        self.trans = np.asarray(trans, dtype=np.int32).reshape(-1, 256)
+        self.accept = np.asarray(accept, dtype=np.int32).reshape(-1)
 
     @property
     def n(self):
-        return len(self.trans)
+        return self.trans.shape[0]
 
     def run(self, data, state=0):
         for b in data:
             if state < 0:
                 return -1
-            state = self.trans[state][b]
+            state = int(self.trans[state, b])
         return state
 
 
+def _dead_dfa():
+    return DFA(np.full((1, 256), -1, np.int32), [-1])
+
+
+def _all_dfa():
+    return DFA(np.zeros((1, 256), np.int32), [0])
+
+
 def nfa_to_dfa(nfa, start, final):
+    """Subset construction over byte equivalence classes."""
+    bounds = {0, 256}
+    for edges in nfa.edges:
+        for lo, hi, _ in edges:
+            bounds.add(lo)
+            bounds.add(hi + 1)
+    bounds = sorted(bounds)
+    reps = bounds[:-1]
+    class_of = np.zeros(256, dtype=np.int64)
+    for ci in range(len(reps)):
+        class_of[bounds[ci]:bounds[ci + 1]] = ci
     start_set = nfa.closure([start])
     index = {start_set: 0}
     sets = [start_set]
-    trans, accept = [], []
+    rows, accept = [], []
     i = 0
     while i < len(sets):
         cur = sets[i]
         i += 1
-        row = [-1] * 256
-        # group targets by byte using range events
-        by_byte = [None] * 256
+        crow = np.full(len(reps), -1, dtype=np.int32)
+        targets = [set() for _ in reps]
         for x in cur:
             for lo, hi, t in nfa.edges[x]:
-                for b in range(lo, hi + 1):
-                    if by_byte[b] is None:
-                        by_byte[b] = set()
-                    by_byte[b].add(t)
+                for ci, r in enumerate(reps):
+                    if lo <= r <= hi:
+                        targets[ci].add(t)
         memo = {}
-        for b in range(256):
-            tg = by_byte[b]
+        for ci, tg in enumerate(targets):
             if not tg:
                 continue
             key = frozenset(tg)
@@ -631,84 +650,125 @@ def nfa_to_dfa(nfa, start, final):
                     raise GrammarLimitError(f"automaton exceeds {MAX_DFA_STATES} states")
                 index[tset] = len(sets)
                 sets.append(tset)
-            row[b] = index[tset]
-        trans.append(row)
+            crow[ci] = index[tset]
+        rows.append(crow[class_of])
         accept.append(0 if final in cur else -1)
-    return prune_dfa(DFA(trans, accept))
+    return prune_dfa(DFA(np.stack(rows), accept))
+
+
+def _successors(d):
+    """Per state: sorted distinct successor states (from the unique (state, target) pairs)."""
+    n = d.n
+    src, b = np.nonzero(d.trans >= 0)
+    dst = d.trans[src, b]
+    pairs = np.unique(src.astype(np.int64) * n + dst)
+    succ = [[] for _ in range(n)]
+    for s_, t_ in zip((pairs // n).tolist(), (pairs % n).tolist()):
+        succ[s_].append(t_)
+    return succ
+
+
+def _live_states(d):
+    """Boolean array: states from which an accepting state is reachable."""
+    n = d.n
+    src, b = np.nonzero(d.trans >= 0)
+    dst = d.trans[src, b]
+    pairs = np.unique(src.astype(np.int64) * n + dst)
+    src, dst = pairs // n, pairs % n
+    order = np.argsort(dst, kind="stable")
+    src, dst = src[order], dst[order]
+    starts = np.searchsorted(dst, np.arange(n + 1))
+    live = d.accept >= 0
+    stack = list(np.nonzero(live)[0])
+    while stack:
+        x = stack.pop()
+        for y in src[starts[x]:starts[x + 1]]:
+            if not live[y]:
+                live[y] = True
+                stack.append(int(y))
+    return live
+
+
+def _restrict(d, live):
+    """Keep live states reachable from 0 (BFS order, 0 first); others become -1."""
+    if not live[0]:
+        return _dead_dfa()
+    n = d.n
+    if live.all() and n == 1:
+        return d
+    succ = _successors(d)
+    live_l = live.tolist()
+    idx = np.full(n, -1, dtype=np.int64)
+    seen = [False] * n
+    seen[0] = True
+    order = [0]
+    k = 0
+    while k < len(order):
+        s = order[k]
+        k += 1
+        for t in succ[s]:
+            if live_l[t] and not seen[t]:
+                seen[t] = True
+                order.append(t)
+    idx[order] = np.arange(len(order))
+    idx_ext = np.append(idx, -1)  # index -1 -> -1
+    tr = d.trans[order]
+    tr = np.where(tr >= 0, idx_ext[tr], -1).astype(np.int32)
+    return DFA(tr, d.accept[order])
 
 
 def prune_dfa(d):
-    """Remove states from which no accepting state is reachable (they become -1)."""
-    n = d.n
-    rev = [[] for _ in range(n)]
-    for s in range(n):
-        for t in set(d.trans[s]):
-            if t >= 0:
-                rev[t].append(s)
-    live = [False] * n
-    stack = [s for s in range(n) if d.accept[s] >= 0]
-    for s in stack:
-        live[s] = True
-    while stack:
-        x = stack.pop()
-        for y in rev[x]:
-            if not live[y]:
-                live[y] = True
-                stack.append(y)
-    if not live[0]:
-        return DFA([[-1] * 256], [-1])
-    # renumber reachable live states from 0
-    order, idx = [0], {0: 0}
-    k = 0
-    while k < len(order):
-        s = order[k]
-        k += 1
-        for t in d.trans[s]:
-            if t >= 0 and live[t] and t not in idx:
-                idx[t] = len(order)
-                order.append(t)
-    trans = [[idx[t] if (t >= 0 and live[t]) else -1 for t in d.trans[s]] for s in order]
-    accept = [d.accept[s] for s in order]
-    return minimize_dfa(DFA(trans, accept))
+    """Remove states from which no accepting state is reachable (no minimisation: subset
+    construction of these small patterns is already near minimal, and Moore refinement
+    costs more than it saves at compile time)."""
+    return _restrict(d, _live_states(d))
+
+
+def prune_dfa_keep(d):
+    """Like prune_dfa without minimisation (labels are class ids)."""
+    return _restrict(d, _live_states(d))
 
 
 def minimize_dfa(d):
-    """Moore partition refinement (labels kept distinct)."""
+    """Moore partition refinement (distinct labels stay distinct)."""
     n = d.n
-    part = {}
-    cls = []
-    for s in range(n):
-        key = d.accept[s]
-        if key not in part:
-            part[key] = len(part)
-        cls.append(part[key])
+    _, cls = np.unique(d.accept, return_inverse=True)
+    cls = cls.reshape(-1).astype(np.int64)
+    k = cls.max() + 1 if n else 0
     while True:
-        sig = {}
-        new = []
-        for s in range(n):
-            key = (cls[s], tuple(cls[t] if t >= 0 else -1 for t in d.trans[s]))
-            if key not in sig:
-                sig[key] = len(sig)
-            new.append(sig[key])
-        if len(sig) == len(set(cls)):
+        cls_ext = np.append(cls, -1)
+        sig = np.concatenate([cls[:, None], cls_ext[d.trans]], axis=1)
+        _, new = np.unique(sig, axis=0, return_inverse=True)
+        new = new.reshape(-1)
+        k2 = new.max() + 1
+        cls = new.astype(np.int64)
+        if k2 == k:
             break
-        cls = new
-    # representative per class, class of state 0 becomes 0
-    order, idx = [], {}
-    stack = [0]
-    idx[cls[0]] = 0
-    order.append(0)
-    k = 0
-    while k < len(order):
-        s = order[k]
-        k += 1
-        for t in d.trans[s]:
-            if t >= 0 and cls[t] not in idx:
-                idx[cls[t]] = len(order)
-                order.append(t)
-    trans = [[idx[cls[t]] if t >= 0 else -1 for t in d.trans[s]] for s in order]
-    accept = [d.accept[s] for s in order]
-    return DFA(trans, accept)
+        k = k2
+    # representatives, class of state 0 first (BFS)
+    rep = {}
+    for s in range(n):
+        rep.setdefault(int(cls[s]), s)
+    cls_ext = np.append(cls, -1)
+    succ = _successors(d)
+    cls_l = cls.tolist()
+    idx = {cls_l[0]: 0}
+    order = [cls_l[0]]
+    j = 0
+    while j < len(order):
+        c = order[j]
+        j += 1
+        for t in succ[rep[c]]:
+            if cls_l[t] not in idx:
+                idx[cls_l[t]] = len(order)
+                order.append(cls_l[t])
+    remap = np.full(k + 1, -1, dtype=np.int64)
+    for c, i2 in idx.items():
+        remap[c] = i2
+    reps = [rep[c] for c in order]
+    tr = d.trans[reps]
+    tr = np.where(tr >= 0, remap[cls_ext[tr]], -1).astype(np.int32)
+    return DFA(tr, d.accept[reps])
 
 
 def regex_dfa(pattern, pointer="#"):
@@ -733,19 +793,35 @@ def regex_dfa(pattern, pointer="#"):
     return nfa_to_dfa(nfa, s, t)
 
 
-def literal_dfa(strings, labels=None):
-    """A trie DFA accepting exactly the given byte strings; accept label = labels[i] (default 0)."""
-    trans, accept = [[-1] * 256], [-1]
+def literal_dfa(strings, labels=None, other_label=None):
+    """A trie DFA accepting exactly the given byte strings; accept label = labels[i] (default 0).
+
+    other_label: when given, every string outside the trie reaches a sink state labelled so.
+    """
+    children = [{}]
+    default = -1 if other_label is None else other_label
+    acc = [default]
     for i, s in enumerate(strings):
         cur = 0
         for b in s:
-            if trans[cur][b] < 0:
-                trans.append([-1] * 256)
-                accept.append(-1)
-                trans[cur][b] = len(trans) - 1
-            cur = trans[cur][b]
-        accept[cur] = 0 if labels is None else labels[i]
-    return minimize_dfa(DFA(trans, accept)) if labels is None else DFA(trans, accept)
+            nxt = children[cur].get(b)
+            if nxt is None:
+                nxt = len(children)
+                children[cur][b] = nxt
+                children.append({})
+                acc.append(default)
+            cur = nxt
+        acc[cur] = 0 if labels is None else labels[i]
+    n = len(children)
+    sink = -1
+    if other_label is not None:
+        sink = n
+        acc.append(other_label)
+    tr = np.full((n + (1 if sink >= 0 else 0), 256), sink, dtype=np.int32)
+    for v, ch in enumerate(children):
+        for b, t in ch.items():
+            tr[v, b] = t
+    return DFA(tr, acc)  # a trie: every state is live and reachable
 
 
 def product_dfa(dfas, combine, complete=None):
@@ -754,37 +830,39 @@ def product_dfa(dfas, combine, complete=None):
     ``complete[i]`` True means component i is run with an explicit dead state so the
     product stays alive after it dies (its label is then -1).
     """
-    complete = complete or [False] * len(dfas)
+    k = len(dfas)
+    complete = complete or [False] * k
+    dead_row = np.full(256, -1, dtype=np.int32)
     start = tuple(0 for _ in dfas)
     index = {start: 0}
     states = [start]
-    trans, accept = [], []
+    rows, accept = [], []
     i = 0
     while i < len(states):
         cur = states[i]
         i += 1
-        row = [-1] * 256
-        for b in range(256):
-            nxt = []
-            ok = True
-            for d, s, c in zip(dfas, cur, complete):
-                t = d.trans[s][b] if s >= 0 else -1
-                if t < 0 and not c:
-                    ok = False
-                    break
-                nxt.append(t)
-            if not ok:
-                continue
-            nxt = tuple(nxt)
-            if nxt not in index:
-                if len(states) >= MAX_DFA_STATES:
-                    raise GrammarLimitError(f"automaton product exceeds {MAX_DFA_STATES} states")
-                index[nxt] = len(states)
-                states.append(nxt)
-            row[b] = index[nxt]
-        trans.append(row)
-        accept.append(combine(tuple(d.accept[s] if s >= 0 else -1 for d, s in zip(dfas, cur))))
-    return DFA(trans, accept)
+        comp = np.stack([d.trans[s] if s >= 0 else dead_row for d, s in zip(dfas, cur)])  # [k, 256]
+        ok = np.ones(256, dtype=bool)
+        for j in range(k):
+            if not complete[j]:
+                ok &= comp[j] >= 0
+        row = np.full(256, -1, dtype=np.int32)
+        cols = comp.T[ok]
+        if len(cols):
+            uniq, inv = np.unique(cols, axis=0, return_inverse=True)
+            ids = []
+            for u in uniq:
+                key = tuple(int(x) for x in u)
+                if key not in index:
+                    if len(states) >= MAX_DFA_STATES:
+                        raise GrammarLimitError(f"automaton product exceeds {MAX_DFA_STATES} states")
+                    index[key] = len(states)
+                    states.append(key)
+                ids.append(index[key])
+            row[ok] = np.asarray(ids, dtype=np.int32)[inv.reshape(-1)]
+        rows.append(row)
+        accept.append(combine(tuple(int(d.accept[s]) if s >= 0 else -1 for d, s in zip(dfas, cur))))
+    return DFA(np.stack(rows), accept)
 
 
 def intersect_dfas(dfas):
@@ -927,10 +1005,10 @@ class Program:
 
     def add_dfa(self, dfa, reach=None, other=None):
         base = len(self.accept)
+        tr = dfa.trans
+        self.trans.append(np.where(tr >= 0, tr + base, -1).astype(np.int32).reshape(-1))
+        self.accept.extend(int(a) for a in dfa.accept)
         for s in range(dfa.n):
-            row = dfa.trans[s]
-            self.trans.extend((t + base) if t >= 0 else -1 for t in row)
-            self.accept.append(dfa.accept[s])
             if reach is not None:
                 off = len(self.words)
                 self.words.extend(reach[s])
@@ -961,6 +1039,9 @@ class Program:
                         starts[i] = s
                         changed = True
         self.starts = starts
+        if isinstance(self.trans, list):
+            self.trans = np.concatenate(self.trans) if self.trans else np.zeros(0, np.int32)
+        self.trans_py = self.trans.tolist()
         return self
 
 
@@ -1250,9 +1331,11 @@ class Compiler:
             # compiling the conjunction without enum/const and running each value
             enum_vals = [v for v in enum_vals if _value_type_bit(v) & types]
             rest_parts = [_Part(q.ptr, q.excl | {"enum", "const", "not"}) for q, _ in flat]
+            trivial = all(set(sch) - q.excl - ANNOTATIONS <= {"type", "enum", "const", "not"}
+                          for q, sch in flat)
             kept = []
             for v in enum_vals:
-                if not self._value_ok(v, rest_parts):
+                if not trivial and not self._value_ok(v, rest_parts):
                     continue
                 if any(self._value_ok(v, [_Part(f"{q.ptr}/not")]) for q, _ in nots):
                     continue
@@ -1625,9 +1708,13 @@ class Compiler:
         name_labels = []
         for i, k in enumerate(names):
             name_labels.append(class_id(i, matched(k)))
+        if not pattern_dfas and not name_dfas:
+            key_dfa = literal_dfa([k.encode("utf-8") for k in names], labels=name_labels,
+                                  other_label=class_id(-1, frozenset()))
+            return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels)
         # product DFA: names trie x patterns x propertyNames
         trie = literal_dfa([k.encode("utf-8") for k in names], labels=list(range(len(names)))) \
-            if names else DFA([[-1] * 256], [-1])
+            if names else _dead_dfa()
         comps = [trie] + pattern_dfas + name_dfas
         complete = [True] * (1 + len(pattern_dfas)) + [False] * len(name_dfas)
         n_pat = len(pattern_dfas)
@@ -1642,6 +1729,10 @@ class Compiler:
             return class_id(-1, pats)
 
         key_dfa = product_dfa(comps, combine, complete)
+        return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels)
+
+    def _finish_object(self, nid, key_dfa, names, cls_prop, cls_node, required, name_labels):
+        p = self.p
         # classes whose value schema is impossible are not valid keys
         acc = [a if (a >= 0 and cls_node[a] != NEVER_NODE) else -1 for a in key_dfa.accept]
         key_dfa = prune_dfa_keep(DFA(key_dfa.trans, acc))
@@ -1656,7 +1747,7 @@ class Compiler:
         req_words = [0] * nwords
         for k in required:
             i = names.index(k)
-            if class_id(i, matched(k)) is not None and cls_node[name_labels[i]] == NEVER_NODE:
+            if cls_node[name_labels[i]] == NEVER_NODE:
                 p.types[nid] &= ~T_OBJ  # a required property can never be valid
             req_words[i // 64] |= 1 << (i % 64)
         p.obj_req_off[nid] = len(p.words)
@@ -1671,12 +1762,12 @@ class Compiler:
         """propertyNames: a string-only schema made of pattern/enum/const/format/type/maxLength-free parts."""
         sch = self.get(ptr)
         if sch is True or sch == {}:
-            return DFA([[0] * 256], [0])
+            return _all_dfa()
         if sch is False:
-            return DFA([[-1] * 256], [-1])
+            return _dead_dfa()
         flat = self.expand([_Part(ptr)])
         if flat is None:
-            return DFA([[-1] * 256], [-1])
+            return _dead_dfa()
         dfas = []
         for part, s in flat:
             for k in s:
@@ -1684,13 +1775,13 @@ class Compiler:
                     continue
                 if k == "type":
                     if s[k] != "string" and "string" not in (s[k] if isinstance(s[k], list) else []):
-                        return DFA([[-1] * 256], [-1])
+                        return _dead_dfa()
                 elif k == "pattern":
                     dfas.append(self._pattern(s[k], f"{part.ptr}/pattern"))
                 elif k in ("enum", "const"):
                     vals = s[k] if k == "enum" else [s[k]]
                     dfas.append(literal_dfa(sorted({v.encode("utf-8") for v in vals if isinstance(v, str)}))
-                                if any(isinstance(v, str) for v in vals) else DFA([[-1] * 256], [-1]))
+                                if any(isinstance(v, str) for v in vals) else _dead_dfa())
                 elif k == "format":
                     if s[k] in ENFORCED_FORMATS:
                         dfas.append(self._pattern(FORMAT_REGEX[s[k]], f"{part.ptr}/format"))
@@ -1709,66 +1800,33 @@ class Compiler:
                     raise UnsupportedSchemaError(f"keyword {k!r} inside propertyNames", keyword=k,
                                                  pointer=f"{part.ptr}/{k}")
         if not dfas:
-            return DFA([[0] * 256], [0])
+            return _all_dfa()
         return intersect_dfas(dfas)
-
-
-def prune_dfa_keep(d):
-    """Like prune_dfa but without minimisation (labels are class ids)."""
-    n = d.n
-    rev = [[] for _ in range(n)]
-    for s in range(n):
-        for t in set(d.trans[s]):
-            if t >= 0:
-                rev[t].append(s)
-    live = [False] * n
-    stack = [s for s in range(n) if d.accept[s] >= 0]
-    for s in stack:
-        live[s] = True
-    while stack:
-        x = stack.pop()
-        for y in rev[x]:
-            if not live[y]:
-                live[y] = True
-                stack.append(y)
-    if not live[0]:
-        return DFA([[-1] * 256], [-1])
-    order, idx = [0], {0: 0}
-    k = 0
-    while k < len(order):
-        s = order[k]
-        k += 1
-        for t in d.trans[s]:
-            if t >= 0 and live[t] and t not in idx:
-                idx[t] = len(order)
-                order.append(t)
-    trans = [[idx[t] if (t >= 0 and live[t]) else -1 for t in d.trans[s]] for s in order]
-    return DFA(trans, [d.accept[s] for s in order])
 
 
 def _reach_sets(d, cls_prop, nwords):
     """Per state: bitset of declared properties reachable, and whether another valid key is."""
     n = d.n
+    succ = _successors(d)
     reach = [0] * n
     other = [0] * n
-    for s in range(n):
-        a = d.accept[s]
+    for s_ in range(n):
+        a = int(d.accept[s_])
         if a >= 0:
             if cls_prop[a] >= 0:
-                reach[s] |= 1 << cls_prop[a]
+                reach[s_] |= 1 << cls_prop[a]
             else:
-                other[s] = 1
+                other[s_] = 1
     changed = True
     while changed:
         changed = False
-        for s in range(n - 1, -1, -1):
-            r, o = reach[s], other[s]
-            for t in set(d.trans[s]):
-                if t >= 0:
-                    r |= reach[t]
-                    o |= other[t]
-            if r != reach[s] or o != other[s]:
-                reach[s], other[s] = r, o
+        for s_ in range(n - 1, -1, -1):
+            r, o = reach[s_], other[s_]
+            for t_ in succ[s_]:
+                r |= reach[t_]
+                o |= other[t_]
+            if r != reach[s_] or o != other[s_]:
+                reach[s_], other[s_] = r, o
                 changed = True
     words = [[(r >> (64 * w)) & 0xFFFFFFFFFFFFFFFF for w in range(nwords)] for r in reach]
     return words, other
@@ -1870,7 +1928,7 @@ def compile_tools_program(tools, max_calls=4):
         reach, other = _reach_sets(trie, cls, 1)
         p.tool_dfa = p.add_dfa(trie, reach, other)
     else:
-        p.tool_dfa = p.add_dfa(DFA([[-1] * 256], [-1]), [[0]], [0])
+        p.tool_dfa = p.add_dfa(_dead_dfa(), [[0]], [0])
     p.root = ANY_NODE
     return p.finish()
 

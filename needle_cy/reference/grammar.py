@@ -92,28 +92,94 @@ def int_live(neg, digits, flags, lo, hi):
     return p * scale <= hi
 
 
+def parse_dec(text):
+    """Normalise number text like the C runtime: (neg, digits, exp), exponent clamped near 1e9."""
+    s = text.encode() if isinstance(text, str) else bytes(text)
+    i, n = 0, len(s)
+    neg = False
+    digits = bytearray()
+    frac = 0
+    in_frac = False
+    if i < n and s[i] == 0x2D:
+        neg = True
+        i += 1
+    while i < n:
+        c = s[i]
+        if c == 0x2E:
+            in_frac = True
+        elif c in (0x65, 0x45):
+            i += 1
+            break
+        else:
+            if in_frac:
+                frac += 1
+            if not (not digits and c == 0x30):
+                digits.append(c)
+        i += 1
+    eneg = False
+    e = 0
+    if i < n and s[i] in (0x2B, 0x2D):
+        eneg = s[i] == 0x2D
+        i += 1
+    while i < n:
+        if e < 100000000:
+            e = e * 10 + (s[i] - 0x30)
+        i += 1
+    if eneg:
+        e = -e
+    e -= frac
+    while digits and digits[-1] == 0x30:
+        digits.pop()
+        e += 1
+    if not digits:
+        return (False, "", 0)
+    return (neg, digits.decode(), e)
+
+
+def cmp_dec(a, b):
+    """Compare normalised decimals without building huge powers."""
+    an, ad, ae = a
+    bn, bd, be = b
+    if not ad and not bd:
+        return 0
+    if not ad:
+        return 1 if bn else -1
+    if not bd:
+        return -1 if an else 1
+    if an != bn:
+        return -1 if an else 1
+    oa, ob = len(ad) + ae, len(bd) + be
+    if oa != ob:
+        m = 1 if oa > ob else -1
+    else:
+        m = (ad > bd) - (ad < bd)  # no trailing zeros: lexicographic = numeric at equal order
+    return -m if an else m
+
+
 def number_check(check, text):
     """Exact bounds + multipleOf for a complete number text."""
-    d = norm_decimal(text)
-    v = dec_to_fraction(d)
+    d = parse_dec(text)
     lo, hi, mult = check["lo"], check["hi"], check["mult"]
     if lo is not None:
-        b = dec_to_fraction(lo[0])
-        if v < b or (lo[1] and v == b):
+        c = cmp_dec(d, lo[0])
+        if c < 0 or (c == 0 and lo[1]):
             return False
     if hi is not None:
-        b = dec_to_fraction(hi[0])
-        if v > b or (hi[1] and v == b):
+        c = cmp_dec(d, hi[0])
+        if c > 0 or (c == 0 and hi[1]):
             return False
-    if mult is not None:
-        q = v / dec_to_fraction(mult)
-        if q.denominator != 1:
+    if mult is not None and d[1]:
+        m = int(mult[1])
+        e = d[2] - mult[2]
+        if e < 0:
+            return False
+        if (int(d[1]) % m) * pow(10, e, m) % m:
             return False
     return True
 
 
 def number_hash(text):
-    neg, digits, exp = norm_decimal(text)
+    neg, digits, exp = parse_dec(text)
     h = FNV_OFFSET
     for b in (b"-" if neg else b"+") + digits.encode() + b"e" + str(exp).encode():
         h = fnv(h, b)
@@ -212,11 +278,14 @@ class ReferenceState:
         return any(not th.frames for th in c.threads)
 
     def in_string(self):
-        """True when every thread is inside a string value (not a key)."""
+        """True when every thread is inside a free-text string value: not a key, and not an
+        enum/pattern/format string (those are bounded by their automaton)."""
         if not self.threads:
             return False
         for th in self.threads:
             if not th.frames or th.frames[-1][0] != F_STRING:
+                return False
+            if self.p.str_dfa[th.frames[-1][1]] >= 0:
                 return False
         return True
 
@@ -469,7 +538,7 @@ def is_number_byte(b):
 def dfa_step(p, state, b):
     if state < 0:
         return state
-    return p.trans[state * 256 + b]
+    return p.trans_py[state * 256 + b]
 
 
 def key_live(p, th, obj, state):
@@ -490,7 +559,7 @@ def key_live(p, th, obj, state):
 def emit_byte(p, th, top, b):
     """One decoded byte of string content: DFA step and hash."""
     if top[4] >= 0:
-        st = p.trans[top[4] * 256 + b]
+        st = p.trans_py[top[4] * 256 + b]
         if st < 0:
             return False
         if top[0] == F_KEY and not key_live(p, th, th.frames[-2], st):
@@ -724,7 +793,7 @@ def number_byte(p, th, top, b):
     if len(th.num) >= NUM_BUF:
         return False
     if top[4] >= 0:
-        st = p.trans[top[4] * 256 + b]
+        st = p.trans_py[top[4] * 256 + b]
         if st < 0:
             return False
         top[4] = st
@@ -852,7 +921,7 @@ def calls_byte(p, th, top, b):
             top[2] = C_MID
             top[6] = 1
             return 1
-        st = p.trans[top[4] * 256 + b]
+        st = p.trans_py[top[4] * 256 + b]
         if st < 0 or not (p.words[p.reach_off[st]] & ~top[8]):
             return 0
         top[4] = st
