@@ -292,11 +292,23 @@ cdef extern from *:
             __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
             const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
             const float* xc = xp + c * C;
-            for (int s = 0; s < F; s++) {
-                const __m256 w = _mm256_mul_ps(nc_cq_decode(v, tlo, thi, fb), nv);
-                for (int t = 0; t < NT; t++)
-                    acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
-                v = _mm256_srli_epi32(v, fb);
+            if (g >= C) {
+                /* one norm for the whole chunk: scale the register codebook once
+                   instead of every decoded step */
+                const __m256 tl = _mm256_mul_ps(tlo, nv), th = _mm256_mul_ps(thi, nv);
+                for (int s = 0; s < F; s++) {
+                    const __m256 w = nc_cq_decode(v, tl, th, fb);
+                    for (int t = 0; t < NT; t++)
+                        acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
+                    v = _mm256_srli_epi32(v, fb);
+                }
+            } else {
+                for (int s = 0; s < F; s++) {
+                    const __m256 w = _mm256_mul_ps(nc_cq_decode(v, tlo, thi, fb), nv);
+                    for (int t = 0; t < NT; t++)
+                        acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
+                    v = _mm256_srli_epi32(v, fb);
+                }
             }
         }
         for (int t = 0; t < NT; t++) y[t * y_stride] += nc_cq_hsum(acc[t]);
