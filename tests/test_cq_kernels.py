@@ -239,3 +239,27 @@ def test_multiply_shared_rotates_once_for_several_matrices(kernel):
         _cq.multiply_shared([Ws[0], random_cq(rng, 4, 300, 4, 64)], x)
     with pytest.raises(ValueError, match="multiply_shared weights"):
         _cq.multiply_shared([Ws[0], random_cq(rng, 4, 301, 2, 64)], x)
+
+
+@pytest.mark.parametrize("name", ["needle3_tiny_a", "needle3_tiny_b"])
+def test_every_cq_tensor_of_the_official_archives(name):
+    # archives from the official exporter, read through the mmap reader: packed
+    # rows are read-only views into the file, d = 96 leaves a partial group
+    from conftest import fixture_path
+    from needle_cy.archive import Archive, CQMatrix
+
+    archive = Archive.open(fixture_path(name, "model.cact"))
+    rng = np.random.default_rng(len(name))
+    checked = 0
+    for rec in archive.records:
+        W = archive.tensor(rec.index)
+        if not isinstance(W, CQMatrix):
+            continue
+        x = rng.standard_normal(W.cols).astype(np.float32)
+        X = rng.standard_normal((3, W.cols)).astype(np.float32)
+        assert rel_err(_cq.matvec(W, x), ref.matvec(W, x)) <= 1e-5, rec.index
+        assert rel_err(_cq.matmul(W, X), ref.matmul(W, X)) <= 1e-5, rec.index
+        ids = [0, W.rows // 2, W.rows - 1]
+        assert rel_err(_cq.dequantize_rows(W, ids), ref.dequantize_rows(W, ids)) <= 1e-5, rec.index
+        checked += 1
+    assert checked >= 10
