@@ -315,9 +315,12 @@ cdef extern from *:
     }
 
     #define NC_CQ_SPECIALISE(FB)                                                               \\
-    static NC_CQ_TARGET float nc_cq_row_dot_##FB(const uint8_t* row, const uint8_t* end,       \\
-            const float* nrow, const float* xp, ptrdiff_t n_chunks, int g, const float* table) { \\
-        return nc_cq_row_dot_fb(row, end, nrow, xp, n_chunks, g, table, FB);                   \\
+    static NC_CQ_TARGET void nc_cq_rows_dot_##FB(const uint8_t* packed, ptrdiff_t row_bytes,    \\
+            const uint8_t* end, const float* norms, ptrdiff_t norm_stride, const float* xp,    \\
+            ptrdiff_t n_chunks, int g, const float* table, ptrdiff_t r0, ptrdiff_t r1, float* y) { \\
+        for (ptrdiff_t r = r0; r < r1; r++)                                                    \\
+            y[r] = nc_cq_row_dot_fb(packed + r * row_bytes, end, norms + r * norm_stride,      \\
+                                    xp, n_chunks, g, table, FB);                               \\
     }                                                                                          \\
     static NC_CQ_TARGET void nc_cq_row_tokens_##FB(const uint8_t* row, const uint8_t* end,     \\
             const float* nrow, const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks, int g, \\
@@ -340,14 +343,16 @@ cdef extern from *:
     NC_CQ_SPECIALISE(3)
     NC_CQ_SPECIALISE(4)
 
-    static float nc_cq_avx2_row_dot(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                    const float* xp, ptrdiff_t n_chunks, int fb, int g,
-                                    const float* table) {
+    /* y[r] for rows r0 ≤ r < r1 (one call per block of rows: the row loop is inlined) */
+    static void nc_cq_avx2_rows_dot(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                                    const float* norms, ptrdiff_t norm_stride, const float* xp,
+                                    ptrdiff_t n_chunks, int fb, int g, const float* table,
+                                    ptrdiff_t r0, ptrdiff_t r1, float* y) {
         switch (fb) {
-        case 1: return nc_cq_row_dot_1(row, end, nrow, xp, n_chunks, g, table);
-        case 2: return nc_cq_row_dot_2(row, end, nrow, xp, n_chunks, g, table);
-        case 3: return nc_cq_row_dot_3(row, end, nrow, xp, n_chunks, g, table);
-        default: return nc_cq_row_dot_4(row, end, nrow, xp, n_chunks, g, table);
+        case 1: nc_cq_rows_dot_1(packed, row_bytes, end, norms, norm_stride, xp, n_chunks, g, table, r0, r1, y); break;
+        case 2: nc_cq_rows_dot_2(packed, row_bytes, end, norms, norm_stride, xp, n_chunks, g, table, r0, r1, y); break;
+        case 3: nc_cq_rows_dot_3(packed, row_bytes, end, norms, norm_stride, xp, n_chunks, g, table, r0, r1, y); break;
+        default: nc_cq_rows_dot_4(packed, row_bytes, end, norms, norm_stride, xp, n_chunks, g, table, r0, r1, y); break;
         }
     }
 
@@ -435,14 +440,15 @@ cdef extern from *:
 
     #else
     static int nc_cq_cpu_has_avx2(void) { return 0; }
-    static float nc_cq_avx2_row_dot(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                    const float* xp, ptrdiff_t n_chunks, int fb, int g,
-                                    const float* table) { return 0.0f; }
     static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
                                       const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
                                       int fb, int g, const float* table, int nt,
                                       float* y, ptrdiff_t y_stride) {}
     static void nc_cq_fwht_avx2(float* v, ptrdiff_t n, float scale) {}
+    static void nc_cq_avx2_rows_dot(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                                    const float* norms, ptrdiff_t norm_stride, const float* xp,
+                                    ptrdiff_t n_chunks, int fb, int g, const float* table,
+                                    ptrdiff_t r0, ptrdiff_t r1, float* y) {}
     static void nc_cq_gather_chunks(const float* xt, float* xp, const int* perm,
                                     ptrdiff_t C, ptrdiff_t n_chunks) {}
     #endif
@@ -460,9 +466,10 @@ cdef extern from *:
     void nc_cq_fwht_avx2(float* v, Py_ssize_t n, float scale) noexcept nogil
     void nc_cq_gather_chunks(const float* xt, float* xp, const int* perm,
                              Py_ssize_t C, Py_ssize_t n_chunks) noexcept nogil
-    float nc_cq_avx2_row_dot(const uint8_t* row, const uint8_t* end, const float* nrow,
-                             const float* xp, Py_ssize_t n_chunks, int fb, int g,
-                             const float* table) noexcept nogil
+    void nc_cq_avx2_rows_dot(const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
+                             const float* norms, Py_ssize_t norm_stride, const float* xp,
+                             Py_ssize_t n_chunks, int fb, int g, const float* table,
+                             Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
     void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
                                const float* xp, Py_ssize_t xp_stride, Py_ssize_t n_chunks,
                                int fb, int g, const float* table, int nt,
@@ -475,6 +482,7 @@ cdef Py_ssize_t MIN_MACS_PER_THREAD = 65536
 # Matmul blocking: rows that share one block of rotated tokens while it is in L1/L2.
 cdef Py_ssize_t ROW_BLOCK = 16     # the tile in _matmul_rows_simd holds TOKEN_BLOCK × ROW_BLOCK
 cdef Py_ssize_t TOKEN_BLOCK = 8
+cdef Py_ssize_t MATVEC_ROW_BLOCK = 32  # rows per parallel task of the matvec
 cdef Py_ssize_t SLICE_FIELDS = 768   # matmul column slice (see _matmul_rows_simd)
 cdef Py_ssize_t SCALAR_PIECE = 1024  # stack buffer of the scalar matmul (vals in _matmul_row_scalar)
 
@@ -642,17 +650,21 @@ cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
     cdef const float* xp = work + w.padded_len
     cdef int n = cq_effective_threads(w, 1, threads)
     cdef Py_ssize_t r
+    cdef Py_ssize_t rb, r0, r1, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
     if simd:
         if n == 1:
-            for r in range(w.rows):
-                y[r] = nc_cq_avx2_row_dot(w.packed + r * w.row_bytes, w.packed_end,
-                                          w.norms + r * w.norm_stride, xp, w.n_chunks,
-                                          w.field_bits, w.group_size, w.simd_table)
+            nc_cq_avx2_rows_dot(w.packed, w.row_bytes, w.packed_end, w.norms, w.norm_stride, xp,
+                                w.n_chunks, w.field_bits, w.group_size, w.simd_table,
+                                0, w.rows, y)
         else:
-            for r in prange(w.rows, num_threads=n, schedule="static"):
-                y[r] = nc_cq_avx2_row_dot(w.packed + r * w.row_bytes, w.packed_end,
-                                          w.norms + r * w.norm_stride, xp, w.n_chunks,
-                                          w.field_bits, w.group_size, w.simd_table)
+            for rb in prange(n_blocks, num_threads=n, schedule="static"):
+                r0 = rb * MATVEC_ROW_BLOCK
+                r1 = r0 + MATVEC_ROW_BLOCK
+                if r1 > w.rows:
+                    r1 = w.rows
+                nc_cq_avx2_rows_dot(w.packed, w.row_bytes, w.packed_end, w.norms, w.norm_stride,
+                                    xp, w.n_chunks, w.field_bits, w.group_size, w.simd_table,
+                                    r0, r1, y)
     else:
         if n == 1:
             for r in range(w.rows):
