@@ -311,7 +311,7 @@ def _compilable(pool):
 
 
 # Random turns per run (each is a full constrained decode); raise it for a soak run.
-N_PROPERTY_CASES = int(os.environ.get("NEEDLE_CY_PROPERTY_CASES", "80"))
+N_PROPERTY_CASES = int(os.environ.get("NEEDLE_CY_PROPERTY_CASES", "60"))
 
 
 def _random_turns(tok, pool, n_cases, escapes, seed=0):
