@@ -70,7 +70,8 @@ cdef extern from *:
 
     /* AVX2 kernels, compiled with a target attribute so that even a portable
        build (no -march) has them; used only when the CPU reports AVX2+FMA. */
-    #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+    #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) \\
+        && !defined(NC_CQ_NO_SIMD)  /* -DNC_CQ_NO_SIMD: build the portable loops only */
     #include <immintrin.h>
     #define NC_CQ_X86 1
     #define NC_CQ_TARGET __attribute__((target("avx2,fma")))
