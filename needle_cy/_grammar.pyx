@@ -1187,20 +1187,48 @@ cdef bint state_complete(const Prog* p, const StateData* s, StateData* scratch) 
 
 # ============================================================================= Python surface
 
+# A free list of state buffers: a StateData is ~100 KB (all thread slots), and decoding
+# clones one per step, so reusing buffers avoids a large malloc/free per token.
+cdef StateData* _free_states[64]
+cdef int _n_free_states = 0
+
+
+cdef StateData* alloc_state() except NULL:
+    global _n_free_states
+    cdef StateData* s
+    if _n_free_states > 0:
+        _n_free_states -= 1
+        return _free_states[_n_free_states]
+    s = <StateData*>PyMem_Malloc(sizeof(StateData))
+    if s == NULL:
+        raise MemoryError()
+    return s
+
+
+cdef void release_state(StateData* s) noexcept:
+    global _n_free_states
+    if s == NULL:
+        return
+    if _n_free_states < 64:
+        _free_states[_n_free_states] = s
+        _n_free_states += 1
+    else:
+        PyMem_Free(s)
+
+
 cdef class CState:
     """A grammar state (see ``needle_cy.grammar``); clone() is a copy of the live C data."""
     cdef StateData* data
     cdef CGrammar g
 
     def __cinit__(self):
-        self.data = <StateData*>PyMem_Malloc(sizeof(StateData))
-        if self.data == NULL:
-            raise MemoryError()
+        self.data = alloc_state()
         self.data.n_threads = 0
         self.data.pos = 0
 
     def __dealloc__(self):
-        PyMem_Free(self.data)
+        release_state(self.data)
+        self.data = NULL
 
     def clone(self):
         cdef CState c = CState.__new__(CState)
@@ -1710,13 +1738,11 @@ cdef class CGrammar:
         if close_string:
             return self._best_closing(state, lg, pt)
         # fast path: the arg-max token alone
-        top_tok = int(np.argmax(lg)) if n_logits else -1
+        top_tok = int(lg.argmax()) if n_logits else -1
         if 0 <= top_tok < pt.n_tokens:
-            piece = pt.pieces[top_tok]
-            if piece:
-                c = state.clone()
-                if c.feed(piece):
-                    return top_tok, c
+            c = self._try_token(state, pt, top_tok)
+            if c is not None:
+                return top_tok, c
         self._ensure_bufs(pt.max_len + 2)
         out.mask = NULL
         out.logits = L
@@ -1743,6 +1769,26 @@ cdef class CGrammar:
         if not c.feed(pt.pieces[out.best]):
             raise AssertionError("grammar: chosen token failed to feed (internal error)")
         return out.best, c
+
+    cdef CState _try_token(self, CState state, PieceTable pt, int tok):
+        """Clone the state and feed one piece (from the packed piece bytes); None if invalid."""
+        cdef const int32_t[::1] offs = pt._piece_off
+        cdef const int32_t[::1] lens = pt._piece_len
+        cdef const uint8_t[::1] blob = pt._piece_bytes
+        cdef int n = lens[tok]
+        cdef int i
+        cdef CState c
+        cdef bint ok = True
+        if n == 0:
+            return None
+        c = CState.__new__(CState)
+        c.g = self
+        copy_state(c.data, state.data)
+        for i in range(n):
+            if not feed_byte(&self.prog, c.data, blob[offs[tok] + i]):
+                ok = False
+                break
+        return c if ok else None
 
     def _best_closing(self, CState state, lg, PieceTable pt):
         start = state.string_start()

@@ -1027,7 +1027,7 @@ class Program:
         """Derived tables: first-byte classes per node (choices: union over alternatives)."""
         n = len(self.kind)
         starts = [_type_starts(self.types[i]) if self.kind[i] == NODE_VALUE else 0 for i in range(n)]
-        changed = True
+        changed = any(k == NODE_CHOICE for k in self.kind)
         while changed:
             changed = False
             for i in range(n):
@@ -1041,8 +1041,15 @@ class Program:
         self.starts = starts
         if isinstance(self.trans, list):
             self.trans = np.concatenate(self.trans) if self.trans else np.zeros(0, np.int32)
-        self.trans_py = self.trans.tolist()
+        self._trans_py = None
         return self
+
+    @property
+    def trans_py(self):
+        """The transition table as a Python list (for the pure-Python reference runtime)."""
+        if getattr(self, "_trans_py", None) is None:
+            self._trans_py = np.asarray(self.trans).tolist()
+        return self._trans_py
 
 
 def _schema_at(doc, ptr):
@@ -1885,12 +1892,120 @@ def compile_program(schema):
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-:]+")
 
 
+NODE_FIELDS = ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num_check", "int_lo", "int_hi",
+               "int_flags", "arr_prefix_off", "arr_prefix_n", "arr_items", "arr_min", "arr_max", "arr_unique",
+               "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min", "obj_max", "obj_other_ok", "alt_off",
+               "alt_n", "oneof", "starts")
+
+_FRAGMENTS = {}
+
+
+def _fragment(params):
+    """The compiled program of one tool's parameters (cached by canonical JSON)."""
+    key = json.dumps(params, sort_keys=True, separators=(",", ":"))
+    hit = _FRAGMENTS.get(key)
+    if hit is None:
+        hit = compile_program(params)
+        if len(_FRAGMENTS) > 512:
+            _FRAGMENTS.clear()
+        _FRAGMENTS[key] = hit
+    return hit
+
+
+def _packed(f):
+    """A fragment's tables as int arrays, made once (linking then only adds offsets)."""
+    pk = getattr(f, "_packed", None)
+    if pk is None:
+        pk = {name: np.asarray(getattr(f, name), dtype=np.int64) for name in NODE_FIELDS}
+        for name in ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept", "reach_off", "other"):
+            pk[name] = np.asarray(getattr(f, name), dtype=np.int64)
+        pk["words"] = np.asarray(f.words, dtype=np.uint64)
+        pk["trans"] = np.asarray(f.trans, dtype=np.int32)
+        pk["trans_neg"] = pk["trans"] < 0
+        pk["key_state"] = (pk["reach_off"] >= 0) & (pk["accept"] >= 0)
+        f._packed = pk
+    return pk
+
+
+def link_programs(frags):
+    """Concatenate compiled programs into one; returns (program, root node of each fragment).
+
+    Each fragment's nodes 0 (ANY) and 1 (NEVER) map onto the shared ones; everything
+    else is relocated: node ids, DFA states, word offsets, key classes, pools, checks.
+    """
+    p = Program()
+    roots = []
+    parts = {name: [] for name in NODE_FIELDS + ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept",
+                                                  "reach_off", "other", "words", "trans")}
+    num_checks = []
+    node_base = dfa_base = words_base = cls_base = prefix_base = alt_base = check_base = 0
+    for k, f in enumerate(frags):
+        pk = _packed(f)
+        n = len(pk["kind"])
+        lo = 0 if k == 0 else 2            # the first fragment provides ANY and NEVER
+        nb = 0 if k == 0 else node_base - 2
+
+        def node_map(x):
+            return np.where(x >= 2, x + nb, x) if nb else x
+
+        def off(x, base):
+            return np.where(x >= 0, x + base, x) if base else x
+
+        for name in NODE_FIELDS:
+            arr = pk[name][lo:]
+            if name in ("str_dfa", "num_dfa", "obj_key_dfa"):
+                arr = off(arr, dfa_base)
+            elif name == "num_check":
+                arr = off(arr, check_base)
+            elif name == "arr_items":
+                arr = node_map(arr)
+            elif name == "arr_prefix_off":
+                arr = arr + prefix_base
+            elif name == "alt_off":
+                arr = arr + alt_base
+            elif name == "obj_req_off":
+                arr = arr + words_base
+            parts[name].append(arr)
+        parts["prefix_pool"].append(node_map(pk["prefix_pool"]))
+        parts["alt_pool"].append(node_map(pk["alt_pool"]))
+        parts["words"].append(pk["words"])
+        parts["cls_prop"].append(pk["cls_prop"])
+        parts["cls_node"].append(node_map(pk["cls_node"]))
+        tr = pk["trans"]
+        if dfa_base:
+            tr = tr + np.int32(dfa_base)
+            tr[pk["trans_neg"]] = -1
+        parts["trans"].append(tr)
+        acc = pk["accept"]
+        if cls_base:
+            acc = np.where(pk["key_state"], acc + cls_base, acc)  # key-DFA labels are class ids
+        parts["accept"].append(acc)
+        parts["reach_off"].append(off(pk["reach_off"], words_base))
+        parts["other"].append(pk["other"])
+        num_checks.extend(f.num_checks)
+        roots.append(int(f.root + nb) if f.root >= 2 else int(f.root))
+        node_base += n - lo
+        dfa_base += len(pk["accept"])
+        words_base += len(pk["words"])
+        cls_base += len(pk["cls_prop"])
+        prefix_base += len(pk["prefix_pool"])
+        alt_base += len(pk["alt_pool"])
+        check_base += len(f.num_checks)
+    for name in NODE_FIELDS + ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept", "reach_off",
+                               "other"):
+        setattr(p, name, np.concatenate(parts[name]).tolist())
+    p.words = [int(w) for w in np.concatenate(parts["words"])]
+    p.trans = [np.concatenate(parts["trans"])]
+    p.num_checks = num_checks
+    return p, roots
+
+
 def compile_tools_program(tools, max_calls=4):
     if not isinstance(tools, (list, tuple)):
         raise SchemaError("tools must be a list of {name, description, parameters}")
     if len(tools) > MAX_TOOLS:
         raise GrammarLimitError(f"{len(tools)} tools; at most {MAX_TOOLS} per grammar")
-    if not isinstance(max_calls, int) or max_calls < 0:
+    if not isinstance(max_calls, int) or isinstance(max_calls, bool) or max_calls < 0:
         raise SchemaError(f"max_calls must be a non-negative integer, found {max_calls!r}")
     names = []
     for i, t in enumerate(tools):
@@ -1902,30 +2017,27 @@ def compile_tools_program(tools, max_calls=4):
         if n in names:
             raise SchemaError(f"tool name {n!r} appears twice")
         names.append(n)
-    doc = {"$defs": {str(i): (t.get("parameters", {"type": "object"}) if t.get("parameters") is not None
-                              else {"type": "object"}) for i, t in enumerate(tools)}}
-    c = Compiler(doc)
-    nodes = []
-    for i, t in enumerate(tools):
+    frags = []
+    for t in tools:
         params = t.get("parameters")
-        c.draft = Compiler._draft(params) if isinstance(params, dict) else 2020
-        # parameters are their own document: rebase "#/..." refs inside them
-        sub = Compiler(params if params is not None else {"type": "object"})
-        sub.p = c.p
-        sub.memo = {(): ANY_NODE}
-        nodes.append(sub.node([_Part("#")]))
-    p = c.p
+        if params is None:
+            params = {"type": "object"}
+        frags.append(_fragment(params))
+    if not frags:
+        frags = [_fragment(True)]
+    p, nodes = link_programs(frags)
+    nodes = nodes[: len(tools)]
     p.tools_mode = 1
     p.max_calls = max_calls
     p.tool_names = names
     p.tool_nodes = nodes
     if names:
         trie = literal_dfa([n.encode() for n in names], labels=list(range(len(names))))
-        # prune tools whose parameters can never be valid
-        acc = [a if (a >= 0 and nodes[a] != NEVER_NODE) else -1 for a in trie.accept]
-        trie = prune_dfa_keep(DFA(trie.trans, acc))
-        cls = list(range(len(names)))
-        reach, other = _reach_sets(trie, cls, 1)
+        # tools whose parameters can never be valid cannot be named
+        acc = [a if (a >= 0 and nodes[a] != NEVER_NODE) else -1 for a in trie.accept.tolist()]
+        if any(nodes[i] == NEVER_NODE for i in range(len(nodes))):
+            trie = prune_dfa_keep(DFA(trie.trans, acc))
+        reach, other = _reach_sets(trie, list(range(len(names))), 1)
         p.tool_dfa = p.add_dfa(trie, reach, other)
     else:
         p.tool_dfa = p.add_dfa(_dead_dfa(), [[0]], [0])

@@ -6,6 +6,8 @@ blessing a wrong grammar.
 """
 import json
 import random
+import decimal
+from decimal import Decimal
 
 import jsonschema
 import numpy as np
@@ -426,3 +428,108 @@ def test_random_walks_validate(pieces):
             if s.is_complete():
                 value = json.loads(out)
                 assert oracle(schema, value), (schema, out)
+
+
+# ----------------------------------------------------------------------------- random schemas
+
+def random_schema(rng, depth=0):
+    """A random schema over the supported keywords (values kept float-exact for the oracle)."""
+    kinds = ["string", "integer", "number", "boolean", "null", "enum"]
+    if depth < 3:
+        kinds += ["object", "object", "array", "anyOf", "oneOf", "allOf"]
+    k = rng.choice(kinds)
+    if k == "string":
+        s = {"type": "string"}
+        if rng.random() < 0.4:
+            s["maxLength"] = rng.randint(0, 6)
+        if rng.random() < 0.3:
+            s["minLength"] = rng.randint(0, 3)
+        if rng.random() < 0.3:
+            s["pattern"] = rng.choice(["^[a-c]*$", "^x", "b", "^[0-9]{2,4}$", "^(ab|cd)+$", "^\\w*$", "^[^a]*$"])
+        return s
+    if k in ("integer", "number"):
+        s = {"type": k}
+        if rng.random() < 0.5:
+            s["minimum"] = rng.randint(-20, 10)
+        if rng.random() < 0.5:
+            s["maximum"] = rng.randint(10, 2000)
+        if rng.random() < 0.3:
+            s["multipleOf"] = rng.choice([2, 3, 5, 0.5, 0.25]) if k == "number" else rng.choice([2, 3, 7])
+        if rng.random() < 0.2:
+            s["exclusiveMinimum"] = rng.randint(-30, 0)
+        return s
+    if k in ("boolean", "null"):
+        return {"type": k}
+    if k == "enum":
+        pool = ["a", "b", "ab", "é", 1, 2.5, -3, True, None, [1, "x"], {"k": 1}]
+        return {"enum": rng.sample(pool, rng.randint(1, 4))}
+    if k == "object":
+        names = rng.sample(["a", "b", "ab", "abc", "x", "y_z", "é"], rng.randint(0, 4))
+        s = {"type": "object", "properties": {n: random_schema(rng, depth + 1) for n in names}}
+        if names and rng.random() < 0.6:
+            s["required"] = rng.sample(names, rng.randint(1, len(names)))
+        r = rng.random()
+        if r < 0.4:
+            s["additionalProperties"] = False
+        elif r < 0.55:
+            s["additionalProperties"] = random_schema(rng, depth + 1)
+        if rng.random() < 0.15:
+            s["patternProperties"] = {"^p": {"type": "integer"}}
+        if rng.random() < 0.15:
+            s["maxProperties"] = rng.randint(1, 3)
+        if rng.random() < 0.1:
+            s["minProperties"] = 1
+        return s
+    if k == "array":
+        s = {"type": "array", "items": random_schema(rng, depth + 1)}
+        if rng.random() < 0.3:
+            s["prefixItems"] = [random_schema(rng, depth + 1)]
+        if rng.random() < 0.4:
+            s["maxItems"] = rng.randint(0, 4)
+        if rng.random() < 0.3:
+            s["minItems"] = rng.randint(0, 2)
+        if rng.random() < 0.3:
+            s["uniqueItems"] = True
+        return s
+    subs = [random_schema(rng, depth + 1) for _ in range(rng.randint(2, 3))]
+    return {k: subs}
+
+
+def test_random_schemas_random_walks(pieces):
+    """Random schemas, random token walks: whatever completes validates with jsonschema."""
+    rng = random.Random(11)
+    nrng = np.random.default_rng(11)
+    completed = 0
+    for _ in range(150):
+        schema = random_schema(rng)
+        try:
+            g = compile_schema(schema)
+        except (UnsupportedSchemaError, GrammarLimitError):
+            continue
+        gp = compile_schema(schema, backend="python")
+        for _ in range(3):
+            s = g.start()
+            out = b""
+            for _ in range(40):
+                if s.is_complete() and nrng.random() < 0.4:
+                    break
+                ids = np.flatnonzero(g.allowed_tokens(s, pieces))
+                if not len(ids):
+                    break
+                tok = int(nrng.choice(ids))
+                assert s.feed(pieces[tok])
+                out += pieces[tok]
+            if s.is_complete():
+                completed += 1
+                # decimals parsed exactly (1e999 is a valid JSON number, not a float); exponents
+                # beyond Decimal's range cannot be checked by the oracle
+                with decimal.localcontext() as ctx:
+                    ctx.Emax, ctx.Emin, ctx.prec = decimal.MAX_EMAX, decimal.MIN_EMIN, 4000
+                    exact_schema = json.loads(json.dumps(schema), parse_float=Decimal)
+                    try:
+                        verdict = oracle(exact_schema, json.loads(out, parse_float=Decimal))
+                    except decimal.DecimalException:
+                        verdict = None   # e.g. 1e-9999999 % 0.5: beyond what Decimal can divide
+                    assert verdict is not False, (schema, out)
+                assert gp.accepts(out), (schema, out)   # the reference agrees
+    assert completed >= 80
