@@ -1084,7 +1084,7 @@ cdef int step(const Prog* p, StateData* s, int ti, int b) noexcept nogil:
                         return 0
                     th.depth -= 1
                     return 1 if complete_value(p, th, fmix(top.h ^ TAG_ARR)) else 0
-                if th.depth >= MAX_DEPTH:
+                if th.depth >= MAX_DEPTH or p.arr_max[node] == 0:
                     return 0
                 top.phase = A_ITEM
                 set_frame(&th.frames[th.depth], F_VALUE, item_node(p, node, top.count), 0)

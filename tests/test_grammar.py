@@ -109,6 +109,7 @@ CASES = [
      [["a", 1, 2], [1], ["a", "b"]]),
     ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "items": [{"type": "string"}],
       "additionalItems": {"type": "integer"}}, [["a", 1, 2], []], [["a", "b"], [1]]),
+    ({"type": "array", "maxItems": 0}, [[]], [[1], [[]]]),
     ({"type": "array", "uniqueItems": True}, [[1, 2], ["1", 1], [[1], [2]], [{"a": 1}, {"a": 2}], [True, 1]],
      [[1, 1], Raw("[1,1.0]"), [{"a": 1, "b": 2}, {"b": 2, "a": 1}], [[1, 2], [1, 2]], ["x", "x"], [None, None],
       Raw('["\\u0061","a"]')]),

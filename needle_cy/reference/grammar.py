@@ -399,7 +399,7 @@ def step(p, th, b, pos, out, slots):
                     if complete_value(p, th, fmix(top[8] ^ TAG_ARR)):
                         out.append(th)
                     return
-                if len(fr) >= MAX_DEPTH:
+                if len(fr) >= MAX_DEPTH or p.arr_max[node] == 0:
                     return
                 top[2] = A_ITEM
                 fr.append(new_frame(F_VALUE, item_node(p, node, top[3])))
