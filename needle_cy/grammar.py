@@ -115,6 +115,7 @@ SUPPORTED = {
     "minItems", "maxItems", "uniqueItems", "properties", "required", "additionalProperties",
     "patternProperties", "propertyNames", "minProperties", "maxProperties", "$ref", "allOf",
     "anyOf", "oneOf", "not",
+    "__ptr", "__not_pattern", "__not_strings",   # internal: made by the compiler for `not`
 }
 KNOWN_UNSUPPORTED = {
     "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas", "contains",
@@ -865,6 +866,15 @@ def product_dfa(dfas, combine, complete=None):
     return DFA(np.stack(rows), accept)
 
 
+def complement_dfa(d):
+    """The byte strings d rejects (UTF-8 validity is the string frame's job)."""
+    n = d.n
+    tr = np.where(d.trans >= 0, d.trans, n).astype(np.int32)
+    tr = np.vstack([tr, np.full((1, 256), n, np.int32)])
+    acc = np.append(np.where(d.accept >= 0, -1, 0), 0).astype(np.int32)
+    return prune_dfa(DFA(tr, acc))
+
+
 def intersect_dfas(dfas):
     if len(dfas) == 1:
         return dfas[0]
@@ -1173,6 +1183,17 @@ class Compiler:
                 if self.draft <= 7:
                     # draft <= 7: siblings of $ref are ignored
                     continue
+            if "__ptr" in sch and "__ptr" not in excl:
+                stack.append(_Part(sch["__ptr"]))
+                excl.add("__ptr")
+            if "not" in sch and "not" not in excl:
+                try:
+                    neg = self.negate(f"{part.ptr}/not", 0)
+                except UnsupportedSchemaError:
+                    neg = None   # left to fill(): exact by filtering a finite enum, or an error
+                if neg is not None:
+                    stack.append(_Part(self.synth(neg)))
+                    excl.add("not")
             if "allOf" in sch and "allOf" not in excl:
                 subs = sch["allOf"]
                 if not isinstance(subs, list):
@@ -1182,6 +1203,120 @@ class Compiler:
                 excl.add("allOf")
             out.append((_Part(part.ptr, frozenset(excl)), sch))
         return out
+
+    # -- negation (`not`), rewritten exactly into positive keywords (De Morgan per keyword)
+    ALL_TYPES = ("null", "boolean", "object", "array", "number", "string")
+
+    def negate(self, ptr, depth):
+        """A schema accepting exactly the instances the schema at ptr rejects."""
+        if depth > 20:
+            raise UnsupportedSchemaError(f"'not' nested too deep at {ptr}", keyword="not", pointer=ptr)
+        sch = self.get(ptr)
+        if sch is True:
+            return False
+        if sch is False:
+            return True
+        if not isinstance(sch, dict):
+            raise SchemaError(f"schema at {ptr} is not an object or boolean")
+        self.check_keywords(sch, ptr)
+        keys = [k for k in sch if k not in ANNOTATIONS and not k.startswith("x-")]
+        if "$ref" in keys and self.draft <= 7:
+            return self.negate(self.resolve_ref(sch["$ref"], ptr), depth + 1)
+        alts = []
+        done = set()
+        for k in keys:
+            if k in done:
+                continue
+            done.add(k)
+            v = sch[k]
+            if k not in SUPPORTED and k not in ("__ptr",):
+                continue  # unknown keyword: an annotation, always satisfied
+            alts.append(self._negate_keyword(ptr, sch, k, v, depth, done))
+        alts = [a for a in alts if a is not False]
+        if not alts:
+            return False
+        if any(a is True for a in alts):
+            return True
+        return alts[0] if len(alts) == 1 else {"anyOf": alts}
+
+    def _others(self, *types):
+        rest = [t for t in self.ALL_TYPES if t not in types]
+        return {"type": rest} if rest else False
+
+    def _negate_keyword(self, ptr, sch, k, v, depth, done):
+        """Negation of one keyword.  A keyword that constrains one type only (pattern, minimum,
+        required...) is satisfied by every other type, so its negation keeps that type only."""
+        kp = f"{ptr}/{_escape_ptr(k)}"
+
+        def unsupported():
+            raise UnsupportedSchemaError(f"'not' over {k!r} is not supported (at {kp})", keyword="not", pointer=kp)
+
+        def either(*alts):
+            alts = [a for a in alts if a is not False]
+            if not alts:
+                return False
+            return alts[0] if len(alts) == 1 else {"anyOf": list(alts)}
+
+        if k == "$ref":
+            return self.negate(self.resolve_ref(v, ptr), depth + 1)
+        if k == "__ptr":
+            return self.negate(v, depth + 1)
+        if k == "not":
+            return {"__ptr": kp}
+        if k == "anyOf" and isinstance(v, list):
+            return {"allOf": [self.negate(f"{kp}/{i}", depth + 1) for i in range(len(v))]}
+        if k == "allOf" and isinstance(v, list):
+            return {"anyOf": [self.negate(f"{kp}/{i}", depth + 1) for i in range(len(v))]} if v else False
+        if k == "type":
+            tl = v if isinstance(v, list) else [v]
+            if "integer" in tl and "number" not in tl:
+                unsupported()
+            return self._others(*[("number" if t == "integer" else t) for t in tl])
+        if k in ("enum", "const"):
+            vals = v if k == "enum" else [v]
+            if any(isinstance(x, (int, float, list, dict)) and not isinstance(x, bool) for x in vals):
+                unsupported()
+            strs = [x for x in vals if isinstance(x, str)]
+            lits = [x for x in (True, False, None) if not any(json_equal(x, y) for y in vals)]
+            return either(self._others("boolean", "null", "string"),
+                          {"enum": lits} if lits else False,
+                          {"type": "string", "__not_strings": strs} if strs else {"type": "string"})
+        if k == "pattern":
+            return {"type": "string", "__not_pattern": v}   # non-strings satisfy `pattern`
+        if k == "format":
+            if v in ENFORCED_FORMATS:
+                return {"type": "string", "__not_pattern": FORMAT_REGEX[v]}
+            if v in UNENFORCED_STANDARD_FORMATS:
+                unsupported()
+            return False
+        if k == "required":
+            if not v:
+                return False
+            return either(*[{"type": "object", "properties": {name: False}} for name in v])
+        if k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            if isinstance(v, bool):
+                return False  # draft-4 flag: negated together with its bound
+            is_min = k in ("minimum", "exclusiveMinimum")
+            excl = k.startswith("exclusive") or sch.get("exclusiveMinimum" if is_min else "exclusiveMaximum") is True
+            # not (x >= m) is x < m; not (x > m) is x <= m
+            bound = ("exclusiveMaximum" if not excl else "maximum") if is_min else \
+                    ("exclusiveMinimum" if not excl else "minimum")
+            neg = {"type": "number", bound: v}
+            if self.draft <= 4 and bound.startswith("exclusive"):
+                neg = {"type": "number", bound.replace("exclusiveM", "m"): v, bound: True}
+            return neg
+        counts = {"minLength": ("string", "maxLength"), "maxLength": ("string", "minLength"),
+                  "minItems": ("array", "maxItems"), "maxItems": ("array", "minItems"),
+                  "minProperties": ("object", "maxProperties"), "maxProperties": ("object", "minProperties")}
+        if k in counts:
+            t, other = counts[k]
+            n = _nonneg_int(v, ptr, k)
+            if k.startswith("min"):
+                return {"type": t, other: n - 1} if n > 0 else False
+            return {"type": t, other: n + 1}
+        if k == "uniqueItems" and v is False:
+            return False
+        unsupported()
 
     def resolve_ref(self, ref, where):
         if ref == "#":
@@ -1480,6 +1615,10 @@ class Compiler:
                 if not isinstance(pat, str):
                     raise SchemaError(f"pattern at {part.ptr} is not a string")
                 dfas.append(self._pattern(pat, part.ptr + "/pattern"))
+            if "__not_pattern" in sch:
+                dfas.append(complement_dfa(self._pattern(sch["__not_pattern"], part.ptr + "/not/pattern")))
+            if "__not_strings" in sch:
+                dfas.append(complement_dfa(literal_dfa(sorted({x.encode("utf-8") for x in sch["__not_strings"]}))))
             if "format" in sch and "format" not in ex:
                 f = sch["format"]
                 if f in ENFORCED_FORMATS:

@@ -534,3 +534,27 @@ def test_random_schemas_random_walks(pieces):
                     assert verdict is not False, (schema, out)
                 assert gp.accepts(out), (schema, out)   # the reference agrees
     assert completed >= 80
+
+
+NOT_CASES = [
+    ({"not": {"not": {"type": "integer"}}}, [1], ["a", 1.5]),
+    ({"not": {"required": ["a"]}}, [{}, {"b": 1}], [{"a": 1}, 1, "x"]),
+    ({"type": "object", "not": {"required": ["a", "b"]}}, [{"a": 1}, {"b": 1}], [{"a": 1, "b": 2}]),
+    ({"type": "string", "not": {"enum": ["a", "b"]}}, ["c", "ab", ""], ["a", "b"]),
+    ({"not": {"enum": ["a", True]}}, ["c", False, None, 1, {}], ["a", True]),
+    ({"type": "string", "not": {"pattern": "^x"}}, ["ax", ""], ["x", "xy"]),
+    ({"not": {"pattern": "^x"}}, [], ["x", 1, None]),
+    ({"not": {"minimum": 3}}, [2, 2.99, -1], [3, 4, "a"]),
+    ({"type": "integer", "not": {"exclusiveMaximum": 3}}, [3, 4], [2]),
+    ({"not": {"anyOf": [{"type": "string"}, {"type": "boolean"}]}}, [1, None, []], ["a", True]),
+    ({"not": {"allOf": [{"type": "string"}, {"maxLength": 2}]}}, ["abc", 1], ["ab", ""]),
+    ({"type": "array", "not": {"maxItems": 1}}, [[1, 2]], [[], [1]]),
+    ({"not": {"$ref": "#/$defs/s"}, "$defs": {"s": {"type": "string"}}}, [1], ["a"]),
+    ({"type": "string", "not": {"format": "date"}}, ["2024-02-30", "x"], ["2024-01-01"]),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", NOT_CASES, ids=[_id(c) for c in NOT_CASES])
+def test_not(case, backend):
+    test_keyword(case, backend)
