@@ -4,8 +4,11 @@
         --benchmark-min-rounds=3 --benchmark-columns=min,median,rounds
     NEEDLE_CY_BENCH_TABLE=benchmarks/results_model.md pytest benchmarks/bench_model.py ...
         (also writes the tokens/s + memory table, from each benchmark's minimum)
-    NEEDLE_CY_BENCH_BITS=4 NEEDLE_CY_BENCH_REFERENCE=0 pytest benchmarks/bench_model.py ...
-        (one width; skip the slow NumPy reference)
+    NEEDLE_CY_BENCH_BITS=4 NEEDLE_CY_BENCH_THREADS=1 NEEDLE_CY_BENCH_REFERENCE=0 pytest ...
+        (one width, one thread count; skip the slow NumPy reference)
+    pytest benchmarks/bench_model.py --benchmark-timer=time.process_time ...
+        (CPU seconds instead of wall time: on a shared, overloaded machine this is
+        what an idle core would take, for single-threaded runs)
 
 The archive is the random full-size model (20 layers, d_model 768, vocab 16384,
 the default geometry of ``needle_cy.testing.make_random_archive``) at 2 and 4 bits,
@@ -33,7 +36,7 @@ import pytest
 from needle_cy.model import Model
 
 BITS = [int(b) for b in os.environ.get("NEEDLE_CY_BENCH_BITS", "2,4").split(",")]
-THREADS = [1, 2]
+THREADS = [int(t) for t in os.environ.get("NEEDLE_CY_BENCH_THREADS", "1,2").split(",")]
 PROMPT = 600
 DECODE_STEPS = 16
 RUN_REFERENCE = os.environ.get("NEEDLE_CY_BENCH_REFERENCE", "1") != "0"
