@@ -72,6 +72,9 @@ cdef struct Prog:
     const int32_t* obj_req_off
     const int32_t* obj_min
     const int32_t* obj_max
+    const int32_t* obj_dep_off     # dependencies of an object: dep_pool pairs (property, words offset)
+    const int32_t* obj_dep_n
+    const int32_t* dep_pool
     const int32_t* alt_off
     const int32_t* alt_n
     const int32_t* oneof

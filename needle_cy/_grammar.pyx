@@ -842,11 +842,20 @@ cdef bint object_close(const Prog* p, Thread* th, Frame* top) noexcept nogil:
     cdef int roff = p.obj_req_off[node]
     cdef int w
     cdef uint64_t h
+    cdef int nw = p.obj_nwords[node]
+    cdef int d, prop, doff
     if top.count < p.obj_min[node]:
         return False
-    for w in range(p.obj_nwords[node]):
+    for w in range(nw):
         if p.words[roff + w] & ~th.aux[base + w]:
             return False
+    for d in range(p.obj_dep_n[node]):
+        prop = p.dep_pool[2 * (p.obj_dep_off[node] + d)]
+        doff = p.dep_pool[2 * (p.obj_dep_off[node] + d) + 1]
+        if (th.aux[base + prop // 64] >> (prop % 64)) & 1:
+            for w in range(nw):
+                if p.words[doff + w] & ~th.aux[base + w]:
+                    return False
     h = fmix(top.h ^ TAG_OBJ)
     th.depth -= 1
     th.aux_top = base
@@ -1545,6 +1554,9 @@ cdef class CGrammar:
         v32 = i32(P.obj_req_off); self.prog.obj_req_off = &v32[0]
         v32 = i32(P.obj_min); self.prog.obj_min = &v32[0]
         v32 = i32(P.obj_max); self.prog.obj_max = &v32[0]
+        v32 = i32(P.obj_dep_off); self.prog.obj_dep_off = &v32[0]
+        v32 = i32(P.obj_dep_n); self.prog.obj_dep_n = &v32[0]
+        v32 = i32(P.dep_pool); self.prog.dep_pool = &v32[0]
         v32 = i32(P.alt_off); self.prog.alt_off = &v32[0]
         v32 = i32(P.alt_n); self.prog.alt_n = &v32[0]
         v32 = i32(P.oneof); self.prog.oneof = &v32[0]

@@ -114,11 +114,12 @@ SUPPORTED = {
     "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "items", "prefixItems", "additionalItems",
     "minItems", "maxItems", "uniqueItems", "properties", "required", "additionalProperties",
     "patternProperties", "propertyNames", "minProperties", "maxProperties", "$ref", "allOf",
+    "dependencies", "dependentRequired",
     "anyOf", "oneOf", "not",
     "__ptr", "__not_pattern", "__not_strings",   # internal: made by the compiler for `not`
 }
 KNOWN_UNSUPPORTED = {
-    "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas", "contains",
+    "if", "then", "else", "dependentSchemas", "contains",
     "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
     "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "disallow", "extends", "divisibleBy",
 }
@@ -987,12 +988,15 @@ class Program:
         self.obj_min = []
         self.obj_max = []
         self.obj_other_ok = []  # 1 when keys outside the declared set can be valid
+        self.obj_dep_off = []   # dependencies: pairs (property index, words offset of its required set)
+        self.obj_dep_n = []
         self.alt_off = []
         self.alt_n = []
         self.oneof = []
         # pools
         self.prefix_pool = []
         self.alt_pool = []
+        self.dep_pool = []
         self.words = []        # uint64 words: required bitsets, reach bitsets
         # key classes (for key DFAs): class -> (prop index or -1, value node)
         self.cls_prop = []
@@ -1148,6 +1152,8 @@ class Compiler:
         p.obj_min.append(0)
         p.obj_max.append(-1)
         p.obj_other_ok.append(1)
+        p.obj_dep_off.append(0)
+        p.obj_dep_n.append(0)
         p.alt_off.append(0)
         p.alt_n.append(0)
         p.oneof.append(0)
@@ -1532,7 +1538,7 @@ class Compiler:
         for name in ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num_check", "int_lo",
                      "int_hi", "int_flags", "arr_prefix_off", "arr_prefix_n", "arr_items", "arr_min",
                      "arr_max", "arr_unique", "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min",
-                     "obj_max", "obj_other_ok", "alt_off", "alt_n", "oneof"):
+                     "obj_max", "obj_other_ok", "obj_dep_off", "obj_dep_n", "alt_off", "alt_n", "oneof"):
             arr = getattr(p, name)
             arr[nid] = arr[src]
         if src >= len(p.kind) or p.kind[src] is None:
@@ -1769,6 +1775,7 @@ class Compiler:
         patterns = []      # (regex, part pointer)
         required = set()
         additional_sources = []   # per source: (declared names set, pattern list, additional ptr or None)
+        deps = []                 # (property, [properties it requires])
         name_dfas = []
         for part, sch in flat:
             ex = part.excl
@@ -1801,11 +1808,27 @@ class Compiler:
             if "additionalProperties" in sch and "additionalProperties" not in ex:
                 addl = f"{part.ptr}/additionalProperties"
             additional_sources.append((part, names, pats, addl))
+            for dk in ("dependencies", "dependentRequired"):
+                if dk in sch and dk not in ex:
+                    for name, dv in sch[dk].items():
+                        if isinstance(dv, dict) and set(dv) - ANNOTATIONS <= {"required"}:
+                            dv = dv.get("required", [])
+                        if dv is True or dv == {}:
+                            continue
+                        if not isinstance(dv, list):
+                            raise UnsupportedSchemaError(
+                                f"schema-valued {dk} at {part.ptr}", keyword=dk,
+                                pointer=f"{part.ptr}/{dk}/{_escape_ptr(name)}")
+                        deps.append((name, list(dv)))
             if "propertyNames" in sch and "propertyNames" not in ex:
                 name_dfas.append(self._names_dfa(f"{part.ptr}/propertyNames"))
             patterns.extend(pats)
         for k in required:
             props.setdefault(k, [])
+        for k, ks in deps:
+            props.setdefault(k, [])
+            for k2 in ks:
+                props.setdefault(k2, [])
         names = sorted(props)
         if len(names) > 64 * 8:
             raise GrammarLimitError(f"object with {len(names)} declared properties")
@@ -1857,7 +1880,7 @@ class Compiler:
         if not pattern_dfas and not name_dfas:
             key_dfa = literal_dfa([k.encode("utf-8") for k in names], labels=name_labels,
                                   other_label=class_id(-1, frozenset()))
-            return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels)
+            return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps)
         # product DFA: names trie x patterns x propertyNames
         trie = literal_dfa([k.encode("utf-8") for k in names], labels=list(range(len(names)))) \
             if names else _dead_dfa()
@@ -1875,9 +1898,9 @@ class Compiler:
             return class_id(-1, pats)
 
         key_dfa = product_dfa(comps, combine, complete)
-        return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels)
+        return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps)
 
-    def _finish_object(self, nid, key_dfa, names, cls_prop, cls_node, required, name_labels):
+    def _finish_object(self, nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps=()):
         p = self.p
         # classes whose value schema is impossible are not valid keys
         acc = [a if (a >= 0 and cls_node[a] != NEVER_NODE) else -1 for a in key_dfa.accept]
@@ -1898,6 +1921,15 @@ class Compiler:
             req_words[i // 64] |= 1 << (i % 64)
         p.obj_req_off[nid] = len(p.words)
         p.words.extend(req_words)
+        p.obj_dep_off[nid] = len(p.dep_pool) // 2
+        p.obj_dep_n[nid] = len(deps)
+        for k, ks in deps:
+            w = [0] * nwords
+            for k2 in ks:
+                i = names.index(k2)
+                w[i // 64] |= 1 << (i % 64)
+            p.dep_pool.extend([names.index(k), len(p.words)])
+            p.words.extend(w)
         p.obj_other_ok[nid] = 1 if any(other) else 0
         if p.obj_max[nid] >= 0 and p.obj_min[nid] > p.obj_max[nid]:
             p.types[nid] &= ~T_OBJ
@@ -2033,7 +2065,8 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_.\-:]+")
 
 NODE_FIELDS = ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num_check", "int_lo", "int_hi",
                "int_flags", "arr_prefix_off", "arr_prefix_n", "arr_items", "arr_min", "arr_max", "arr_unique",
-               "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min", "obj_max", "obj_other_ok", "alt_off",
+               "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min", "obj_max", "obj_other_ok", "obj_dep_off",
+               "obj_dep_n", "alt_off",
                "alt_n", "oneof", "starts")
 
 _FRAGMENTS = {}
@@ -2056,7 +2089,8 @@ def _packed(f):
     pk = getattr(f, "_packed", None)
     if pk is None:
         pk = {name: np.asarray(getattr(f, name), dtype=np.int64) for name in NODE_FIELDS}
-        for name in ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept", "reach_off", "other"):
+        for name in ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept", "reach_off", "other",
+                     "dep_pool"):
             pk[name] = np.asarray(getattr(f, name), dtype=np.int64)
         pk["words"] = np.asarray(f.words, dtype=np.uint64)
         pk["trans"] = np.asarray(f.trans, dtype=np.int32)
@@ -2075,9 +2109,9 @@ def link_programs(frags):
     p = Program()
     roots = []
     parts = {name: [] for name in NODE_FIELDS + ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept",
-                                                  "reach_off", "other", "words", "trans")}
+                                                  "reach_off", "other", "words", "trans", "dep_pool")}
     num_checks = []
-    node_base = dfa_base = words_base = cls_base = prefix_base = alt_base = check_base = 0
+    node_base = dfa_base = words_base = cls_base = prefix_base = alt_base = check_base = dep_base = 0
     for k, f in enumerate(frags):
         pk = _packed(f)
         n = len(pk["kind"])
@@ -2104,6 +2138,8 @@ def link_programs(frags):
                 arr = arr + alt_base
             elif name == "obj_req_off":
                 arr = arr + words_base
+            elif name == "obj_dep_off":
+                arr = arr + dep_base
             parts[name].append(arr)
         parts["prefix_pool"].append(node_map(pk["prefix_pool"]))
         parts["alt_pool"].append(node_map(pk["alt_pool"]))
@@ -2121,6 +2157,9 @@ def link_programs(frags):
         parts["accept"].append(acc)
         parts["reach_off"].append(off(pk["reach_off"], words_base))
         parts["other"].append(pk["other"])
+        dp = pk["dep_pool"].copy()
+        dp[1::2] += words_base
+        parts["dep_pool"].append(dp)
         num_checks.extend(f.num_checks)
         roots.append(int(f.root + nb) if f.root >= 2 else int(f.root))
         node_base += n - lo
@@ -2130,8 +2169,9 @@ def link_programs(frags):
         prefix_base += len(pk["prefix_pool"])
         alt_base += len(pk["alt_pool"])
         check_base += len(f.num_checks)
+        dep_base += len(pk["dep_pool"]) // 2
     for name in NODE_FIELDS + ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept", "reach_off",
-                               "other"):
+                               "other", "dep_pool"):
         setattr(p, name, np.concatenate(parts[name]).tolist())
     p.words = [int(w) for w in np.concatenate(parts["words"])]
     p.trans = [np.concatenate(parts["trans"])]

@@ -123,6 +123,10 @@ CASES = [
      [{"x": True}, {"x": True, "y": False}], [{}, {"x": 1}, {"a": True, "b": True, "c": True}]),
     ({"type": "object", "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False},
      [{"x-a": 1}, {}], [{"x-a": "s"}, {"y": 1}]),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+      "dependencies": {"card": ["billing"], "x": {"required": ["y"]}}},
+     [{}, {"billing": 1}, {"card": 1, "billing": 2}, {"y": 1}], [{"card": 1}, {"x": 1}]),
+    ({"dependentRequired": {"a": ["b", "c"]}}, [{"a": 1, "b": 1, "c": 1}, 5], [{"a": 1, "b": 2}]),
     ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}, [{"ab": 1}], [{"aB": 1}, {"1": 2}]),
     ({"type": "object", "properties": {"k": {"type": "string"}},
       "patternProperties": {"k": {"maxLength": 2}}}, [{"k": "ab"}, {"kk": 5}], [{"k": "abc"}, {"kk": "abc"}]),
@@ -207,8 +211,12 @@ def test_unsupported_errors_name_keyword_and_pointer():
         compile_schema({"type": "string", "pattern": "(?=a)b"})
     assert e.value.keyword == "pattern"
     with pytest.raises(UnsupportedSchemaError) as e:
-        compile_schema({"dependentRequired": {"a": ["b"]}})
-    assert e.value.keyword == "dependentRequired"
+        compile_schema({"dependentSchemas": {"a": {"type": "object"}}})
+    assert e.value.keyword == "dependentSchemas"
+    with pytest.raises(UnsupportedSchemaError) as e:
+        compile_schema({"$schema": "http://json-schema.org/draft-07/schema#",
+                        "dependencies": {"a": {"properties": {"b": {"type": "string"}}}}})
+    assert e.value.keyword == "dependencies" and e.value.pointer == "#/dependencies/a"
     with pytest.raises(UnsupportedSchemaError):
         compile_schema({"type": "string", "format": "hostname"})
     with pytest.raises(SchemaError):

@@ -874,9 +874,17 @@ def object_close(p, th, top):
         return False
     base = top[5]
     roff = p.obj_req_off[node]
-    for w in range(p.obj_nwords[node]):
+    nw = p.obj_nwords[node]
+    for w in range(nw):
         if p.words[roff + w] & ~th.aux[base + w]:
             return False
+    for d in range(p.obj_dep_n[node]):
+        prop = p.dep_pool[2 * (p.obj_dep_off[node] + d)]
+        doff = p.dep_pool[2 * (p.obj_dep_off[node] + d) + 1]
+        if (th.aux[base + prop // 64] >> (prop % 64)) & 1:
+            for w in range(nw):
+                if p.words[doff + w] & ~th.aux[base + w]:
+                    return False
     th.frames.pop()
     del th.aux[base:]
     return complete_value(p, th, fmix(top[8] ^ TAG_OBJ))
