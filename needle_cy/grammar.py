@@ -726,6 +726,14 @@ def prune_dfa(d):
     return _restrict(d, _live_states(d))
 
 
+def _has_ref(node):
+    if isinstance(node, dict):
+        return "$ref" in node or any(_has_ref(v) for k, v in node.items() if k not in ("enum", "const"))
+    if isinstance(node, list):
+        return any(_has_ref(v) for v in node)
+    return False
+
+
 def prune_dfa_keep(d):
     """Like prune_dfa without minimisation (labels are class ids)."""
     return _restrict(d, _live_states(d))
@@ -1367,14 +1375,15 @@ class Compiler:
                     continue  # without "if" they do nothing
                 raise UnsupportedSchemaError(f"keyword {k!r} is not supported (at {ptr})", keyword=k,
                                              pointer=f"{ptr}/{_escape_ptr(k)}")
-        if self.draft <= 4 and "id" in sch and isinstance(sch.get("id"), str) \
-                and not sch["id"].startswith("#") and ptr != "#":
-            raise UnsupportedSchemaError(f"embedded schema resource id {sch['id']!r} at {ptr}",
-                                         keyword="id", pointer=ptr)
-        if "$id" in sch and isinstance(sch.get("$id"), str) and ptr != "#" \
-                and not sch["$id"].startswith("#"):
-            raise UnsupportedSchemaError(f"embedded schema resource $id {sch['$id']!r} at {ptr}",
-                                         keyword="$id", pointer=ptr)
+        # an embedded resource id changes how $refs inside it resolve: refused only when some
+        # $ref lives under it (otherwise it changes nothing)
+        for idk in ("id", "$id"):
+            if idk == "id" and self.draft > 4:
+                continue
+            v = sch.get(idk)
+            if isinstance(v, str) and ptr != "#" and not v.startswith("#") and _has_ref(sch):
+                raise UnsupportedSchemaError(f"embedded schema resource {idk} {v!r} with $refs at {ptr}",
+                                             keyword=idk, pointer=ptr)
 
     # -- node construction
     def node(self, parts):
