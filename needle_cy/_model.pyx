@@ -52,7 +52,7 @@ from libc.string cimport memcpy, memset, memmove
 from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row,
                             cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated)
 from needle_cy._ops cimport (a8_inplace, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
-                             conv_step_c, attend_group_c, sigmoid_c, engram_hash_c, engram_alpha_c,
+                             conv_step_c, attend_group_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
                              sinkhorn_c, monarch_mlp_c, pool_update_c, dot_c)
 
 from needle_cy._cq import prepare
@@ -1045,8 +1045,7 @@ cdef class CythonEngine:
                            vcache + (l * K + kh) * self.cap * dv,
                            dq, dv, self.attn_scale, rng, n_rng, scores, self.cap,
                            o + kh * G * dv, dv)
-        for c in range(gw):
-            o[c] = o[c] * sigmoid_c(g[c])
+        mul_sigmoid_c(o, g, gw)
         if self.quant:
             a8_inplace(o, gw, A8_QMAX)
 

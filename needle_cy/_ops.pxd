@@ -28,6 +28,7 @@ cdef void attend_group_c(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
                          float* scores, Py_ssize_t score_stride,
                          float* out, Py_ssize_t out_stride) noexcept nogil
 cdef float sigmoid_c(float x) noexcept nogil
+cdef void mul_sigmoid_c(float* o, const float* g, Py_ssize_t n) noexcept nogil
 cdef float dot_c(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 
 # engram

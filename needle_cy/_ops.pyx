@@ -61,6 +61,27 @@ cdef extern from *:
         __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
         return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
     }
+    /* o[i] ·= σ(g[i]) */
+    static inline void nc_mul_sigmoid(float* o, const float* g, Py_ssize_t n) {
+        const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 e = nc_exp256(_mm256_sub_ps(zero, _mm256_loadu_ps(g + i)));
+            _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_loadu_ps(o + i), _mm256_add_ps(one, e)));
+        }
+        for (; i < n; i++) o[i] = o[i] * (1.0f / (1.0f + expf(-g[i])));
+    }
+    /* x[i] = silu(x[i]) = x/(1 + e^-x) */
+    static inline void nc_silu(float* x, Py_ssize_t n) {
+        const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i);
+            __m256 e = nc_exp256(_mm256_sub_ps(zero, v));
+            _mm256_storeu_ps(x + i, _mm256_div_ps(v, _mm256_add_ps(one, e)));
+        }
+        for (; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
+    }
     /* x[i] = exp(x[i]·scale − sub); returns Σ x[i] */
     static inline float nc_exp_sum(float* x, Py_ssize_t n, float scale, float sub) {
         __m256 acc = _mm256_setzero_ps(), vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(sub);
@@ -186,6 +207,12 @@ cdef extern from *:
         return 1;
     }
     #else
+    static inline void nc_mul_sigmoid(float* o, const float* g, Py_ssize_t n) {
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = o[i] * (1.0f / (1.0f + expf(-g[i])));
+    }
+    static inline void nc_silu(float* x, Py_ssize_t n) {
+        for (Py_ssize_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
+    }
     static inline int nc_attend_avx2(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
                                      const float* kt, Py_ssize_t k_stride, const float* vc,
                                      Py_ssize_t dq, Py_ssize_t dv, float scale,
@@ -218,6 +245,8 @@ cdef extern from *:
     """
     float nc_dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
     float nc_exp_sum(float* x, Py_ssize_t n, float scale, float sub) noexcept nogil
+    void nc_mul_sigmoid(float* o, const float* g, Py_ssize_t n) noexcept nogil
+    void nc_silu(float* x, Py_ssize_t n) noexcept nogil
     int nc_kron_avx2(const float* z, const float* A, const float* B,
                      Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) noexcept nogil
     int nc_attend_avx2(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
@@ -379,6 +408,11 @@ cdef void rms_unit_c(const float* x, float* out, Py_ssize_t n) noexcept nogil:
 
 cdef float sigmoid_c(float x) noexcept nogil:
     return <float>1.0 / (<float>1.0 + expf(-x))
+
+
+cdef void mul_sigmoid_c(float* o, const float* g, Py_ssize_t n) noexcept nogil:
+    """o ⊙= σ(g) (vectorised exp where AVX2 is available)."""
+    nc_mul_sigmoid(o, g, n)
 
 
 cdef void rope_c(float* x, Py_ssize_t dh, const float* cos_row, const float* sin_row) noexcept nogil:
@@ -615,8 +649,8 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
         z[i] = k[p1[i]]
     # z = K(silu(d2 ⊙ c ⊙ z + b2); A2, B2)[p2]
     for i in range(N):
-        v = d2[i] * c[i] * z[i] + b2[i]
-        z[i] = v / (<float>1.0 + expf(-v))
+        z[i] = d2[i] * c[i] * z[i] + b2[i]
+    nc_silu(z, N)
     kron_apply_c(z, w2a, w2b, ba, bb, tmp, k)
     for i in range(N):
         z[i] = k[p2[i]]
