@@ -150,11 +150,17 @@ def test_best_allowed_step(benchmark, tools, vocab, wrong_rate):
     g = compile_tools(tools)
     calls = _calls()[:40]
     g.allowed_tokens(g.start(), table)  # build the trie once (per vocabulary, not per step)
-    steps = benchmark.pedantic(decode_calls, args=(g, table, sp, calls, wrong_rate), rounds=1, iterations=1)
+    runs = [benchmark.pedantic(decode_calls, args=(g, table, sp, calls, wrong_rate), rounds=1, iterations=1)]
+    runs += [decode_calls(g, table, sp, calls, wrong_rate) for _ in range(2)]
+    # per step, the best of 3 identical runs: removes preemption spikes of a shared machine
+    steps = np.min(np.stack(runs), axis=0)
+    raw = runs[0]
     mean, p99 = steps.mean() * 1e6, np.percentile(steps, 99) * 1e6
-    benchmark.extra_info.update(vocab=len(table), steps=len(steps), mean_us=round(mean, 2), p99_us=round(p99, 2))
-    print(f"\nbest_allowed vocab={len(table)} wrong_rate={wrong_rate}: {len(steps)} steps, "
-          f"mean {mean:.1f} us, p50 {np.median(steps) * 1e6:.1f} us, p99 {p99:.1f} us, max {steps.max() * 1e6:.0f} us")
+    benchmark.extra_info.update(vocab=len(table), steps=len(steps), mean_us=round(mean, 2), p99_us=round(p99, 2),
+                                raw_mean_us=round(raw.mean() * 1e6, 2), raw_p99_us=round(np.percentile(raw, 99) * 1e6, 2))
+    print(f"\nbest_allowed vocab={len(table)} wrong_rate={wrong_rate}: {len(steps)} steps, best-of-3 per step: "
+          f"mean {mean:.1f} us, p50 {np.median(steps) * 1e6:.1f} us, p99 {p99:.1f} us, max {steps.max() * 1e6:.0f} us"
+          f" | single run: mean {raw.mean() * 1e6:.1f} us, p99 {np.percentile(raw, 99) * 1e6:.1f} us")
 
 
 @pytest.mark.parametrize("vocab", ["2k", "16k", "32k"])
@@ -190,3 +196,94 @@ def test_compile_tools_cold(benchmark, tools):
         G._FRAGMENTS.clear()
         return compile_tools(tools)
     benchmark.pedantic(cold, rounds=3, iterations=1)
+
+
+# ----------------------------------------------------------------------------- peers (side by side)
+
+class _SPTokenizer:
+    """The minimal tokenizer object llguidance's TokenizerWrapper wants."""
+
+    def __init__(self, sp, table):
+        self.sp = sp
+        self.tokens = [p if p else b"" for p in table]
+        self.eos_token_id = sp.eos_id() if sp.eos_id() >= 0 else 0
+        self.bos_token_id = sp.bos_id() if sp.bos_id() >= 0 else None
+        self.special_token_ids = [i for i, p in enumerate(table) if p is None]
+
+    def __call__(self, data):
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        return self.sp.encode(text)
+
+
+def _strip_unique(x):
+    """llguidance refuses uniqueItems ("Unimplemented keys"): drop it for the peer."""
+    if isinstance(x, dict):
+        return {k: _strip_unique(v) for k, v in x.items() if k != "uniqueItems"}
+    if isinstance(x, list):
+        return [_strip_unique(v) for v in x]
+    return x
+
+
+def _calls_schema(tools, max_calls=4):
+    """The same call language as compile_tools, as a JSON Schema (no distinct-tool rule, no uniqueItems)."""
+    tools = _strip_unique(tools)
+    return {"type": "array", "maxItems": max_calls, "items": {"anyOf": [
+        {"type": "object", "properties": {"name": {"const": t["name"]}, "arguments": t["parameters"]},
+         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}}
+
+
+def _llg():
+    try:
+        import llguidance
+        import llguidance.numpy  # noqa: F401
+    except ImportError:
+        pytest.skip("llguidance not installed")
+    return llguidance
+
+
+@pytest.mark.parametrize("vocab", ["2k", "16k", "32k"])
+def test_llguidance_step(benchmark, tools, vocab):
+    """llguidance: mask + consume per step on the same calls (its documented numpy path)."""
+    llg = _llg()
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+    sp, table = _vocab(vocab)
+    tok = llg.LLTokenizer(llg.TokenizerWrapper(_SPTokenizer(sp, table)))
+    grammar = llg.LLMatcher.grammar_from_json_schema(_calls_schema(tools),
+                                                     defaults={"whitespace_flexible": False})
+    calls = _calls()[:40]
+    bitmask = allocate_token_bitmask(1, tok.vocab_size)
+
+    def run():
+        steps = []
+        for text in calls:
+            ids = _encode(sp, table, text)
+            if ids is None:
+                continue
+            m = llg.LLMatcher(tok, grammar)
+            for ref in ids:
+                t0 = time.perf_counter_ns()
+                fill_next_token_bitmask(m, bitmask, 0)
+                ok = m.consume_token(ref)
+                steps.append((time.perf_counter_ns() - t0) * 1e-9)
+                if not ok:
+                    break
+        return np.asarray(steps)
+
+    runs = [benchmark.pedantic(run, rounds=1, iterations=1), run(), run()]
+    n = min(len(r) for r in runs)
+    steps = np.min(np.stack([r[:n] for r in runs]), axis=0)
+    mean, p99 = steps.mean() * 1e6, np.percentile(steps, 99) * 1e6
+    benchmark.extra_info.update(vocab=len(table), steps=n, mean_us=round(mean, 2), p99_us=round(p99, 2))
+    print(f"\nllguidance vocab={len(table)}: {n} steps, best-of-3 per step: mean {mean:.1f} us, "
+          f"p50 {np.median(steps) * 1e6:.1f} us, p99 {p99:.1f} us")
+
+
+def test_llguidance_compile(benchmark, tools):
+    llg = _llg()
+    sp, table = _vocab("2k")
+    tok = llg.LLTokenizer(llg.TokenizerWrapper(_SPTokenizer(sp, table)))
+
+    def build():
+        g = llg.LLMatcher.grammar_from_json_schema(_calls_schema(tools), defaults={"whitespace_flexible": False})
+        return llg.LLMatcher(tok, g)
+    benchmark(build)
