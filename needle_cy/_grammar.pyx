@@ -109,6 +109,7 @@ cdef uint64_t TAG_NUM = 0x52
 cdef uint64_t TAG_ARR = 0x53
 cdef uint64_t TAG_OBJ = 0x54
 
+cdef int MAX_PIECE = 500   # bytes of one piece in the trie; the walk's per-depth arrays hold 512
 cdef const char* LIT_TRUE = b"true"
 cdef const char* LIT_FALSE = b"false"
 cdef const char* LIT_NULL = b"null"
@@ -1340,13 +1341,17 @@ cdef class PieceTable:
                 body_cps.append(cps)
             else:
                 other.append(i)
-        self.max_len = maxlen
+        # the trie walk keeps one state per byte of the path: pieces are bounded (longer ones
+        # are never allowed, see _build_trie's caller)
+        self.max_len = min(maxlen, MAX_PIECE)
         self._piece_bytes = np.frombuffer(bytes(blob) or b"\0", dtype=np.uint8).copy()
         self._piece_off = np.asarray(offs, dtype=np.int32)
         self._piece_len = np.asarray(lens, dtype=np.int32)
         self._body = np.asarray(body, dtype=np.int32)
         self._body_cps = np.asarray(body_cps, dtype=np.int32)
-        full = _build_trie(piece_table, [i for i in range(len(piece_table)) if lens[i] > 0])
+        usable = [i for i in range(len(piece_table)) if 0 < lens[i] <= MAX_PIECE]
+        other = [i for i in other if lens[i] <= MAX_PIECE]
+        full = _build_trie(piece_table, usable)
         (self._first_child, self._n_children, self._edge_byte, self._edge_child, self._tok_start,
          self._tok_count, self._toks) = full
         part = _build_trie(piece_table, other)

@@ -2064,7 +2064,10 @@ def compile_program(schema):
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"a schema must be an object or a boolean, found {type(schema).__name__}")
     c = Compiler(schema)
-    root = c.node([_Part("#")])
+    try:
+        root = c.node([_Part("#")])
+    except RecursionError:
+        raise GrammarLimitError("schema nesting too deep to compile") from None
     c.p.root = root
     return c.p.finish()
 
