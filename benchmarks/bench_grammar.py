@@ -175,17 +175,34 @@ def test_allowed_tokens_mask(benchmark, tools, vocab):
 
 
 def test_compile_tools(benchmark, tools):
-    compile_tools(tools)  # fragments cached: this measures a new tool *set* of known tools
+    """A new tool *set* of known tools (fragments cached, the set itself not)."""
+    from needle_cy import grammar as G
+    compile_tools(tools)
+
+    def new_set():
+        G._TOOL_SETS.clear()
+        return compile_tools(tools)
+    benchmark(new_set)
+
+
+def test_compile_tools_repeated(benchmark, tools):
+    """The same tool set again (the agent's common case): served from the set cache."""
+    compile_tools(tools)
     benchmark(compile_tools, tools)
 
 
 def test_compile_tools_subset(benchmark, tools):
     rng = random.Random(0)
     sets = [rng.sample(tools, 5) for _ in range(50)]
+    from needle_cy import grammar as G
     for s in sets:
         compile_tools(s)
     it = iter(range(10 ** 9))
-    benchmark(lambda: compile_tools(sets[next(it) % 50]))
+
+    def new_set():
+        G._TOOL_SETS.clear()
+        return compile_tools(sets[next(it) % 50])
+    benchmark(new_set)
 
 
 def test_compile_tools_cold(benchmark, tools):
@@ -194,6 +211,7 @@ def test_compile_tools_cold(benchmark, tools):
 
     def cold():
         G._FRAGMENTS.clear()
+        G._TOOL_SETS.clear()
         return compile_tools(tools)
     benchmark.pedantic(cold, rounds=3, iterations=1)
 

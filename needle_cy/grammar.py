@@ -2278,6 +2278,24 @@ def compile_schema(schema, backend="cython"):
     return Grammar(compile_program(schema), backend)
 
 
+_TOOL_SETS = {}
+
+
 def compile_tools(tools, max_calls=4, backend="cython"):
-    """Grammar of a call list: ``[{"name":..,"arguments":..},...]`` or ``[]``."""
-    return Grammar(compile_tools_program(tools, max_calls), backend)
+    """Grammar of a call list: ``[{"name":..,"arguments":..},...]`` or ``[]``.
+
+    A grammar is immutable (states are separate objects), so the grammar of a tool set
+    seen before is returned from a small cache; new sets link cached per-tool fragments.
+    """
+    try:
+        key = (json.dumps(tools, sort_keys=True, separators=(",", ":")), max_calls, backend)
+    except (TypeError, ValueError):
+        key = None
+    if key is not None and key in _TOOL_SETS:
+        return _TOOL_SETS[key]
+    g = Grammar(compile_tools_program(tools, max_calls), backend)
+    if key is not None:
+        if len(_TOOL_SETS) >= 64:
+            _TOOL_SETS.pop(next(iter(_TOOL_SETS)))
+        _TOOL_SETS[key] = g
+    return g
