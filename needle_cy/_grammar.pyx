@@ -1501,6 +1501,7 @@ cdef class CGrammar:
     cdef StateData** bufs
     cdef int n_bufs
     cdef object _tables
+    cdef object _body_cache
 
     def __cinit__(self):
         self.scratch = NULL
@@ -1511,6 +1512,7 @@ cdef class CGrammar:
         self.program = program
         self._keep = []
         self._tables = {}
+        self._body_cache = {}
         P = program
 
         def i32(x):
@@ -1683,23 +1685,61 @@ cdef class CGrammar:
         self._tables[key] = hit
         return hit
 
-    cdef bint _free_string(self, CState state, int* remaining):
-        """Single thread inside an unconstrained string in a clean state (body pieces fit)."""
+    cdef object _string_body(self, CState state, PieceTable pt, int* remaining):
+        """Plain-string pieces valid from this state, when it is context free: one thread in a
+        string value in a clean state.  Unconstrained strings take the vocabulary's list;
+        automaton strings (enum, pattern, format) a list per automaton state, made once.
+        Returns (ids, code points) or None."""
         cdef StateData* s = state.data
         cdef Thread* th
         cdef Frame* top
-        cdef int mx
+        cdef int mx, st, i, j, k, tok, n
+        cdef const int32_t[::1] body
+        cdef const int32_t[::1] cps
+        cdef const int32_t[::1] offs
+        cdef const int32_t[::1] lens
+        cdef const uint8_t[::1] blob
+        cdef cnp.ndarray[cnp.int32_t, ndim=1] keep
         if s.n_threads != 1:
-            return False
+            return None
         th = &s.threads[0]
         if th.depth == 0:
-            return False
+            return None
         top = &th.frames[th.depth - 1]
-        if top.kind != F_STRING or top.dfa >= 0 or top.x != 0:
-            return False
+        if top.kind != F_STRING or top.x != 0:
+            return None
         mx = self.prog.str_max[top.node]
         remaining[0] = -1 if mx < 0 else mx - top.count
-        return True
+        if top.dfa < 0:
+            return pt._body, pt._body_cps
+        key = (id(pt), top.dfa)
+        hit = self._body_cache.get(key)
+        if hit is not None:
+            return hit
+        body = pt._body
+        offs = pt._piece_off
+        lens = pt._piece_len
+        blob = pt._piece_bytes
+        n = len(pt._body)
+        keep = np.zeros(n, dtype=np.int32)
+        k = 0
+        with nogil:
+            for i in range(n):
+                tok = body[i]
+                st = top.dfa
+                for j in range(lens[tok]):
+                    st = self.prog.trans[st * 256 + blob[offs[tok] + j]]
+                    if st < 0:
+                        break
+                if st >= 0:
+                    keep[k] = i
+                    k += 1
+        idx = keep[:k]
+        hit = (np.ascontiguousarray(pt._body[idx]), np.ascontiguousarray(pt._body_cps[idx]))
+        if len(self._body_cache) > 4096:
+            self._body_cache.clear()
+        self._body_cache[key] = hit
+        return hit
 
     def allowed_tokens(self, CState state, piece_table):
         """np.bool_ mask over the vocabulary: pieces whose whole bytes the state accepts."""
@@ -1717,11 +1757,11 @@ cdef class CGrammar:
         out.mask = <uint8_t*>mask.data
         out.logits = NULL
         out.best = -1
-        if self._free_string(state, &remaining):
-            body = pt._body
-            cps = pt._body_cps
-            n = body.shape[0] if pt._body.size else 0
-            for i in range(len(pt._body)):
+        sb = self._string_body(state, pt, &remaining)
+        if sb is not None:
+            body = sb[0]
+            cps = sb[1]
+            for i in range(len(sb[0])):
                 if remaining < 0 or cps[i] <= remaining:
                     out.mask[body[i]] = 1
             t = _trie_view(pt, True)
@@ -1766,10 +1806,11 @@ cdef class CGrammar:
         out.n_logits = n_logits
         out.best = -1
         out.best_logit = 0
-        if self._free_string(state, &remaining):
-            body = pt._body
-            cps = pt._body_cps
-            for i in range(len(pt._body)):
+        sb = self._string_body(state, pt, &remaining)
+        if sb is not None:
+            body = sb[0]
+            cps = sb[1]
+            for i in range(len(sb[0])):
                 tok = body[i]
                 if tok < n_logits and (remaining < 0 or cps[i] <= remaining):
                     if out.best < 0 or L[tok] > out.best_logit:

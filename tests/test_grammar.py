@@ -364,12 +364,15 @@ def pieces():
 def test_allowed_tokens_matches_brute_force(pieces):
     rng = random.Random(7)
     schemas = [TOOLS, {"type": "object", "properties": {"q": {"type": "string", "maxLength": 4},
-                                                        "n": {"type": "number"}}}]
+                                                        "n": {"type": "number"}}},
+               {"type": "array", "items": {"anyOf": [
+                   {"type": "string", "pattern": "^[a-f0-9 ]*$", "maxLength": 6},
+                   {"enum": ["kitchen", "hall", "k\u00e9"]}, {"type": "string", "format": "date"}]}}]
     for sch in schemas:
         gc = compile_tools(sch) if isinstance(sch, list) else compile_schema(sch)
         gp = compile_tools(sch, backend="python") if isinstance(sch, list) else compile_schema(sch, backend="python")
         sc = gc.start()
-        for _ in range(25):
+        for _ in range(40):
             mask_c = gc.allowed_tokens(sc, pieces)
             # brute force with the Cython state, and the reference grammar on a sample of pieces
             ids = np.flatnonzero(mask_c)
