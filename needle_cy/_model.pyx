@@ -860,10 +860,12 @@ cdef class CythonEngine:
                 lc = &self.layers[l]
                 band = lc.band
                 # mHC router input nx = A8(RMSunit(flatten X))                        (spec §4.5)
-                for t in prange(T, num_threads=ntok, schedule="static"):
-                    rms_unit_c(lanes + t * nd, nx + t * nd, nd)
-                    if quant:
-                        a8_inplace(nx + t * nd, nd, A8_QMAX)
+                if ntok > 1:
+                    for t in prange(T, num_threads=ntok, schedule="static"):
+                        self._router_input(t)
+                else:
+                    for t in range(T):
+                        self._router_input(t)
                 cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
                 _project_shared(&lc.phi_pre, &lc.phi_pre, nx, T, nd, phi, nphi, cqw, cq_threads)
                 if not cq_same_rotation(&lc.phi_pre, &lc.phi_post):
@@ -872,19 +874,19 @@ cdef class CythonEngine:
                 if not cq_same_rotation(&lc.phi_pre, &lc.phi_post):
                     cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
                 _project_shared(&lc.phi_pre, &lc.phi_res, nx, T, nd, phi + 2 * n, nphi, cqw, cq_threads)
-                for t in prange(T, num_threads=ntok, schedule="static"):
-                    self._mhc_in(lc, t)
+                if ntok > 1:
+                    for t in prange(T, num_threads=ntok, schedule="static"):
+                        self._mhc_in(lc, t)
+                else:
+                    for t in range(T):
+                        self._mhc_in(lc, t)
                 # block input after the engram gate (spec §4.6), then a = A8(ZCRMS(x))
-                for t in prange(T, num_threads=ntok, schedule="static"):
-                    if lc.site >= 0:
-                        alpha = engram_alpha_c(self.s_u + t * d, self.s_ekey + (lc.site * CHUNK_MAX + t) * d, d)
-                        for c in range(d):
-                            self.s_x[t * d + c] = self.s_u[t * d + c] + alpha * self.s_eval[(lc.site * CHUNK_MAX + t) * d + c]
-                    else:
-                        memcpy(self.s_x + t * d, self.s_u + t * d, d * sizeof(float))
-                    zc_rmsnorm_c(self.s_x + t * d, lc.norm_in, self.s_a + t * d, d)
-                    if quant:
-                        a8_inplace(self.s_a + t * d, d, A8_QMAX)
+                if ntok > 1:
+                    for t in prange(T, num_threads=ntok, schedule="static"):
+                        self._block_in(lc, t)
+                else:
+                    for t in range(T):
+                        self._block_in(lc, t)
                 # attention projections (spec §4.7 step 1)
                 # (one rotation of a shared by the four products when their CQ layouts agree)
                 cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
@@ -899,19 +901,31 @@ cdef class CythonEngine:
                     cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
                 _project_shared(&lc.q_proj, &lc.gate_proj, self.s_a, T, d, self.s_g, gw, cqw, cq_threads)
                 # conv, QK norm, RoPE, quantizers; k and v go into the cache (steps 2–6)
-                for t in prange(T, num_threads=ntok, schedule="static"):
-                    self._qkv_token(lc, l, t, pos0, conv_q, conv_k, conv_v, kcache, vcache)
+                if ntok > 1:
+                    for t in prange(T, num_threads=ntok, schedule="static"):
+                        self._qkv_token(lc, l, t, pos0, conv_q, conv_k, conv_v, kcache, vcache)
+                else:
+                    for t in range(T):
+                        self._qkv_token(lc, l, t, pos0, conv_q, conv_k, conv_v, kcache, vcache)
                 if hist > 0:
                     self._shift_history(conv_q + l * hist * qw, hist, self.s_q, T, qw)
                     self._shift_history(conv_k + l * hist * kw, hist, self.s_k, T, kw)
                     self._shift_history(conv_v + l * hist * vw, hist, self.s_v, T, vw)
                 # GQA attention over the visible cache slots (steps 7–8), gate, A8 (step 9)
-                for t in prange(T, num_threads=ntok, schedule="static"):
-                    self._attend_token(lc, l, t, pos0, kcache, vcache)
+                if ntok > 1:
+                    for t in prange(T, num_threads=ntok, schedule="static"):
+                        self._attend_token(lc, l, t, pos0, kcache, vcache)
+                else:
+                    for t in range(T):
+                        self._attend_token(lc, l, t, pos0, kcache, vcache)
                 _project(&lc.out_proj, self.s_o, T, gw, self.s_ao, d, cqw, cq_threads)
                 # rest of the block, y = Block(u) − u, lane update, cell (spec §4.5–§4.8)
-                for t in prange(T, num_threads=ntok, schedule="static"):
-                    self._block_out(lc, t)
+                if ntok > 1:
+                    for t in prange(T, num_threads=ntok, schedule="static"):
+                        self._block_out(lc, t)
+                else:
+                    for t in range(T):
+                        self._block_out(lc, t)
                 if cells != NULL:
                     for t in range(T):
                         memcpy(cells + (t * R_cells + l + 1) * d, self.s_cell + t * d, d * sizeof(float))
@@ -942,6 +956,30 @@ cdef class CythonEngine:
             keep = nh - T
             memmove(hist, hist + T * width, keep * width * sizeof(float))
             memcpy(hist + keep * width, chunk, T * width * sizeof(float))
+
+    cdef void _router_input(self, Py_ssize_t t) noexcept nogil:
+        """mHC router input of token t: nx = A8(RMSunit(flatten X)) (spec §4.5)."""
+        cdef Py_ssize_t nd = self.n * self.d
+        rms_unit_c(self.s_lanes + t * nd, self.s_nx + t * nd, nd)
+        if self.quant:
+            a8_inplace(self.s_nx + t * nd, nd, A8_QMAX)
+
+    cdef void _block_in(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
+        """Block input of token t after the engram gate (spec §4.6), then
+        a = A8(ZCRMS(x; norm_in)), the attention input (§4.7 step 1)."""
+        cdef Py_ssize_t d = self.d, c
+        cdef float alpha
+        cdef const float* v
+        if lc.site >= 0:
+            alpha = engram_alpha_c(self.s_u + t * d, self.s_ekey + (lc.site * CHUNK_MAX + t) * d, d)
+            v = self.s_eval + (lc.site * CHUNK_MAX + t) * d
+            for c in range(d):
+                self.s_x[t * d + c] = self.s_u[t * d + c] + alpha * v[c]
+        else:
+            memcpy(self.s_x + t * d, self.s_u + t * d, d * sizeof(float))
+        zc_rmsnorm_c(self.s_x + t * d, lc.norm_in, self.s_a + t * d, d)
+        if self.quant:
+            a8_inplace(self.s_a + t * d, d, A8_QMAX)
 
     cdef void _mhc_in(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
         """Router weights of token t: hpre, hpost (into s_phi) and P (Sinkhorn, in place);
