@@ -192,9 +192,6 @@ cdef class EngineState:
     cdef public cnp.ndarray tokens       # [max(order)-1] last tokens
     cdef public list pools               # per head: (max [R,k], denom [R,k], weighted [R,k,d])
 
-    def used_slots(self, Py_ssize_t capacity):
-        return min(self.position, capacity)
-
 
 cdef class CythonEngine:
     """Fast Needle 3 engine; interface of ``needle_cy.reference.model.ReferenceEngine``."""
@@ -749,15 +746,15 @@ cdef class CythonEngine:
         logits: NULL, or [T, out_vocab] (all_logits) / [1, out_vocab] (last token only).
         cells: NULL or [T, D+1, d].  pool: fold the cells into the online probe pools."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, H = self.H, K = self.K
-        cdef Py_ssize_t dq = self.dq, dv = self.dv, G = self.H // self.K
+        cdef Py_ssize_t dq = self.dq, dv = self.dv
         cdef Py_ssize_t qw = H * dq, kw = K * dq, vw = K * dv, gw = H * dv
         cdef Py_ssize_t nphi = 2 * n + n * n
-        cdef Py_ssize_t pos0 = st.position, t, i, j, m, c, l, s, h, kh, src, tid, hd, r, jj
+        cdef Py_ssize_t pos0 = st.position, t, i, j, m, c, l, s, src, hd
         cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
-        cdef Py_ssize_t recent = self.recent, S = self.sinks, band, slot, p
+        cdef Py_ssize_t recent = self.recent, S = self.sinks
         cdef int ntok = <int>(T if T < self.threads else self.threads)
         cdef int cq_threads = self.threads
-        cdef float* cqw = self.s_cq_work
+        cdef float* cqw = self.s_cq_work                 # CQ kernel workspace
         cdef LayerC* lc
         cdef SiteC* sc
         cdef float* conv_q = fptr(st.conv_q)
@@ -772,27 +769,16 @@ cdef class CythonEngine:
         cdef float* nx = self.s_nx
         cdef float* phi = self.s_phi
         cdef float* ptr
-        cdef float* qh
         cdef const float* hptr[MAX_TAPS]
-        cdef Py_ssize_t rng[12]
-        cdef int n_rng
-        cdef float acc, gsig, alpha
-        cdef float hpre[MAX_LANES]
-        cdef float hpost[MAX_LANES]
-        cdef float Pm[MAX_LANES * MAX_LANES]
         cdef uint32_t seed
         cdef int oi, e, order
         cdef Py_ssize_t nth = self.n_tok_hist, vh = self.n_vhist, NT = self.NT, sub = self.sub
-        cdef Py_ssize_t cap = self.cap, R_cells = self.R_cells, L = self.L
+        cdef Py_ssize_t R_cells = self.R_cells, L = self.L
         cdef Py_ssize_t e_taps = self.e_taps, e_dil = self.e_dil
         cdef float* pmax[MAX_HEADS]
         cdef float* pden[MAX_HEADS]
         cdef float* psum[MAX_HEADS]
-        cdef float score, sqrt_d = sqrtf(<float>d)
-        cdef const float* probes
-        cdef Py_ssize_t kprobe, n_heads = self.n_heads if pool else 0
-        cdef float fn = <float>n
-        cdef Py_ssize_t out_rows
+        cdef Py_ssize_t n_heads = self.n_heads if pool else 0
         cdef int64_t row_id
         cdef float* hid = self.s_hid
         cdef Py_ssize_t first
