@@ -1700,18 +1700,24 @@ cdef class CGrammar:
         cdef const int32_t[::1] lens
         cdef const uint8_t[::1] blob
         cdef cnp.ndarray[cnp.int32_t, ndim=1] keep
+        cdef int32_t[::1] fin
         if s.n_threads != 1:
             return None
         th = &s.threads[0]
         if th.depth == 0:
             return None
         top = &th.frames[th.depth - 1]
-        if top.kind != F_STRING or top.x != 0:
+        if (top.kind != F_STRING and top.kind != F_KEY) or top.x != 0:
             return None
-        mx = self.prog.str_max[top.node]
-        remaining[0] = -1 if mx < 0 else mx - top.count
+        if top.kind == F_STRING:
+            mx = self.prog.str_max[top.node]
+            remaining[0] = -1 if mx < 0 else mx - top.count
+        else:
+            remaining[0] = -1
         if top.dfa < 0:
-            return pt._body, pt._body_cps
+            if top.kind == F_KEY:
+                return None
+            return pt._body, pt._body_cps, None
         key = (id(pt), top.dfa)
         hit = self._body_cache.get(key)
         if hit is not None:
@@ -1722,6 +1728,8 @@ cdef class CGrammar:
         blob = pt._piece_bytes
         n = len(pt._body)
         keep = np.zeros(n, dtype=np.int32)
+        finals = np.zeros(n, dtype=np.int32)
+        fin = finals
         k = 0
         with nogil:
             for i in range(n):
@@ -1733,13 +1741,23 @@ cdef class CGrammar:
                         break
                 if st >= 0:
                     keep[k] = i
+                    fin[k] = st
                     k += 1
         idx = keep[:k]
-        hit = (np.ascontiguousarray(pt._body[idx]), np.ascontiguousarray(pt._body_cps[idx]))
+        # keys: a key stays live along a path iff it is live at its end (reach sets only shrink),
+        # so the end state decides, with the object's seen properties, at use time
+        hit = (np.ascontiguousarray(pt._body[idx]), np.ascontiguousarray(pt._body_cps[idx]),
+               np.ascontiguousarray(finals[:k]) if top.kind == F_KEY else None)
         if len(self._body_cache) > 4096:
             self._body_cache.clear()
         self._body_cache[key] = hit
         return hit
+
+    cdef bint _body_ok(self, CState state, object finals, int i) except -1:
+        """For a key's cached piece i: is the key still live at the piece's end state?"""
+        cdef const int32_t[::1] fin = finals
+        cdef Thread* th = &state.data.threads[0]
+        return key_live(&self.prog, th, &th.frames[th.depth - 2], fin[i])
 
     def allowed_tokens(self, CState state, piece_table):
         """np.bool_ mask over the vocabulary: pieces whose whole bytes the state accepts."""
@@ -1751,6 +1769,10 @@ cdef class CGrammar:
         cdef int i, n
         cdef const int32_t[::1] body
         cdef const int32_t[::1] cps
+        cdef const int32_t[::1] fin
+        cdef Thread* th = NULL
+        cdef Frame* obj = NULL
+        cdef bint is_key
         if state.data.n_threads == 0:
             return mask.view(np.bool_)
         self._ensure_bufs(pt.max_len + 2)
@@ -1761,8 +1783,13 @@ cdef class CGrammar:
         if sb is not None:
             body = sb[0]
             cps = sb[1]
+            is_key = sb[2] is not None
+            if is_key:
+                fin = sb[2]
+                th = &state.data.threads[0]
+                obj = &th.frames[th.depth - 2]
             for i in range(len(sb[0])):
-                if remaining < 0 or cps[i] <= remaining:
+                if (remaining < 0 or cps[i] <= remaining) and (not is_key or key_live(&self.prog, th, obj, fin[i])):
                     out.mask[body[i]] = 1
             t = _trie_view(pt, True)
         else:
@@ -1789,6 +1816,10 @@ cdef class CGrammar:
         cdef float best_l
         cdef const int32_t[::1] body
         cdef const int32_t[::1] cps
+        cdef const int32_t[::1] fin
+        cdef Thread* th = NULL
+        cdef Frame* obj = NULL
+        cdef bint is_key
         cdef const float* L = <const float*>lg.data
         if state.data.n_threads == 0:
             return -1, state
@@ -1810,10 +1841,16 @@ cdef class CGrammar:
         if sb is not None:
             body = sb[0]
             cps = sb[1]
+            is_key = sb[2] is not None
+            if is_key:
+                fin = sb[2]
+                th = &state.data.threads[0]
+                obj = &th.frames[th.depth - 2]
             for i in range(len(sb[0])):
                 tok = body[i]
                 if tok < n_logits and (remaining < 0 or cps[i] <= remaining):
-                    if out.best < 0 or L[tok] > out.best_logit:
+                    if (out.best < 0 or L[tok] > out.best_logit) and \
+                            (not is_key or key_live(&self.prog, th, obj, fin[i])):
                         out.best = tok
                         out.best_logit = L[tok]
             t = _trie_view(pt, True)
