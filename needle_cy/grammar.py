@@ -114,12 +114,12 @@ SUPPORTED = {
     "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "items", "prefixItems", "additionalItems",
     "minItems", "maxItems", "uniqueItems", "properties", "required", "additionalProperties",
     "patternProperties", "propertyNames", "minProperties", "maxProperties", "$ref", "allOf",
-    "dependencies", "dependentRequired",
+    "dependencies", "dependentRequired", "if", "then", "else",
     "anyOf", "oneOf", "not",
     "__ptr", "__not_pattern", "__not_strings",   # internal: made by the compiler for `not`
 }
 KNOWN_UNSUPPORTED = {
-    "if", "then", "else", "dependentSchemas", "contains",
+    "dependentSchemas", "contains",
     "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
     "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "disallow", "extends", "divisibleBy",
 }
@@ -1208,6 +1208,15 @@ class Compiler:
                 if neg is not None:
                     stack.append(_Part(self.synth(neg)))
                     excl.add("not")
+            if "if" in sch and "if" not in excl:
+                # (if and then) or (not if and else), with `not if` rewritten exactly
+                ip = f"{part.ptr}/if"
+                neg_if = self.negate(ip, 0)
+                then = {"__ptr": f"{part.ptr}/then"} if "then" in sch else True
+                els = {"__ptr": f"{part.ptr}/else"} if "else" in sch else True
+                stack.append(_Part(self.synth({"anyOf": [{"allOf": [{"__ptr": ip}, then]},
+                                                         {"allOf": [neg_if, els]}]})))
+                excl.update(("if", "then", "else"))
             if "allOf" in sch and "allOf" not in excl:
                 subs = sch["allOf"]
                 if not isinstance(subs, list):
@@ -1288,13 +1297,22 @@ class Compiler:
             return self._others(*[("number" if t == "integer" else t) for t in tl])
         if k in ("enum", "const"):
             vals = v if k == "enum" else [v]
-            if any(isinstance(x, (int, float, list, dict)) and not isinstance(x, bool) for x in vals):
+            if any(isinstance(x, (list, dict)) for x in vals):
                 unsupported()
+            nums = [x for x in vals if isinstance(x, (int, float)) and not isinstance(x, bool)]
             strs = [x for x in vals if isinstance(x, str)]
             lits = [x for x in (True, False, None) if not any(json_equal(x, y) for y in vals)]
-            return either(self._others("boolean", "null", "string"),
+
+            def other_than(n):
+                if self.draft <= 4:
+                    return {"anyOf": [{"type": "number", "maximum": n, "exclusiveMaximum": True},
+                                      {"type": "number", "minimum": n, "exclusiveMinimum": True}]}
+                return {"anyOf": [{"type": "number", "exclusiveMaximum": n},
+                                  {"type": "number", "exclusiveMinimum": n}]}
+            return either(self._others("boolean", "null", "string", "number"),
                           {"enum": lits} if lits else False,
-                          {"type": "string", "__not_strings": strs} if strs else {"type": "string"})
+                          {"type": "string", "__not_strings": strs} if strs else {"type": "string"},
+                          {"allOf": [other_than(n) for n in nums]} if nums else {"type": "number"})
         if k == "pattern":
             return {"type": "string", "__not_pattern": v}   # non-strings satisfy `pattern`
         if k == "format":
@@ -1330,6 +1348,11 @@ class Compiler:
             return {"type": t, other: n + 1}
         if k == "uniqueItems" and v is False:
             return False
+        if k == "properties" and isinstance(v, dict):
+            # violated iff some declared property is present with a value its schema rejects
+            return either(*[{"type": "object", "required": [name],
+                             "properties": {name: self.negate(f"{kp}/{_escape_ptr(name)}", depth + 1)}}
+                            for name in v])
         unsupported()
 
     def resolve_ref(self, ref, where):

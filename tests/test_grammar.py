@@ -155,6 +155,11 @@ CASES = [
      [4, 5], [3, 6, 10]),
     ({"allOf": [{"enum": [1, 2, 3]}, {"not": {"const": 2}}]}, [1, 3], [2, 4]),
     ({"not": {"type": "string"}}, [1, None, {}], ["a"]),
+    ({"type": "object", "if": {"required": ["kind"], "properties": {"kind": {"const": "a"}}},
+      "then": {"required": ["a"]}, "else": {"required": ["b"]}},
+     [{"kind": "a", "a": 1}, {"kind": "x", "b": 1}, {"b": 1}], [{"kind": "a", "b": 1}, {"kind": "x"}, {}]),
+    ({"if": {"type": "number", "minimum": 5}, "then": {"maximum": 10}}, [3, 5, 10, "a"], [11]),
+    ({"if": {"type": "string"}, "else": {"type": "integer"}}, ["a", 3], [1.5, None]),
 ]
 
 
@@ -202,8 +207,11 @@ def test_earliest_byte():
 
 def test_unsupported_errors_name_keyword_and_pointer():
     with pytest.raises(UnsupportedSchemaError) as e:
-        compile_schema({"type": "object", "properties": {"x": {"if": {"type": "string"}, "then": {}}}})
-    assert e.value.keyword == "if" and e.value.pointer == "#/properties/x/if"
+        compile_schema({"type": "object", "properties": {"x": {"contains": {"type": "string"}}}})
+    assert e.value.keyword == "contains" and e.value.pointer == "#/properties/x/contains"
+    with pytest.raises(UnsupportedSchemaError) as e:
+        compile_schema({"if": {"multipleOf": 2}, "then": {"minimum": 10}})
+    assert e.value.keyword == "not"
     with pytest.raises(UnsupportedSchemaError) as e:
         compile_schema({"$ref": "http://example.com/schema.json"})
     assert e.value.keyword == "$ref"
@@ -553,6 +561,7 @@ NOT_CASES = [
     ({"type": "object", "not": {"required": ["a", "b"]}}, [{"a": 1}, {"b": 1}], [{"a": 1, "b": 2}]),
     ({"type": "string", "not": {"enum": ["a", "b"]}}, ["c", "ab", ""], ["a", "b"]),
     ({"not": {"enum": ["a", True]}}, ["c", False, None, 1, {}], ["a", True]),
+    ({"not": {"enum": [1, 2.5, "x"]}}, [0, 2, 2.4, 3, "y", None, []], [1, Raw("1.0"), 2.5, Raw("25e-1"), "x"]),
     ({"type": "string", "not": {"pattern": "^x"}}, ["ax", ""], ["x", "xy"]),
     ({"not": {"pattern": "^x"}}, [], ["x", 1, None]),
     ({"not": {"minimum": 3}}, [2, 2.99, -1], [3, 4, "a"]),
@@ -561,6 +570,8 @@ NOT_CASES = [
     ({"not": {"allOf": [{"type": "string"}, {"maxLength": 2}]}}, ["abc", 1], ["ab", ""]),
     ({"type": "array", "not": {"maxItems": 1}}, [[1, 2]], [[], [1]]),
     ({"not": {"$ref": "#/$defs/s"}, "$defs": {"s": {"type": "string"}}}, [1], ["a"]),
+    ({"not": {"properties": {"a": {"type": "string"}, "b": {"const": 1}}}}, [{"a": 1}, {"b": 2}],
+     [{}, {"a": "x"}, {"b": 1}, 5]),
     ({"type": "string", "not": {"format": "date"}}, ["2024-02-30", "x"], ["2024-01-01"]),
 ]
 
