@@ -10,6 +10,9 @@ from pathlib import Path
 # Small matmuls in the NumPy reference oversubscribe a 2-core machine when BLAS
 # spawns its own threads; the tests measure correctness, not BLAS speed.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# OpenMP threads that spin while waiting for a descheduled sibling make a loaded
+# 2-core machine 100x slower; sleeping waits keep the suite fast there too.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import pytest
 
