@@ -14,24 +14,32 @@ Note: float32 XLA reductions on CPU are not bit-identical across thread counts,
 so a rerun reproduces the recipe and the data exactly and the weights closely.
 """
 import argparse
+import json
 import os
 import time
 
 from . import train
 
-# Steps (batches of ≤12 × 512 tokens) behind the shipped archive.
-SHIPPED_STEPS = None  # set when the archive ships; None trains to HYPER["total_steps"]
+# The schedule behind the shipped archive: batches of 4 × 512 tokens, warmup 50,
+# constant peak, then a linear decay over the last SHIPPED_DECAY steps to SHIPPED_STEPS.
+SHIPPED_STEPS = 460
+SHIPPED_DECAY = 120
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m needle_cy.training.train_default")
     parser.add_argument("--out", required=True)
     parser.add_argument("--run-dir", default=os.path.join(os.getcwd(), "needle_default_run"))
-    parser.add_argument("--steps", type=int, default=SHIPPED_STEPS)
+    parser.add_argument("--steps", type=int, default=SHIPPED_STEPS,
+                        help="train to this step (the decay ends here)")
     args = parser.parse_args(argv)
     t0 = time.time()
     if not os.path.exists(os.path.join(args.run_dir, "tokens.npz")):
         train.prepare(args.run_dir)
+    control = os.path.join(args.run_dir, "control.json")
+    if not os.path.exists(control):
+        with open(control, "w") as handle:
+            json.dump({"end": args.steps, "decay_steps": SHIPPED_DECAY}, handle)
     train.fit(args.run_dir, until_step=args.steps)
     train.export(args.run_dir, args.out, bits=4)
     print(f"done in {(time.time() - t0) / 3600:.2f} h")
