@@ -3,7 +3,14 @@
 Public names are imported lazily so that importing the package is cheap and a
 module's heavy dependencies load only when used.
 """
+import os
 from importlib import import_module
+
+# OpenMP threads that spin while a sibling thread is descheduled stall a busy small
+# machine (measured: 150x slower on a loaded 2-core box). Sleeping waits cost a few
+# microseconds per parallel region instead. Set OMP_WAIT_POLICY=active to override;
+# it must be decided before the first OpenMP extension loads, hence here.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 from .errors import (
     CactFormatError,
