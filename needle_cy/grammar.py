@@ -114,12 +114,12 @@ SUPPORTED = {
     "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "items", "prefixItems", "additionalItems",
     "minItems", "maxItems", "uniqueItems", "properties", "required", "additionalProperties",
     "patternProperties", "propertyNames", "minProperties", "maxProperties", "$ref", "allOf",
-    "dependencies", "dependentRequired", "if", "then", "else",
+    "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else",
     "anyOf", "oneOf", "not",
     "__ptr", "__not_pattern", "__not_strings",   # internal: made by the compiler for `not`
 }
 KNOWN_UNSUPPORTED = {
-    "dependentSchemas", "contains",
+    "contains",
     "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
     "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "disallow", "extends", "divisibleBy",
 }
@@ -1100,6 +1100,7 @@ class Compiler:
         self.memo = {}
         self.synthetic = {}   # pointer "~synN" -> schema dict
         self.draft = self._draft(doc)
+        self.neg_errors = {}
         self._new_node_raw(types=T_ALL)          # ANY_NODE
         self._new_node_raw(types=0)              # NEVER_NODE
         self.memo[()] = ANY_NODE
@@ -1203,11 +1204,21 @@ class Compiler:
             if "not" in sch and "not" not in excl:
                 try:
                     neg = self.negate(f"{part.ptr}/not", 0)
-                except UnsupportedSchemaError:
-                    neg = None   # left to fill(): exact by filtering a finite enum, or an error
+                except UnsupportedSchemaError as exc:
+                    neg = None   # left to fill(): exact by filtering a finite enum, or this error
+                    self.neg_errors[part.ptr] = exc
                 if neg is not None:
                     stack.append(_Part(self.synth(neg)))
                     excl.add("not")
+            for dk in ("dependencies", "dependentSchemas"):
+                if dk in sch and dk + ":schemas" not in excl and isinstance(sch[dk], dict):
+                    # a schema dependency: the property is absent, or the schema holds
+                    for name, dv in sch[dk].items():
+                        if isinstance(dv, list) or (isinstance(dv, dict) and set(dv) - ANNOTATIONS <= {"required"}):
+                            continue  # property dependencies: checked by the object frame
+                        dp = f"{part.ptr}/{dk}/{_escape_ptr(name)}"
+                        stack.append(_Part(self.synth({"anyOf": [{"properties": {name: False}}, {"__ptr": dp}]})))
+                    excl.add(dk + ":schemas")
             if "if" in sch and "if" not in excl:
                 # (if and then) or (not if and else), with `not if` rewritten exactly
                 ip = f"{part.ptr}/if"
@@ -1549,6 +1560,8 @@ class Compiler:
                     # satisfy it, so objects are excluded
                     types &= ~T_OBJ
                     continue
+                if part.ptr in self.neg_errors:
+                    raise self.neg_errors[part.ptr]
                 raise UnsupportedSchemaError(f"'not' is only supported with enum/const or a type (at {part.ptr})",
                                              keyword="not", pointer=part.ptr + "/not")
         p.types[nid] = types
@@ -1845,12 +1858,8 @@ class Compiler:
                     for name, dv in sch[dk].items():
                         if isinstance(dv, dict) and set(dv) - ANNOTATIONS <= {"required"}:
                             dv = dv.get("required", [])
-                        if dv is True or dv == {}:
-                            continue
                         if not isinstance(dv, list):
-                            raise UnsupportedSchemaError(
-                                f"schema-valued {dk} at {part.ptr}", keyword=dk,
-                                pointer=f"{part.ptr}/{dk}/{_escape_ptr(name)}")
+                            continue  # schema dependencies were rewritten in expand()
                         deps.append((name, list(dv)))
             if "propertyNames" in sch and "propertyNames" not in ex:
                 name_dfas.append(self._names_dfa(f"{part.ptr}/propertyNames"))

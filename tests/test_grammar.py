@@ -127,6 +127,11 @@ CASES = [
       "dependencies": {"card": ["billing"], "x": {"required": ["y"]}}},
      [{}, {"billing": 1}, {"card": 1, "billing": 2}, {"y": 1}], [{"card": 1}, {"x": 1}]),
     ({"dependentRequired": {"a": ["b", "c"]}}, [{"a": 1, "b": 1, "c": 1}, 5], [{"a": 1, "b": 2}]),
+    ({"dependentSchemas": {"a": {"properties": {"b": {"type": "string"}}, "required": ["b"]}}},
+     [{}, {"b": 1}, {"a": 1, "b": "x"}, 3], [{"a": 1}, {"a": 1, "b": 2}]),
+    ({"$schema": "http://json-schema.org/draft-07/schema#",
+      "dependencies": {"a": {"properties": {"b": {"type": "string"}}}, "c": ["a"]}},
+     [{"a": 1, "b": "x"}, {"c": 1, "a": 2}], [{"a": 1, "b": 2}, {"c": 1}]),
     ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}, [{"ab": 1}], [{"aB": 1}, {"1": 2}]),
     ({"type": "object", "properties": {"k": {"type": "string"}},
       "patternProperties": {"k": {"maxLength": 2}}}, [{"k": "ab"}, {"kk": 5}], [{"k": "abc"}, {"kk": "abc"}]),
@@ -219,12 +224,8 @@ def test_unsupported_errors_name_keyword_and_pointer():
         compile_schema({"type": "string", "pattern": "(?=a)b"})
     assert e.value.keyword == "pattern"
     with pytest.raises(UnsupportedSchemaError) as e:
-        compile_schema({"dependentSchemas": {"a": {"type": "object"}}})
-    assert e.value.keyword == "dependentSchemas"
-    with pytest.raises(UnsupportedSchemaError) as e:
-        compile_schema({"$schema": "http://json-schema.org/draft-07/schema#",
-                        "dependencies": {"a": {"properties": {"b": {"type": "string"}}}}})
-    assert e.value.keyword == "dependencies" and e.value.pointer == "#/dependencies/a"
+        compile_schema({"not": {"multipleOf": 2}})
+    assert e.value.keyword == "not" and e.value.pointer == "#/not/multipleOf"
     with pytest.raises(UnsupportedSchemaError):
         compile_schema({"type": "string", "format": "hostname"})
     with pytest.raises(SchemaError):
