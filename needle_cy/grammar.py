@@ -30,8 +30,27 @@ What is enforced, exactly (never accepting what the schema forbids):
   ``$id``-less anchors are not supported), recursion bounded by the frame stack.
 * ``allOf`` (merged statically), ``anyOf`` (parallel threads), ``oneOf``
   (parallel threads; when two alternatives both complete the same value, it is
-  refused -- exact for every schema), ``not`` when the value set is a finite
-  ``enum``/``const`` (filtered statically).
+  refused -- exact for every schema, though a value can then be refused only at
+  its last byte).
+* ``not``: rewritten into positive keywords (De Morgan over keywords; type,
+  enum/const, pattern/format (complemented automata), required, properties,
+  bounds, length/count limits, nested not/anyOf/allOf/$ref); any other ``not`` is
+  exact when the value set is a finite ``enum``/``const`` (filtered statically),
+  else ``UnsupportedSchemaError``.
+* ``if``/``then``/``else`` = (if and then) or (not-if and else), with the same
+  negation; ``dependencies``/``dependentRequired`` (property lists, checked when
+  the object closes) and schema dependencies/``dependentSchemas`` (= property
+  absent, or the schema).
+
+Not supported (``UnsupportedSchemaError`` naming keyword and pointer):
+``contains``, ``unevaluated*``, dynamic refs, remote refs, ``$id``-based
+resources that contain ``$ref``s, ``not`` over ``multipleOf``/``items``/... and
+the standard formats not listed above.  Capacities (frames per thread, aux
+words, threads, number length) refuse -- never accept -- what does not fit.
+
+Liveness: acceptance is exact, and most violations are refused at the earliest
+byte; number bounds/multipleOf are checked when the number ends (integers also
+prune early), so an out-of-range number prefix can remain alive.
 
 Regex subset (``pattern``, ``patternProperties``): literals, ``.``, classes
 ``[...]``/``[^...]`` with ranges, ``\\d \\w \\s \\D \\W \\S`` (the intersection of
