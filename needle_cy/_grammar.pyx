@@ -1794,8 +1794,8 @@ cdef class CGrammar:
             t = _trie_view(pt, True)
         else:
             t = _trie_view(pt, False)
-        with nogil:
-            walk_trie(&self.prog, &t, state.data, self.bufs, pt.max_len + 1, &out)
+        # the GIL stays held: the walk uses this grammar's shared scratch states
+        walk_trie(&self.prog, &t, state.data, self.bufs, pt.max_len + 1, &out)
         return mask.view(np.bool_)
 
     def best_allowed(self, CState state, logits, piece_table, close_string=False):
@@ -1856,8 +1856,8 @@ cdef class CGrammar:
             t = _trie_view(pt, True)
         else:
             t = _trie_view(pt, False)
-        with nogil:
-            walk_trie(&self.prog, &t, state.data, self.bufs, pt.max_len + 1, &out)
+        # the GIL stays held: the walk uses this grammar's shared scratch states
+        walk_trie(&self.prog, &t, state.data, self.bufs, pt.max_len + 1, &out)
         if out.best < 0:
             return -1, state
         c = state.clone()
