@@ -18,10 +18,10 @@ pytestmark = pytest.mark.skipif(
 
 # (request, expected calls) — phrasings written for this test, not taken from any eval set
 FIXED = [
-    ("Lock the back door", [{"name": "lock_door", "arguments": {"door": "back door"}}]),
     ("Close the garage door", [{"name": "operate_garage", "arguments": {"action": "close"}}]),
     ("Stop the vacuum", [{"name": "stop_vacuum", "arguments": {}}]),
     ("What's the capital of France?", []),
+    ("Turn on the TV", []),
 ]
 
 

@@ -20,27 +20,31 @@ import time
 
 from . import train
 
-# The schedule behind the shipped archive: batches of 4 × 512 tokens, warmup 50,
-# constant peak, then a linear decay over the last SHIPPED_DECAY steps to SHIPPED_STEPS.
-SHIPPED_STEPS = 460
-SHIPPED_DECAY = 120
+# The schedule behind the shipped archive, batches of 4 × 512 tokens: phase 1 warms up
+# over 50 steps, holds the peak LR, then decays linearly over its last steps; phase 2
+# re-warms to the peak at once and decays linearly to its end. (end, decay_steps):
+SHIPPED_PHASES = ((460, 120), (700, 240))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m needle_cy.training.train_default")
     parser.add_argument("--out", required=True)
     parser.add_argument("--run-dir", default=os.path.join(os.getcwd(), "needle_default_run"))
-    parser.add_argument("--steps", type=int, default=SHIPPED_STEPS,
-                        help="train to this step (the decay ends here)")
+    parser.add_argument("--phases", default=",".join(f"{e}:{d}" for e, d in SHIPPED_PHASES),
+                        help="END:DECAY[,END:DECAY...] schedule phases (default: the shipped one)")
     args = parser.parse_args(argv)
+    phases = [tuple(int(x) for x in p.split(":")) for p in args.phases.split(",")]
     t0 = time.time()
     if not os.path.exists(os.path.join(args.run_dir, "tokens.npz")):
         train.prepare(args.run_dir)
     control = os.path.join(args.run_dir, "control.json")
-    if not os.path.exists(control):
+    for end, decay in phases:
+        state = train.load_state(args.run_dir)
+        if state is not None and state["step"] >= end:
+            continue
         with open(control, "w") as handle:
-            json.dump({"end": args.steps, "decay_steps": SHIPPED_DECAY}, handle)
-    train.fit(args.run_dir, until_step=args.steps)
+            json.dump({"end": end, "decay_steps": decay}, handle)
+        train.fit(args.run_dir, until_step=end)
     train.export(args.run_dir, args.out, bits=4)
     print(f"done in {(time.time() - t0) / 3600:.2f} h")
 
