@@ -22,8 +22,9 @@ from . import train
 
 # The schedule behind the shipped archive, batches of 4 × 512 tokens: phase 1 warms up
 # over 50 steps, holds the peak LR, then decays linearly over its last steps; phase 2
-# re-warms to the peak at once and decays linearly to its end. (end, decay_steps):
-SHIPPED_PHASES = ((460, 120), (700, 240))
+# re-warms to the peak at once and decays linearly to its end, and so does phase 3.
+# (end, decay_steps):
+SHIPPED_PHASES = ((460, 120), (700, 240), (960, 260))
 
 
 def main(argv=None):
