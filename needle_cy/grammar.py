@@ -82,6 +82,7 @@ NUM_BUF = 40            # bytes of one number's text
 MAX_EVENTS = 8          # oneOf completions one thread may record within one byte
 MAX_DFA_STATES = 20000  # per compiled DFA
 MAX_TOOLS = 64
+MAX_NODES = 4000        # compiled nodes per schema
 
 # type bits
 T_NULL, T_TRUE, T_FALSE, T_INT, T_NUM, T_STR, T_ARR, T_OBJ = 1, 2, 4, 8, 16, 32, 64, 128
@@ -1158,6 +1159,9 @@ class Compiler:
     def _new_node_raw(self, **kw):
         p = self.p
         nid = len(p.kind)
+        if nid >= MAX_NODES:
+            # anyOf/oneOf distributed over other conjuncts can multiply: refuse, loudly
+            raise GrammarLimitError(f"schema expands to more than {MAX_NODES} grammar nodes")
         p.kind.append(kw.get("kind", NODE_VALUE))
         p.types.append(kw.get("types", T_ALL))
         p.str_min.append(0)
