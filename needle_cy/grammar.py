@@ -66,6 +66,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 import unicodedata
 
 import numpy as np
@@ -82,7 +83,8 @@ NUM_BUF = 40            # bytes of one number's text
 MAX_EVENTS = 8          # oneOf completions one thread may record within one byte
 MAX_DFA_STATES = 20000  # per compiled DFA
 MAX_TOOLS = 64
-MAX_NODES = 4000        # compiled nodes per schema
+MAX_NODES = 2000        # compiled nodes per schema
+COMPILE_BUDGET_S = 10.0 # wall-clock safety valve for pathological schemas
 
 # type bits
 T_NULL, T_TRUE, T_FALSE, T_INT, T_NUM, T_STR, T_ARR, T_OBJ = 1, 2, 4, 8, 16, 32, 64, 128
@@ -1121,6 +1123,7 @@ class Compiler:
         self.synthetic = {}   # pointer "~synN" -> schema dict
         self.draft = self._draft(doc)
         self.neg_errors = {}
+        self.t0 = time.monotonic()
         self._new_node_raw(types=T_ALL)          # ANY_NODE
         self._new_node_raw(types=0)              # NEVER_NODE
         self.memo[()] = ANY_NODE
@@ -1159,6 +1162,8 @@ class Compiler:
     def _new_node_raw(self, **kw):
         p = self.p
         nid = len(p.kind)
+        if nid % 64 == 0 and time.monotonic() - self.t0 > COMPILE_BUDGET_S:
+            raise GrammarLimitError(f"schema compilation exceeded {COMPILE_BUDGET_S:.0f} s")
         if nid >= MAX_NODES:
             # anyOf/oneOf distributed over other conjuncts can multiply: refuse, loudly
             raise GrammarLimitError(f"schema expands to more than {MAX_NODES} grammar nodes")
