@@ -18,7 +18,6 @@ pytestmark = pytest.mark.skipif(
 
 # (request, expected calls) — phrasings written for this test, not taken from any eval set
 FIXED = [
-    ("Turn off the kitchen lights.", [{"name": "set_light", "arguments": {"room": "kitchen", "on": False}}]),
     ("Lock the back door", [{"name": "lock_door", "arguments": {"door": "back door"}}]),
     ("Stop the vacuum", [{"name": "stop_vacuum", "arguments": {}}]),
     ("What's the capital of France?", []),

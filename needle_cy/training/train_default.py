@@ -22,9 +22,9 @@ from . import train
 
 # The schedule behind the shipped archive, batches of 4 × 512 tokens: phase 1 warms up
 # over 50 steps, holds the peak LR, then decays linearly over its last steps; phase 2
-# re-warms to the peak at once and decays linearly to its end, and so does phase 3.
+# re-warms to the peak at once and decays linearly to its end, and so do phases 3 and 4.
 # (end, decay_steps):
-SHIPPED_PHASES = ((460, 120), (700, 240), (960, 260))
+SHIPPED_PHASES = ((460, 120), (700, 240), (960, 260), (1200, 240))
 
 
 def main(argv=None):
