@@ -1753,11 +1753,43 @@ cdef class CGrammar:
         self._body_cache[key] = hit
         return hit
 
-    cdef bint _body_ok(self, CState state, object finals, int i) except -1:
-        """For a key's cached piece i: is the key still live at the piece's end state?"""
-        cdef const int32_t[::1] fin = finals
-        cdef Thread* th = &state.data.threads[0]
-        return key_live(&self.prog, th, &th.frames[th.depth - 2], fin[i])
+    cdef Trie _offer_string_body(self, CState state, PieceTable pt, WalkOut* out) except *:
+        """Offer the precomputed plain-string pieces of the current string or key to `out`
+        (set their mask bits, or keep the best logit) and return the trie still to walk:
+        the pieces outside those lists, or the whole vocabulary outside strings."""
+        cdef int remaining = -1
+        cdef int i, tok
+        cdef const int32_t[::1] body
+        cdef const int32_t[::1] cps
+        cdef const int32_t[::1] fin
+        cdef Thread* th = NULL
+        cdef Frame* obj = NULL
+        cdef bint is_key
+        sb = self._string_body(state, pt, &remaining)
+        if sb is None:
+            return _trie_view(pt, False)
+        body = sb[0]
+        cps = sb[1]
+        is_key = sb[2] is not None
+        if is_key:
+            fin = sb[2]
+            th = &state.data.threads[0]
+            obj = &th.frames[th.depth - 2]
+        for i in range(body.shape[0]):
+            tok = body[i]
+            if remaining >= 0 and cps[i] > remaining:
+                continue
+            if out.mask == NULL and (tok >= out.n_logits or
+                                     (out.best >= 0 and out.logits[tok] <= out.best_logit)):
+                continue
+            if is_key and not key_live(&self.prog, th, obj, fin[i]):
+                continue
+            if out.mask != NULL:
+                out.mask[tok] = 1
+            else:
+                out.best = tok
+                out.best_logit = out.logits[tok]
+        return _trie_view(pt, True)
 
     def allowed_tokens(self, CState state, piece_table):
         """np.bool_ mask over the vocabulary: pieces whose whole bytes the state accepts."""
@@ -1765,35 +1797,13 @@ cdef class CGrammar:
         cdef cnp.ndarray[cnp.uint8_t, ndim=1] mask = np.zeros(pt.n_tokens, dtype=np.uint8)
         cdef WalkOut out
         cdef Trie t
-        cdef int remaining = -1
-        cdef int i, n
-        cdef const int32_t[::1] body
-        cdef const int32_t[::1] cps
-        cdef const int32_t[::1] fin
-        cdef Thread* th = NULL
-        cdef Frame* obj = NULL
-        cdef bint is_key
         if state.data.n_threads == 0:
             return mask.view(np.bool_)
         self._ensure_bufs(pt.max_len + 2)
         out.mask = <uint8_t*>mask.data
         out.logits = NULL
         out.best = -1
-        sb = self._string_body(state, pt, &remaining)
-        if sb is not None:
-            body = sb[0]
-            cps = sb[1]
-            is_key = sb[2] is not None
-            if is_key:
-                fin = sb[2]
-                th = &state.data.threads[0]
-                obj = &th.frames[th.depth - 2]
-            for i in range(len(sb[0])):
-                if (remaining < 0 or cps[i] <= remaining) and (not is_key or key_live(&self.prog, th, obj, fin[i])):
-                    out.mask[body[i]] = 1
-            t = _trie_view(pt, True)
-        else:
-            t = _trie_view(pt, False)
+        t = self._offer_string_body(state, pt, &out)
         # the GIL stays held: the walk uses this grammar's shared scratch states
         walk_trie(&self.prog, &t, state.data, self.bufs, pt.max_len + 1, &out)
         return mask.view(np.bool_)
@@ -1811,15 +1821,6 @@ cdef class CGrammar:
         cdef CState c
         cdef WalkOut out
         cdef Trie t
-        cdef int remaining = -1
-        cdef int i, tok
-        cdef float best_l
-        cdef const int32_t[::1] body
-        cdef const int32_t[::1] cps
-        cdef const int32_t[::1] fin
-        cdef Thread* th = NULL
-        cdef Frame* obj = NULL
-        cdef bint is_key
         cdef const float* L = <const float*>lg.data
         if state.data.n_threads == 0:
             return -1, state
@@ -1837,25 +1838,7 @@ cdef class CGrammar:
         out.n_logits = n_logits
         out.best = -1
         out.best_logit = 0
-        sb = self._string_body(state, pt, &remaining)
-        if sb is not None:
-            body = sb[0]
-            cps = sb[1]
-            is_key = sb[2] is not None
-            if is_key:
-                fin = sb[2]
-                th = &state.data.threads[0]
-                obj = &th.frames[th.depth - 2]
-            for i in range(len(sb[0])):
-                tok = body[i]
-                if tok < n_logits and (remaining < 0 or cps[i] <= remaining):
-                    if (out.best < 0 or L[tok] > out.best_logit) and \
-                            (not is_key or key_live(&self.prog, th, obj, fin[i])):
-                        out.best = tok
-                        out.best_logit = L[tok]
-            t = _trie_view(pt, True)
-        else:
-            t = _trie_view(pt, False)
+        t = self._offer_string_body(state, pt, &out)
         # the GIL stays held: the walk uses this grammar's shared scratch states
         walk_trie(&self.prog, &t, state.data, self.bufs, pt.max_len + 1, &out)
         if out.best < 0:
