@@ -404,17 +404,114 @@ cdef inline int escape_cp(int b) noexcept nogil:
     return -1
 
 
+cdef bint seq_live(const Prog* p, Thread* th, Frame* top, int st, const int* a, const int* b, int n,
+                   int pos) noexcept nogil:
+    """Some byte string in the product of ranges a[i]..b[i] (from pos) steps the DFA from st
+    through live states only (keys: live with the object's seen properties)."""
+    cdef int c, t
+    if pos == n:
+        return True
+    for c in range(a[pos], b[pos] + 1):
+        t = p.trans[st * 256 + c]
+        if t < 0:
+            continue
+        if top.kind == F_KEY and not key_live(p, th, &th.frames[th.depth - 2], t):
+            continue
+        if seq_live(p, th, top, t, a, b, n, pos + 1):
+            return True
+    return False
+
+
+cdef inline int utf8_encode(int cp, int* out) noexcept nogil:
+    if cp < 0x80:
+        out[0] = cp
+        return 1
+    if cp < 0x800:
+        out[0] = 0xC0 | (cp >> 6)
+        out[1] = 0x80 | (cp & 0x3F)
+        return 2
+    if cp < 0x10000:
+        out[0] = 0xE0 | (cp >> 12)
+        out[1] = 0x80 | ((cp >> 6) & 0x3F)
+        out[2] = 0x80 | (cp & 0x3F)
+        return 3
+    out[0] = 0xF0 | (cp >> 18)
+    out[1] = 0x80 | ((cp >> 12) & 0x3F)
+    out[2] = 0x80 | ((cp >> 6) & 0x3F)
+    out[3] = 0x80 | (cp & 0x3F)
+    return 4
+
+
+cdef bint cp_range_live(const Prog* p, Thread* th, Frame* top, int lo, int hi) noexcept nogil:
+    """Some scalar value in [lo, hi] (surrogates excluded) can be emitted from here."""
+    cdef int ea[4]
+    cdef int eb[4]
+    cdef int n, i, m
+    if lo > hi:
+        return False
+    if lo <= 0xDFFF and hi >= 0xD800:
+        return cp_range_live(p, th, top, lo, 0xD7FF) or cp_range_live(p, th, top, 0xE000, hi)
+    if top.dfa < 0:
+        return top.kind != F_KEY
+    if lo <= 0x7F and 0x7F < hi:
+        return cp_range_live(p, th, top, lo, 0x7F) or cp_range_live(p, th, top, 0x80, hi)
+    if lo <= 0x7FF and 0x7FF < hi:
+        return cp_range_live(p, th, top, lo, 0x7FF) or cp_range_live(p, th, top, 0x800, hi)
+    if lo <= 0xFFFF and 0xFFFF < hi:
+        return cp_range_live(p, th, top, lo, 0xFFFF) or cp_range_live(p, th, top, 0x10000, hi)
+    n = utf8_encode(lo, ea)
+    for i in range(1, n):
+        m = (1 << (6 * i)) - 1
+        if (lo & ~m) != (hi & ~m):
+            if lo & m:
+                return cp_range_live(p, th, top, lo, lo | m) or cp_range_live(p, th, top, (lo | m) + 1, hi)
+            if (hi & m) != m:
+                return cp_range_live(p, th, top, lo, (hi & ~m) - 1) or cp_range_live(p, th, top, hi & ~m, hi)
+    utf8_encode(hi, eb)
+    return seq_live(p, th, top, top.dfa, ea, eb, n, 0)
+
+
+cdef bint hex_prefix_live(const Prog* p, Thread* th, Frame* top, int x, int v) noexcept nogil:
+    """After the hex digits read so far (x: the state before this digit; v: their value), some
+    completion of the \\u escape (with a low surrogate where needed) is emittable."""
+    cdef int k, shift, lo, hi, hl, hh, base
+    k = x - 10 if x <= 14 else x - 21
+    shift = 4 * (4 - k)
+    lo = v << shift
+    hi = lo + (1 << shift) - 1
+    if x <= 14:
+        if cp_range_live(p, th, top, lo, hi):
+            return True
+        hl = lo if lo > 0xD800 else 0xD800
+        hh = hi if hi < 0xDBFF else 0xDBFF
+        if hl > hh:
+            return False
+        return cp_range_live(p, th, top, 0x10000 + ((hl - 0xD800) << 10), 0x10000 + ((hh - 0xD800) << 10) + 0x3FF)
+    hl = lo if lo > 0xDC00 else 0xDC00
+    hh = hi if hi < 0xDFFF else 0xDFFF
+    if hl > hh:
+        return False
+    base = 0x10000 + ((<int>top.k - 0xD800) << 10)
+    return cp_range_live(p, th, top, base + hl - 0xDC00, base + hh - 0xDC00)
+
+
 cdef bint string_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil:
     # x: 0 clean; 1..3 continuation bytes left; 10 after '\'; 11..14 \u hex digits; 20 expecting
     # '\' of a low surrogate; 21 expecting 'u'; 22..25 low surrogate hex digits
     cdef int x = top.x
-    cdef int n, r, v, cp, lo, hi
+    cdef int n, r, v, cp, lo, hi, mx
     if b == EOF_BYTE:
         return False
     if x == 0:
         if b == 0x22:
             return string_end(p, th, top)
         if b == 0x5C:
+            if top.kind == F_STRING:
+                mx = p.str_max[top.node]
+                if mx >= 0 and top.count >= mx:
+                    return False
+            if top.dfa >= 0 and not cp_range_live(p, th, top, 0, 0x10FFFF):
+                return False
             top.x = 10
             return True
         if b < 0x20:
@@ -483,6 +580,8 @@ cdef bint string_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nog
         if v < 0:
             return False
         top.y = top.y * 16 + v
+        if not hex_prefix_live(p, th, top, x, top.y):
+            return False
         if x != 14 and x != 25:
             top.x = x + 1
             return True

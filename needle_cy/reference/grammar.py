@@ -589,6 +589,69 @@ def emit_cp(p, th, top, cp):
     return True
 
 
+def seq_live(p, th, top, a, b):
+    """Some byte string in the product of ranges a[i]..b[i] steps the string's DFA from its
+    current state through live states only (keys: live with the object's seen properties)."""
+    states = {top[4]}
+    key = top[0] == F_KEY
+    for lo, hi in zip(a, b):
+        nxt = set()
+        for s in states:
+            base = s * 256
+            for c in range(lo, hi + 1):
+                t = p.trans_py[base + c]
+                if t >= 0 and t not in nxt and (not key or key_live(p, th, th.frames[-2], t)):
+                    nxt.add(t)
+        if not nxt:
+            return False
+        states = nxt
+    return True
+
+
+def cp_range_live(p, th, top, lo, hi):
+    """Some scalar value in [lo, hi] (surrogates excluded) can be emitted from here."""
+    if lo > hi:
+        return False
+    if lo <= 0xDFFF and hi >= 0xD800:
+        return cp_range_live(p, th, top, lo, 0xD7FF) or cp_range_live(p, th, top, 0xE000, hi)
+    if top[4] < 0:
+        return top[0] != F_KEY
+    for bound in (0x7F, 0x7FF, 0xFFFF):
+        if lo <= bound < hi:
+            return cp_range_live(p, th, top, lo, bound) or cp_range_live(p, th, top, bound + 1, hi)
+    ea = utf8_bytes(lo)
+    n = len(ea)
+    for i in range(1, n):
+        m = (1 << (6 * i)) - 1
+        if (lo & ~m) != (hi & ~m):
+            if lo & m:
+                return cp_range_live(p, th, top, lo, lo | m) or cp_range_live(p, th, top, (lo | m) + 1, hi)
+            if (hi & m) != m:
+                return cp_range_live(p, th, top, lo, (hi & ~m) - 1) or cp_range_live(p, th, top, hi & ~m, hi)
+    return seq_live(p, th, top, ea, utf8_bytes(hi))
+
+
+def hex_prefix_live(p, th, top, x, v):
+    """After the hex digits read so far (x: the state having just read one; v: their value),
+    some completion of the \\u escape (with a low surrogate where needed) is emittable."""
+    k = x - 10 if x <= 14 else x - 21
+    shift = 4 * (4 - k)
+    lo = v << shift
+    hi = lo + (1 << shift) - 1
+    if x <= 14:
+        if cp_range_live(p, th, top, lo, hi):
+            return True
+        hl, hh = max(lo, 0xD800), min(hi, 0xDBFF)
+        if hl > hh:
+            return False
+        return cp_range_live(p, th, top, 0x10000 + ((hl - 0xD800) << 10), 0x10000 + ((hh - 0xD800) << 10) + 0x3FF)
+    ll, lh = max(lo, 0xDC00), min(hi, 0xDFFF)
+    if ll > lh:
+        return False
+    base = 0x10000 + ((top[9] - 0xD800) << 10)
+    return cp_range_live(p, th, top, base + ll - 0xDC00, base + lh - 0xDC00)
+
+
 ESCAPES = {ord('"'): 0x22, ord("\\"): 0x5C, ord("/"): 0x2F, ord("b"): 8, ord("f"): 12, ord("n"): 10,
            ord("r"): 13, ord("t"): 9}
 # x (escape/UTF-8 state): 0 clean; 1..3 continuation bytes left; 10 after '\'; 11..14 \u hex
@@ -615,6 +678,12 @@ def string_byte(p, th, top, b):
         if b == ord('"'):
             return string_end(p, th, top)
         if b == ord("\\"):
+            if top[0] == F_STRING:
+                mx = p.str_max[top[1]]
+                if mx >= 0 and top[3] >= mx:
+                    return False
+            if top[4] >= 0 and not cp_range_live(p, th, top, 0, 0x10FFFF):
+                return False
             top[6] = 10
             return True
         if b < 0x20:
@@ -665,6 +734,8 @@ def string_byte(p, th, top, b):
         if v < 0:
             return False
         top[7] = top[7] * 16 + v
+        if not hex_prefix_live(p, th, top, x, top[7]):
+            return False
         if x != 14 and x != 25:
             top[6] = x + 1
             return True
