@@ -566,33 +566,30 @@ cdef void sinkhorn_c(float* M, int n, int iters) noexcept nogil:
     _sinkhorn_log(M, n, iters)
 
 
+cdef void _lse_normalise(float* M, int first, int stride, int n) noexcept nogil:
+    """Subtract the log-sum-exp of the n entries M[first + k*stride] from each of them."""
+    cdef int k
+    cdef float mx = -INFINITY
+    cdef float acc = 0.0
+    cdef float lse
+    for k in range(n):
+        if M[first + k * stride] > mx:
+            mx = M[first + k * stride]
+    for k in range(n):
+        acc = acc + expf(M[first + k * stride] - mx)
+    lse = mx + logf(acc)
+    for k in range(n):
+        M[first + k * stride] = M[first + k * stride] - lse
+
+
 cdef void _sinkhorn_log(float* M, int n, int iters) noexcept nogil:
     """The log-domain iterations (spec §4.5) for inputs with a wide range."""
     cdef int it, i, j
-    cdef float mx, acc, lse
     for it in range(iters):
         for i in range(n):
-            mx = -INFINITY
-            for j in range(n):
-                if M[i * n + j] > mx:
-                    mx = M[i * n + j]
-            acc = 0.0
-            for j in range(n):
-                acc = acc + expf(M[i * n + j] - mx)
-            lse = mx + logf(acc)
-            for j in range(n):
-                M[i * n + j] = M[i * n + j] - lse
+            _lse_normalise(M, i * n, 1, n)      # row i
         for j in range(n):
-            mx = -INFINITY
-            for i in range(n):
-                if M[i * n + j] > mx:
-                    mx = M[i * n + j]
-            acc = 0.0
-            for i in range(n):
-                acc = acc + expf(M[i * n + j] - mx)
-            lse = mx + logf(acc)
-            for i in range(n):
-                M[i * n + j] = M[i * n + j] - lse
+            _lse_normalise(M, j, n, n)          # column j
     for i in range(n * n):
         M[i] = expf(M[i])
 

@@ -198,6 +198,8 @@ def test_mhc(rng):
     close(cy.sinkhorn(z), ref.sinkhorn(z))
     P = cy.sinkhorn(z)
     np.testing.assert_allclose(P.sum(axis=-2), 1.0, atol=1e-5)      # columns exactly normalised
+    z_wide = rng.normal(size=(6, n, n)).astype(np.float32) * 40     # span >= 60: log-domain path
+    close(cy.sinkhorn(z_wide), ref.sinkhorn(z_wide))
     phr = rng.normal(size=(6, n * n)).astype(np.float32)
     bb = rng.normal(size=(n, n)).astype(np.float32)
     close(cy.mhc_res_weights(phr, 0.3, bb), ref.mhc_res_weights(phr, 0.3, bb))
