@@ -9,8 +9,15 @@ catalogue order.
 Rankers:
 
 * ``bm25`` — Okapi BM25 (k1 = 1.2, b = 0.75, idf = ln(1 + (N − df + ½)/(df + ½))) over
-  each tool's name and description, lower-cased, split on non-alphanumerics and on
-  snake_case / camelCase boundaries.
+  each tool's words: its name, description, parameter names and descriptions and the
+  string values of its enums/consts (a request names "movie night" or "auto", the scene
+  and mode a tool takes, far more often than the tool). Words are lower-cased, split on
+  non-alphanumerics and on snake_case / camelCase boundaries, and lightly stemmed (a
+  final "s", "es" or "ing" is dropped from words longer than four letters, so "lights"
+  meets "light"). A request with several clauses ("close the garage, lock the back door
+  and start the vacuum") puts each clause's best tool first, in clause order, before
+  the ranking of the whole request: every intent of a multi-call request then reaches
+  the top ``max_tools`` even when one intent's words dominate the scores.
 * ``embedding`` — cosine similarity of the model's embedding-head vectors (already L2
   normalised, so a dot product) of the query and of each tool's compact JSON.  Tool
   vectors are cached in memory and, with ``cache_path``, on disk in an ``.npz`` keyed by a
@@ -43,8 +50,51 @@ def bm25_tokens(text: str) -> list:
     return out
 
 
+def stem(word: str) -> str:
+    """Drop one final "ing", "es" or "s" from words longer than four letters."""
+    if len(word) > 4:
+        for suffix in ("ing", "es", "s"):
+            if word.endswith(suffix):
+                return word[:-len(suffix)]
+    return word
+
+
+def _schema_words(schema, out, depth=0):
+    """Parameter names, descriptions and string enum/const values, depth-first."""
+    if not isinstance(schema, dict) or depth > 8:
+        return
+    if isinstance(schema.get("description"), str) and depth:
+        out.extend(bm25_tokens(schema["description"]))
+    for value in list(schema.get("enum") or []) + ([schema["const"]] if "const" in schema else []):
+        if isinstance(value, str):
+            out.extend(bm25_tokens(value))
+    for name, sub in (schema.get("properties") or {}).items():
+        out.extend(bm25_tokens(str(name).replace("_", " ")))
+        _schema_words(sub, out, depth + 1)
+    for key in ("items", "additionalProperties"):
+        _schema_words(schema.get(key), out, depth + 1)
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        for sub in schema.get(key) or []:
+            _schema_words(sub, out, depth + 1)
+
+
 def tool_document(spec) -> list:
-    return bm25_tokens(spec.name.replace("_", " ")) + bm25_tokens(spec.description)
+    """The stemmed words BM25 indexes for one tool."""
+    words = bm25_tokens(spec.name.replace("_", " ")) + bm25_tokens(spec.description)
+    _schema_words(spec.parameters, words)
+    return [stem(w) for w in words]
+
+
+def query_terms(text: str) -> list:
+    return [stem(w) for w in bm25_tokens(text)]
+
+
+# Clause boundaries of a multi-intent request: punctuation and coordinating words.
+_CLAUSE = re.compile(r"[,;:!?]|\.\s|\b(?:and|then|also|plus|after that|afterwards)\b", re.I)
+
+
+def request_clauses(text: str) -> list:
+    return [c.strip() for c in _CLAUSE.split(text or "") if c and c.strip()]
 
 
 class BM25:
@@ -78,7 +128,16 @@ def _order(scores) -> list:
 
 def rank_bm25(query: str, specs) -> list:
     index = BM25([tool_document(s) for s in specs])
-    return _order(index.scores(bm25_tokens(query)))
+    whole = _order(index.scores(query_terms(query)))
+    first = []
+    clauses = request_clauses(query)
+    if len(clauses) > 1:
+        for clause in clauses:
+            scores = index.scores(query_terms(clause))
+            best = _order(scores)[0] if len(scores) else None
+            if best is not None and scores[best] > 0 and best not in first:
+                first.append(best)
+    return first + [i for i in whole if i not in first]
 
 
 def select_prefix(order, token_counts, max_tools=None, token_budget=None) -> list:

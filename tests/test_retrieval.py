@@ -85,3 +85,29 @@ def test_embedding_ranker_cosine_and_disk_cache(tmp_path):
 def test_tool_document_uses_name_and_description():
     spec = normalize_tools([{"name": "set_light", "description": "Lamp control"}])[0]
     assert tool_document(spec) == ["set", "light", "lamp", "control"]
+
+
+def test_tool_document_indexes_schema_words_stemmed():
+    spec = normalize_tools([{"name": "activate_scene", "description": "Activate a lighting scene",
+                             "parameters": {"type": "object", "properties": {
+                                 "scene": {"type": "string", "enum": ["movie night", "good morning"]},
+                                 "rooms": {"type": "array", "items": {"type": "string",
+                                                                      "description": "Living areas"}}}}}])[0]
+    doc = tool_document(spec)
+    for word in ("movie", "night", "morn", "room", "area", "light", "scene"):
+        assert word in doc, word
+    assert "lighting" not in doc and "rooms" not in doc     # stemmed
+
+
+def test_each_clause_of_a_multi_intent_request_reaches_the_front():
+    with open(shared_path("eval", "home_tools.json"), encoding="utf-8") as f:
+        specs = normalize_tools(json.load(f))
+    names = [s.name for s in specs]
+    order = rank_bm25("Close the garage door, lock the back door and start the vacuum", specs)
+    assert set(names[i] for i in order[:3]) == {"operate_garage", "lock_door", "start_vacuum"}
+    # Clause order, and a permutation of the whole catalogue.
+    assert [names[i] for i in order[:3]] == ["operate_garage", "lock_door", "start_vacuum"]
+    assert sorted(order) == list(range(len(specs)))
+    # One clause: the plain BM25 order over the whole request.
+    single = rank_bm25("movie night mode please", specs)
+    assert names[single[0]] == "activate_scene"
