@@ -35,7 +35,7 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["bm25_tokens", "BM25", "rank_bm25", "select_prefix", "EmbeddingRanker",
+__all__ = ["bm25_tokens", "BM25", "bm25_index", "rank_bm25", "select_prefix", "EmbeddingRanker",
            "file_fingerprint"]
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
@@ -126,8 +126,13 @@ def _order(scores) -> list:
     return sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
 
 
-def rank_bm25(query: str, specs) -> list:
-    index = BM25([tool_document(s) for s in specs])
+def bm25_index(specs) -> BM25:
+    return BM25([tool_document(s) for s in specs])
+
+
+def rank_bm25(query: str, specs, index=None) -> list:
+    """Catalogue indices, best first; ``index`` = ``bm25_index(specs)`` when reused."""
+    index = index or bm25_index(specs)
     whole = _order(index.scores(query_terms(query)))
     first = []
     clauses = request_clauses(query)

@@ -11,9 +11,9 @@ jsonschema = pytest.importorskip("jsonschema")
 N = 1500
 
 
-@pytest.fixture(scope="module")
-def examples():
-    return data.generate(N, seed=7)
+@pytest.fixture(scope="module", params=[1, 2], ids=["v1", "v2"])
+def examples(request):
+    return data.generate(N, seed=7, version=request.param)
 
 
 def test_deterministic_for_a_seed():
@@ -117,3 +117,63 @@ def test_never_reads_the_dev_set():
     import inspect
     source = inspect.getsource(data)
     assert "home_dev" not in source
+
+
+def test_version_1_stream_is_the_shipped_recipe():
+    """The shipped model's first phases trained on version-1 data from seed 0: the
+    generator must keep producing exactly that stream (a digest of its first examples,
+    recorded when version 2 was added)."""
+    import hashlib
+    digest = hashlib.sha256(json.dumps(data.generate(300, seed=0), sort_keys=True).encode()).hexdigest()
+    assert digest == "5b76cd3e85df5db860ad44d8b159491dcecf85c950108faf37c829535bf29c31"
+
+
+def test_version_2_values_come_from_the_open_pool_and_are_said_in_the_request():
+    words = json.load(open(data.WORDS_PATH, encoding="utf-8"))
+    pool = set(words["words"])
+    v2 = data.generate(3000, seed=11, version=2)
+    open_items, list_items = 0, 0
+    for ex in v2:
+        for call in ex["answers"]:
+            if call["name"] == "add_to_shopping_list":
+                item = call["arguments"]["item"]
+                if item in data.ITEMS:
+                    list_items += 1
+                else:
+                    assert set(item.split()) <= pool, item
+                    open_items += 1
+                # copyable: the value appears in the request (typos never touch it)
+                assert item.lower() in ex["query"].lower(), (item, ex["query"])
+    assert open_items > 20 and list_items > 20      # about half and half
+
+
+def test_version_2_distractors_include_retrieval_look_alikes():
+    from needle_cy.retrieval import rank_bm25
+    from needle_cy.toolspec import normalize_tools
+    specs = normalize_tools(data.load_catalogue())
+    names = [s.name for s in specs]
+    v2 = [ex for ex in data.generate(1500, seed=5, version=2)
+          if ex["kind"] == "single" and len(ex["tools"]) == data.MAX_RENDERED_TOOLS]
+    hard = 0
+    for ex in v2:
+        needed = {c["name"] for c in ex["answers"]}
+        ranked = [n for n in (names[i] for i in rank_bm25(ex["query"], specs)) if n not in needed]
+        shown = {t["name"] for t in ex["tools"]} - needed
+        hard += shown == set(ranked[:len(shown)])
+    assert 0.3 < hard / len(v2) < 0.8         # half the lists are the top-ranked look-alikes
+
+
+def test_version_2_tool_results_are_rendered_as_the_agent_sends_them():
+    from needle_cy.prompt import tool_result_text
+    v2 = [ex for ex in data.generate(3000, seed=2, version=2) if ex.get("history") or ex.get("is_result")]
+    assert v2
+    for ex in v2:
+        prompt, _ = data.render(ex)
+        for body in re.findall(r"<tool_result>(.*?)</tool_result>", prompt):
+            results = json.loads(body)
+            assert tool_result_text(results).split("<tool_result>")[1].split("</tool_result>")[0] == body
+
+
+def test_unknown_data_version_is_refused():
+    with pytest.raises(ValueError, match="data version"):
+        data.Generator(version=3)

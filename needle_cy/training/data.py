@@ -40,6 +40,7 @@ CHAT_MARKERS = [
     "<context>", "</context>", "<extract>", "</extract>", "<schema>", "</schema>",
 ]
 MAX_RENDERED_TOOLS = 5
+WORDS_PATH = Path(__file__).resolve().parent / "value_words.json"
 
 
 def load_catalogue(path=None):
@@ -174,6 +175,50 @@ LABELS = ["roast", "eggs", "pasta", "laundry", "tea", "pizza", "bread", "nap",
 # imperative-ish fragment that can be wrapped ("please ...") or joined with
 # another clause, call = {"name", "arguments"} with keys in schema order, and
 # reasoning_bits = short notes deriving each argument.
+
+
+class _VersionedRandom(random.Random):
+    """``random.Random`` carrying the data version's knobs.  Version 1 draws through a
+    plain ``Random``: its stream (and so the shipped recipe's data) is unchanged."""
+    diverse = 0.0
+
+
+_WORDS = None
+
+
+def _value_words():
+    global _WORDS
+    if _WORDS is None:
+        with open(WORDS_PATH, encoding="utf-8") as handle:
+            _WORDS = json.load(handle)
+    return _WORDS
+
+
+def _diverse_value(rng, kind):
+    """A free-string value from a large open pool (~950 words, 1,690 names), so that the
+    model can only get it right by copying it from the request, never by recalling a
+    short list."""
+    w = _value_words()
+    words, first, last = w["words"], w["first_names"], w["last_names"]
+    if kind == "item":
+        return " ".join(rng.choice(words) for _ in range(rng.choice([1, 1, 2])))
+    if kind == "message":
+        return " ".join(rng.choice(words) for _ in range(rng.randint(2, 6)))
+    if kind == "artist":
+        return rng.choice(first) + " " + rng.choice(last) if rng.random() < 0.7 else \
+            "The " + rng.choice(words).capitalize() + "s"
+    if kind == "title":
+        return " ".join(rng.choice(words).capitalize() for _ in range(rng.randint(1, 3)))
+    return rng.choice(words)          # "label", "genre", "playlist"
+
+
+def _value(rng, pool, kind):
+    """A value for a free-string argument: from ``pool``, or (data version 2, with
+    probability ``rng.diverse``) from the open pool."""
+    diverse = getattr(rng, "diverse", 0.0)
+    if diverse and rng.random() < diverse:
+        return _diverse_value(rng, kind)
+    return _pick(rng, pool)
 
 
 def _pick(rng, seq):
@@ -383,16 +428,16 @@ def gen_set_blinds(rng):
 def _music_query(rng):
     kind = rng.random()
     if kind < 0.35:
-        q = _pick(rng, GENRES)
+        q = _value(rng, GENRES, "genre")
         said = _pick(rng, [f"some {q}", f"{q}", f"some {q} music", f"{q} music"])
     elif kind < 0.65:
-        q = _pick(rng, ARTISTS)
+        q = _value(rng, ARTISTS, "artist")
         said = _pick(rng, [q, f"some {q}", f"music by {q}", f"songs by {q}"])
     elif kind < 0.8:
-        q = _pick(rng, ALBUMS)
+        q = _value(rng, ALBUMS, "title")
         said = _pick(rng, [f"the album {q}", q, f"{q} album"])
     else:
-        q = _pick(rng, PLAYLIST_NAMES)
+        q = _value(rng, PLAYLIST_NAMES, "playlist")
         said = _pick(rng, [f"my {q} playlist", f"the {q} playlist", f"{q} playlist"])
     return q, said
 
@@ -488,7 +533,7 @@ def gen_set_timer(rng):
                          f"timer for {said}", f"start a timer for {said}",
                          f"count down {said}", f"set a {said} timer"])
     if rng.random() < 0.4:
-        label = _pick(rng, LABELS)
+        label = _value(rng, LABELS, "label")
         clause += _pick(rng, [f" for the {label}", f" called {label}", f" labelled {label}",
                               f" for {label}", f" named {label}"])
         args["label"] = label
@@ -552,7 +597,7 @@ def gen_set_alarm(rng):
         args["days"] = days
         notes.append(f"days = {compact(days)} from \"{dsaid}\"")
     if rng.random() < 0.3:
-        label = _pick(rng, LABELS)
+        label = _value(rng, LABELS, "label")
         clause += _pick(rng, [f" called {label}", f" labelled {label}", f" for {label}"])
         args["label"] = label
         notes.append(f'label = "{label}"')
@@ -655,7 +700,7 @@ def gen_operate_garage(rng):
 
 
 def gen_add_to_shopping_list(rng):
-    item = _pick(rng, ITEMS)
+    item = _value(rng, ITEMS, "item")
     args = {"item": item}
     notes = [f'item = "{item}"']
     lst = _pick(rng, ["the shopping list", "my shopping list", "the shopping list", "the list",
@@ -674,7 +719,7 @@ def gen_add_to_shopping_list(rng):
 
 
 def gen_send_notification(rng):
-    message = _pick(rng, MESSAGES)
+    message = _value(rng, MESSAGES, "message")
     args = {"message": message}
     notes = [f'message = "{message}"']
     r = rng.random()
@@ -1073,13 +1118,21 @@ def _system(rng):
     return date + "; " + extra
 
 
-def _render_tools(rng, needed, pool, k=None):
-    """The needed tools plus random distractors from pool, at most 5, shuffled."""
+def _render_tools(rng, needed, pool, k=None, ranked=None):
+    """The needed tools plus distractors from pool, at most 5, shuffled.  Distractors are
+    random, or (data version 2, half the time) the tools the agent's BM25 retrieval ranks
+    highest for the request (``ranked``: pool names in that order): the look-alikes the
+    model must tell apart at inference."""
     k = k or (MAX_RENDERED_TOOLS if rng.random() < 0.85 else rng.randint(max(1, len(needed)), MAX_RENDERED_TOOLS))
     k = max(k, len(needed))
     names = {t["name"] for t in needed}
     others = [t for t in pool if t["name"] not in names]
-    chosen = list(needed) + rng.sample(others, min(len(others), k - len(needed)))
+    if ranked is not None and rng.random() < 0.5:
+        by_name = {t["name"]: t for t in others}
+        hard = [by_name[n] for n in ranked if n in by_name]
+        chosen = list(needed) + hard[:max(0, k - len(needed))]
+    else:
+        chosen = list(needed) + rng.sample(others, min(len(others), k - len(needed)))
     rng.shuffle(chosen)
     return chosen
 
@@ -1096,12 +1149,37 @@ def _reasoning(calls, notes):
 class Generator:
     """Draws training examples; all randomness comes from one seeded Random."""
 
-    def __init__(self, seed=0, catalogue=None, think_rate=0.5, typo_rate=0.04):
-        self.rng = random.Random(seed)
+    def __init__(self, seed=0, catalogue=None, think_rate=0.5, typo_rate=0.04, version=1):
+        """``version`` 1 is the shipped model's first data; 2 adds open-pool free-string
+        values (half of them), retrieval-ranked distractors (half of the tool lists) and
+        tool results serialised as the agent sends them (``json.dumps`` defaults)."""
+        if version not in (1, 2):
+            raise ValueError(f"data version must be 1 or 2, got {version!r}")
+        self.version = version
+        if version == 1:
+            self.rng = random.Random(seed)
+        else:
+            self.rng = _VersionedRandom(seed)
+            self.rng.diverse = 0.5
         self.catalogue = catalogue or load_catalogue()
         self.by_name = {t["name"]: t for t in self.catalogue}
         self.think_rate = think_rate
         self.typo_rate = typo_rate
+        self._specs = None
+
+    def _ranked(self, query):
+        """Catalogue tool names in the agent's BM25 order for ``query`` (version 2)."""
+        if self.version < 2:
+            return None
+        from needle_cy.retrieval import bm25_index, rank_bm25
+        from needle_cy.toolspec import normalize_tools
+        if self._specs is None:
+            self._specs = normalize_tools(self.catalogue)
+            self._index = bm25_index(self._specs)
+        return [self._specs[i].name for i in rank_bm25(query, self._specs, self._index)]
+
+    def _results(self, results):
+        return json.dumps(results) if self.version >= 2 else results
 
     # one call / several calls on the catalogue
     def _home_calls(self, n_calls):
@@ -1142,7 +1220,7 @@ class Generator:
                 query, near = _refusal_near_miss(rng)
                 needed = [self.by_name[n] for n in near if rng.random() < 0.7][:MAX_RENDERED_TOOLS]
                 query = _wrap(rng, query)
-                tools = _render_tools(rng, needed, tools_pool)
+                tools = _render_tools(rng, needed, tools_pool, ranked=self._ranked(query))
                 reasoning = "no tool covers this request"
                 return self._finish(kind, query, tools, calls, [reasoning])
             query = _wrap(rng, _pick(rng, CHITCHAT + REFUSAL_ACTIONS))
@@ -1152,6 +1230,8 @@ class Generator:
             query = _wrap(rng, query)
             pool = [t for t in tools_pool] + [_invented_refusal_tool(rng) for _ in range(3)]
             pool = [t for t in pool if t["name"] != tool["name"]]
+            if self.version >= 2:   # two invented tools may share a name (version 1 kept both)
+                pool = list({t["name"]: t for t in pool}.values())
             tools = _render_tools(rng, [tool], pool)
             return self._finish(kind, query, tools, [call], [note])
         else:
@@ -1162,7 +1242,7 @@ class Generator:
             rng.shuffle(tools)
             return self._finish(kind, query, tools, [], ["no tool covers this request"])
         needed = [self.by_name[c["name"]] for c in calls]
-        tools = _render_tools(rng, needed, tools_pool)
+        tools = _render_tools(rng, needed, tools_pool, ranked=self._ranked(query))
         if kind == "refuse":
             notes = ["no tool covers this request"]
         return self._finish(kind, query, tools, calls, notes)
@@ -1195,7 +1275,7 @@ class Generator:
         if rng.random() < 0.6:
             example["history"] = [{"query": example["query"], "reasoning": "",
                                    "answers": example["answers"]}]
-            example["query"] = compact(results)
+            example["query"] = compact(results) if self.version < 2 else json.dumps(results)
             example["is_result"] = True
             example["answers"] = []
             example["reasoning"] = ""
@@ -1203,7 +1283,8 @@ class Generator:
             return example
         first_query, first_calls, _ = self._home_calls(1)
         example["history"] = [{"query": first_query, "reasoning": "", "answers": first_calls,
-                               "results": [{"name": c["name"], "result": "ok"} for c in first_calls]}]
+                               "results": self._results([{"name": c["name"], "result": "ok"}
+                                                         for c in first_calls])}]
         needed = []
         for c in first_calls + example["answers"]:
             tool = {t["name"]: t for t in example["tools"]}.get(c["name"]) or self.by_name[c["name"]]
@@ -1217,6 +1298,7 @@ class Generator:
 
 
 def generate(n, seed=0, **kwargs):
+    """``n`` examples; keyword arguments go to ``Generator`` (e.g. ``version=2``)."""
     gen = Generator(seed=seed, **kwargs)
     return [gen.example() for _ in range(n)]
 
@@ -1233,7 +1315,9 @@ def render(example):
         prompt += f"{turn['query']}{IM_END}\n{IM_START}assistant\n"
         prompt += _target(turn.get("reasoning", ""), turn["answers"]) + "\n"
         if turn.get("results") is not None:
-            prompt += (f"{IM_START}user\n{RESULT_START}{compact(turn['results'])}{RESULT_END}"
+            results = turn["results"]     # a string is inserted verbatim, as the agent does
+            results = results if isinstance(results, str) else compact(results)
+            prompt += (f"{IM_START}user\n{RESULT_START}{results}{RESULT_END}"
                        f"{IM_END}\n{IM_START}assistant\n{CALL_START}[]{CALL_END}{IM_END}\n")
     if history:
         prompt += f"{IM_START}user\n"
@@ -1263,8 +1347,9 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("-n", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--version", type=int, default=1, choices=(1, 2))
     args = parser.parse_args(argv)
-    write_jsonl(args.out, args.n, seed=args.seed)
+    write_jsonl(args.out, args.n, seed=args.seed, version=args.version)
 
 
 if __name__ == "__main__":

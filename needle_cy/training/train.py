@@ -18,6 +18,7 @@ A run lives in one folder (outside the repository):
 Commands:
 
     python -m needle_cy.training.train prepare RUN [--examples N] [--seed S]
+    python -m needle_cy.training.train add-data RUN NAME [--examples N] [--seed S] [--version 2]
     python -m needle_cy.training.train fit RUN [--steps N] [--until-step N]   # resumes
     python -m needle_cy.training.train export RUN OUT.cact [--bits 4]
 """
@@ -42,7 +43,7 @@ MODEL_CONFIG = dict(
     engram_slots=2039, engram_seed_heads=0, engram_layers=(0, 2),
     embedding_dim=128, embedding_probes=4, embedding_queries=4,
     confidence_probes=4, confidence_queries=4, router_probes=4, router_queries=4,
-    kv_bits=8, act_bits=8, dtype="float32", flash=True, remat=False, out_vocab=0,
+    kv_bits=8, act_bits=8, dtype="float32", flash=False, remat=False, out_vocab=0,
 )
 HYPER = dict(
     vocab_size=4096, examples=150000, seed=0, peak_lr=2e-3, min_lr_ratio=0.1, warmup=50,
@@ -77,6 +78,19 @@ def prepare(run_dir, examples=None, seed=None, vocab_size=None):
     model_path = train_tokenizer(os.path.join(run_dir, "tokenizer"), hyper["vocab_size"],
                                  seed=1234 + hyper["seed"])
     sp = check_tokenizer(model_path)
+    offsets = _tokenize(sp, data_path, os.path.join(run_dir, "tokens.npz"))
+    run = {"model": MODEL_CONFIG, "hyper": hyper, "vocab_pieces": sp.get_piece_size(),
+           "prepare_seconds": round(time.time() - t0, 1)}
+    with open(os.path.join(run_dir, "run.json"), "w") as handle:
+        json.dump(run, handle, indent=1)
+    lengths = np.diff(np.asarray(offsets))
+    print(f"prepared {len(lengths)} examples, {int(lengths.sum())} tokens, "
+          f"mean {lengths.mean():.0f}, max {lengths.max()} in {time.time() - t0:.0f}s")
+
+
+def _tokenize(sp, data_path, out_path):
+    """[BOS] + prompt + target + [EOS] per example (prompt and target encoded separately,
+    spec §7.1) into one .npz; returns the example offsets."""
     ids, offsets, prompt_lens = [], [0], []
     with open(data_path, encoding="utf-8") as handle:
         for line in handle:
@@ -88,15 +102,25 @@ def prepare(run_dir, examples=None, seed=None, vocab_size=None):
             ids.extend(seq)
             offsets.append(len(ids))
             prompt_lens.append(1 + len(p))
-    np.savez(os.path.join(run_dir, "tokens.npz"), ids=np.asarray(ids, np.int32),
+    np.savez(out_path, ids=np.asarray(ids, np.int32),
              offsets=np.asarray(offsets, np.int64), prompt_lens=np.asarray(prompt_lens, np.int32))
-    run = {"model": MODEL_CONFIG, "hyper": hyper, "vocab_pieces": sp.get_piece_size(),
-           "prepare_seconds": round(time.time() - t0, 1)}
-    with open(os.path.join(run_dir, "run.json"), "w") as handle:
-        json.dump(run, handle, indent=1)
+    return offsets
+
+
+def add_data(run_dir, name, examples, seed, version):
+    """More training data for an existing run, tokenized with the run's own tokenizer:
+    ``data_{name}.jsonl`` and ``tokens_{name}.npz``.  A run trains on it from the next
+    ``fit`` when control.json says ``"tokens": "tokens_{name}.npz"``."""
+    import sentencepiece as spm
+
+    t0 = time.time()
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(run_dir, "tokenizer.model"))
+    data_path = os.path.join(run_dir, f"data_{name}.jsonl")
+    data_mod.write_jsonl(data_path, examples, seed=seed, version=version)
+    offsets = _tokenize(sp, data_path, os.path.join(run_dir, f"tokens_{name}.npz"))
     lengths = np.diff(np.asarray(offsets))
-    print(f"prepared {len(lengths)} examples, {int(lengths.sum())} tokens, "
-          f"mean {lengths.mean():.0f}, max {lengths.max()} in {time.time() - t0:.0f}s")
+    print(f"added {len(lengths)} examples (data version {version}, seed {seed}), "
+          f"{int(lengths.sum())} tokens, mean {lengths.mean():.0f} in {time.time() - t0:.0f}s")
 
 
 def load_run(run_dir):
@@ -120,8 +144,8 @@ class Batches:
     """Length-bucketed batches in a seeded order per epoch; batch k of the whole run
     is a pure function of (seed, k), so a resumed run sees the same stream."""
 
-    def __init__(self, run_dir, hyper):
-        z = np.load(os.path.join(run_dir, "tokens.npz"))
+    def __init__(self, run_dir, hyper, tokens="tokens.npz"):
+        z = np.load(os.path.join(run_dir, tokens))
         self.ids, self.offsets, self.prompt_lens = z["ids"], z["offsets"], z["prompt_lens"]
         self.lengths = np.diff(self.offsets)
         self.buckets = sorted(hyper["buckets"])
@@ -203,6 +227,16 @@ def _optimizer(hyper):
             weight_decay=hyper["weight_decay"], mask=decay_mask))
 
 
+def read_tokens_file(run_dir):
+    """The token file a ``fit`` trains on: control.json's ``"tokens"`` (read when fit
+    starts), else tokens.npz.  Batch k is drawn from that file's seeded epoch plan."""
+    try:
+        with open(os.path.join(run_dir, "control.json")) as handle:
+            return str(json.load(handle).get("tokens", "tokens.npz"))
+    except (ValueError, OSError):
+        return "tokens.npz"
+
+
 def read_control(run_dir, hyper):
     """(end, decay_steps) from run_dir/control.json, else from the hyper-parameters.
     Edit control.json while a run goes to move its end; it is re-read every log."""
@@ -246,7 +280,8 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
     config = transformer_config(run)
     model = SimpleAttentionNetwork(config)
     optimizer = _optimizer(hyper)
-    batches = Batches(run_dir, hyper)
+    tokens_file = read_tokens_file(run_dir)
+    batches = Batches(run_dir, hyper, tokens_file)
 
     state = load_state(run_dir)
     if state is None:
@@ -289,6 +324,7 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
     first_step = state["step"]
     end, sched_end, decay = stop_at()
     _log(run_dir, {"event": "start", "step": state["step"], "end": end, "params": n_params,
+                   "tokens_file": tokens_file,
                    "qat": bool(qat), "time": time.strftime("%Y-%m-%d %H:%M:%S")})
     t_last = time.time()
     last_save = time.time()
@@ -438,6 +474,12 @@ def main(argv=None):
     p.add_argument("--examples", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--vocab", type=int)
+    a = sub.add_parser("add-data")
+    a.add_argument("run_dir")
+    a.add_argument("name")
+    a.add_argument("--examples", type=int, default=60000)
+    a.add_argument("--seed", type=int, default=1)
+    a.add_argument("--version", type=int, default=2)
     f = sub.add_parser("fit")
     f.add_argument("run_dir")
     f.add_argument("--steps", type=int)
@@ -451,6 +493,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.cmd == "prepare":
         prepare(args.run_dir, args.examples, args.seed, args.vocab)
+    elif args.cmd == "add-data":
+        add_data(args.run_dir, args.name, args.examples, args.seed, args.version)
     elif args.cmd == "fit":
         fit(args.run_dir, args.steps, args.until_step, args.qat)
     elif args.writer == "ours":
