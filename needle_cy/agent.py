@@ -193,6 +193,12 @@ class Needle:
         self._active = None
         self.turns = 0
 
+    def conversation_ids(self) -> list:
+        """Token ids of the conversation so far (BOS, system, tools, the turns and the
+        assistant's output): the sequence the model state holds, e.g. to score it with
+        the probe heads or to train them (``needle_cy.training.confidence``)."""
+        return list(self._active.conversation.ids) if self._active is not None else []
+
     def cancel(self):
         """Cancel the turn in flight (from another thread); the agent stays usable."""
         self._cancel.set()
