@@ -74,13 +74,17 @@ class Needle:
         (the grammar may still produce ``[]``); off by default.
     tool_index_path: on-disk cache of tool embeddings (embedding retrieval).
     tokenizer: override (for a ``Model`` object without an archive).
+    escalate_below: with a confidence head, a turn whose ``confidence`` is below this
+        returns ``escalate: true`` and its calls in ``suppressed_calls`` (not executed by
+        ``run``); ``None`` turns escalation off.
     """
 
     def __init__(self, model=None, tools=(), system=None, max_calls_per_turn=4,
                  tool_token_budget=None, max_retrieved_tools=5, retrieval="auto",
                  reasoning_limit=256, constrained=True, threads=None, backend="cython",
                  max_new_tokens=512, string_token_cap=64, tool_index_path=None,
-                 tokenizer=None, stateless=False, force_call=False, auto_date=False):
+                 tokenizer=None, stateless=False, force_call=False, auto_date=False,
+                 escalate_below=0.1):
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -101,6 +105,7 @@ class Needle:
                                        constrained=bool(constrained),
                                        force_call=bool(force_call))
         self.stateless = stateless
+        self.escalate_below = None if escalate_below is None else float(escalate_below)
         self.tool_index_path = tool_index_path
         self._cancel = threading.Event()
         self._lock = threading.Lock()
@@ -336,6 +341,12 @@ class Needle:
         return False
 
     def _envelope(self, res, entry, prefix_s, total_s):
+        calls = res.calls if res.success else []
+        # Escalation (spec §5.4): calls whose confidence falls below the threshold are held
+        # back in suppressed_calls.  Only with a confidence head: the call-token
+        # probability alone is not calibrated, so a headless model is never escalated.
+        escalate = bool(calls and self.escalate_below is not None and res.head_confidence is not None
+                        and res.confidence is not None and res.confidence < self.escalate_below)
         prefill_s = res.prefill_s + prefix_s
         n_prefill = res.n_prefill + (len(entry.conversation.prefix_ids) if prefix_s > 0 else 0)
         decode_s = res.reasoning_s + res.constrained_s
@@ -344,7 +355,9 @@ class Needle:
             "success": res.success,
             "error": res.error,
             "error_code": res.error_code,
-            "function_calls": res.calls if res.success else [],
+            "function_calls": [] if escalate else calls,
+            "escalate": escalate,
+            "suppressed_calls": calls if escalate else [],
             "reasoning": res.reasoning,
             "confidence": res.confidence,
             "prefill_tps": (n_prefill / prefill_s) if prefill_s > 0 else 0.0,
@@ -413,7 +426,8 @@ def _results_json(results):
 
 def _error_envelope(message, code):
     return {"type": "call", "success": False, "error": message, "error_code": code,
-            "function_calls": [], "reasoning": "", "confidence": None, "prefill_tps": 0.0,
+            "function_calls": [], "escalate": False, "suppressed_calls": [], "reasoning": "",
+            "confidence": None, "prefill_tps": 0.0,
             "decode_tps": 0.0, "peak_ram_mb": _peak_ram_mb(), "stop_reason": code}
 
 

@@ -181,10 +181,14 @@ def cmd_run(args):
         if not response["success"]:
             raise CliError(response["error"])
         calls = response["function_calls"]
-        if not calls:
+        held = response.get("suppressed_calls") or []
+        if not calls and not held:
             print("(no call)")
         for call in calls:
             print(render_partial_calls(json.dumps([call], ensure_ascii=False)))
+        for call in held:
+            print("held back (low confidence, escalate): "
+                  + render_partial_calls(json.dumps([call], ensure_ascii=False)))
         conf = response["confidence"]
         print(f"confidence: {conf:.3f}" if conf is not None else "confidence: n/a", file=sys.stderr)
     return 0 if response["success"] else 1

@@ -53,7 +53,8 @@ def tok():
 
 
 def make_agent(tok, turns, tools=(set_light, set_timer, explode), **kw):
-    model_kw = {k: kw.pop(k) for k in ("confidence_logit", "on_feed", "max_seq_len", "embedding") if k in kw}
+    model_kw = {k: kw.pop(k) for k in ("confidence_logit", "on_feed", "max_seq_len", "embedding", "peak")
+                if k in kw}
     model = ScriptedModel(tok, turns, **model_kw)
     agent = Needle(model, tools=list(tools), tokenizer=tok, **kw)
     if compile_tools is None:
@@ -79,6 +80,36 @@ def test_complete_envelope_and_conversation(tok):
     text = tok.decode(model.history)
     assert '<|im_start|>user\n<tool_result>[{"ok": true}]</tool_result><|im_end|>\n<|im_start|>assistant\n' in text
     assert text.endswith("<tool_call>[]</tool_call><|im_end|>")
+
+
+def test_low_head_confidence_escalates_and_suppresses_the_calls(tok):
+    executed = []
+
+    def set_light(room: str, on: bool):
+        """Switch the lights in one room."""
+        executed.append(room)
+
+    # sigmoid(-4) = 0.018 < 0.1: the calls are held back, never executed by run()
+    agent, _ = make_agent(tok, [f"<tool_call>[{LIGHT_CALL}]", "<tool_call>[]"], confidence_logit=-4.0,
+                          tools=(set_light, set_timer, explode))
+    r = agent.complete("turn on the kitchen light")
+    assert r["escalate"] is True and r["function_calls"] == []
+    assert r["suppressed_calls"] == [{"name": "set_light", "arguments": {"room": "kitchen", "on": True}}]
+    assert r["confidence"] < 0.1
+    agent, _ = make_agent(tok, [f"<tool_call>[{LIGHT_CALL}]", "<tool_call>[]"], confidence_logit=-4.0,
+                          tools=(set_light, set_timer, explode))
+    agent.run("turn on the kitchen light")
+    assert executed == []
+    # escalate_below=None turns it off; a confident head does not escalate
+    for logit, below in ((-4.0, None), (3.0, 0.1)):
+        agent, _ = make_agent(tok, [f"<tool_call>[{LIGHT_CALL}]"], confidence_logit=logit,
+                              escalate_below=below)
+        r = agent.complete("turn on the kitchen light")
+        assert r["escalate"] is False and r["suppressed_calls"] == [] and len(r["function_calls"]) == 1
+    # without a head the (uncalibrated) token probability never escalates
+    agent, _ = make_agent(tok, [f"<tool_call>[{LIGHT_CALL}]"], peak=0.5, escalate_below=0.99)
+    r = agent.complete("turn on the kitchen light")
+    assert r["confidence"] < 0.99 and r["escalate"] is False and len(r["function_calls"]) == 1
 
 
 def test_prefix_is_prefilled_once_and_reset_rewinds_to_it(tok):
