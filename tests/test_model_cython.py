@@ -265,3 +265,46 @@ def test_set_sinks_and_overflow(archive_dir):
     # the engine itself refuses too (direct use without Model)
     with pytest.raises(ContextOverflowError):
         cy.engine.prefill(ids_for(300, 121))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_operation_sequences_match_reference(archive_dir, seed):
+    """Fuzz the engine's state handling: random interleavings of chunked prefills, steps,
+    snapshots, restores of older snapshots, resets and forwards, past the KV window,
+    against the reference after every operation (float numerics: exact to 1e-5)."""
+    path = archive(archive_dir, "w4_kv8", bits=4)
+    cy, ref = pair(path, "float", kv_window=24, sink_tokens=2)
+    rng = np.random.default_rng(seed)
+    snaps = []
+    for _ in range(40):
+        op = rng.choice(["prefill", "step", "snapshot", "restore", "reset", "forward", "heads"],
+                        p=[0.25, 0.3, 0.1, 0.1, 0.05, 0.1, 0.1])
+        if op in ("prefill", "step"):
+            ids = rng.integers(1, 300, size=int(rng.integers(1, 70)) if op == "prefill" else 1)
+            if cy.position + len(ids) > 160:       # max_seq_len: refused, state untouched
+                before = cy.position
+                for m in (cy, ref):
+                    with pytest.raises(ContextOverflowError):
+                        m.prefill(ids) if op == "prefill" else m.step(int(ids[0]))
+                assert cy.position == ref.position == before
+            elif op == "prefill":
+                assert_close(cy.prefill(ids), ref.prefill(ids))
+            else:
+                assert_close(cy.step(int(ids[0])), ref.step(int(ids[0])))
+        elif op == "snapshot":
+            snaps.append((cy.snapshot(), ref.snapshot(), cy.position))
+        elif op == "restore" and snaps:
+            sc, sr, pos = snaps[int(rng.integers(0, len(snaps)))]
+            cy.restore(sc)
+            ref.restore(sr)
+            assert cy.position == ref.position == pos
+        elif op == "reset":
+            cy.reset()
+            ref.reset()
+        elif op == "forward":
+            ids = rng.integers(0, 300, size=int(rng.integers(1, 50)))
+            assert_close(cy.forward(ids), ref.forward(ids))
+        elif op == "heads" and cy.position:
+            for name, want in ref.head_outputs().items():
+                assert_close(np.atleast_1d(cy.head_outputs()[name]), np.atleast_1d(want), 1e-4)
+        assert cy.position == ref.position

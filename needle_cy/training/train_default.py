@@ -1,52 +1,76 @@
 """Reproduce the shipped default model from scratch, with fixed seeds.
 
     python -m needle_cy.training.train_default --out needle_cy/models/default.cact \\
-        [--run-dir DIR] [--steps N]
+        [--run-dir DIR]
 
-Generates the data (seed 0), trains the tokenizer, trains the model for the number
-of steps the shipped archive was trained for (``SHIPPED_STEPS``; see
-``needle_cy/models/MODEL_CARD.md``) and exports it with the official exporter
-(CQ 4-bit). Needs ``pip install "cactus-needle[train]==3.2.8"`` (jax, flax, optax,
-sentencepiece). A run folder that already holds a state resumes where it stopped.
+Generates the data (version 1, seed 0), trains the tokenizer, trains the model through
+the phases the shipped archive was trained with (``SHIPPED_PHASES``; see
+``needle_cy/models/MODEL_CARD.md``), adding the version-2 data (seed 1, tokenized with
+the same tokenizer) where the recipe switched to it, exports it with the official
+exporter (CQ 4-bit) and fits and attaches the confidence head
+(``needle_cy.training.confidence``). Needs ``pip install "cactus-needle[train]==3.2.8"`` (jax, flax,
+optax, sentencepiece). A run folder that already holds a state resumes where it stopped.
 On 2 shared CPU cores this takes hours; the card records the measured time.
 
-Note: float32 XLA reductions on CPU are not bit-identical across thread counts,
-so a rerun reproduces the recipe and the data exactly and the weights closely.
+Note: float32 XLA reductions on CPU are not bit-identical across thread counts (and the
+first 1,875 steps of the shipped run used the exporter's blockwise "flash" attention,
+the rest plain attention: the same function, summed in another order), so a rerun
+reproduces the recipe and the data exactly and the weights closely.
 """
 import argparse
 import json
 import os
 import time
 
-from . import train
+from . import confidence, train
 
-# The schedule behind the shipped archive, batches of 4 × 512 tokens: phase 1 warms up
-# over 50 steps, holds the peak LR, then decays linearly over its last steps; phase 2
-# re-warms to the peak at once and decays linearly to its end, and so do phases 3 and 4.
-# (end, decay_steps):
-SHIPPED_PHASES = ((460, 120), (700, 240), (960, 260), (1200, 240))
+# The schedule behind the shipped archive, batches of 4 × 512 tokens.  Each phase writes
+# control.json (the LR schedule's end and decay length, the token file) and trains until
+# its step: warmup over 50 steps to the peak LR, the peak, then a linear decay to
+# 0.1 × peak over the last ``decay`` steps before ``end``.  Phases 1–4 decay to their
+# own ends; phase 5 holds the peak; from phase 6 one long decay runs to the end, and
+# phase 7 switches to the version-2 data.
+# (until_step, schedule_end, decay_steps, token file)
+SHIPPED_PHASES = (
+    (460, 460, 120, "tokens.npz"),
+    (700, 700, 240, "tokens.npz"),
+    (960, 960, 260, "tokens.npz"),
+    (1200, 1200, 240, "tokens.npz"),
+    (1570, 3000, 400, "tokens.npz"),
+    (1950, 4300, 2750, "tokens.npz"),
+    (4800, 4800, 3250, "tokens_v2.npz"),
+)
+V2_DATA = dict(name="v2", examples=60000, seed=1, version=2)
+CONFIDENCE_DATA = dict(n=800, seed=99)
+CONFIDENCE_FIT = dict(steps=600, seed=0)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m needle_cy.training.train_default")
     parser.add_argument("--out", required=True)
     parser.add_argument("--run-dir", default=os.path.join(os.getcwd(), "needle_default_run"))
-    parser.add_argument("--phases", default=",".join(f"{e}:{d}" for e, d in SHIPPED_PHASES),
-                        help="END:DECAY[,END:DECAY...] schedule phases (default: the shipped one)")
     args = parser.parse_args(argv)
-    phases = [tuple(int(x) for x in p.split(":")) for p in args.phases.split(",")]
     t0 = time.time()
     if not os.path.exists(os.path.join(args.run_dir, "tokens.npz")):
         train.prepare(args.run_dir)
     control = os.path.join(args.run_dir, "control.json")
-    for end, decay in phases:
+    for until, end, decay, tokens in SHIPPED_PHASES:
         state = train.load_state(args.run_dir)
-        if state is not None and state["step"] >= end:
+        if state is not None and state["step"] >= until:
             continue
+        if tokens != "tokens.npz" and not os.path.exists(os.path.join(args.run_dir, tokens)):
+            train.add_data(args.run_dir, **V2_DATA)
         with open(control, "w") as handle:
-            json.dump({"end": end, "decay_steps": decay}, handle)
-        train.fit(args.run_dir, until_step=end)
-    train.export(args.run_dir, args.out, bits=4)
+            json.dump({"end": end, "decay_steps": decay, "tokens": tokens}, handle)
+        train.fit(args.run_dir, until_step=until)
+    bare = os.path.join(args.run_dir, "model_no_head.cact")
+    train.export(args.run_dir, bare, bits=4)
+    # the post-hoc confidence head, fitted on the exported model's own turns
+    cells = os.path.join(args.run_dir, "confidence_cells.npz")
+    head = os.path.join(args.run_dir, "confidence_head.npz")
+    confidence.collect(bare, cells, **CONFIDENCE_DATA)
+    confidence.fit(cells, head, **CONFIDENCE_FIT)
+    confidence.attach(bare, head, args.out)
     print(f"done in {(time.time() - t0) / 3600:.2f} h")
 
 
