@@ -83,7 +83,12 @@ cdef struct Prog:
     const uint64_t* words
     const int32_t* cls_prop
     const int32_t* cls_node
-    const int32_t* trans
+    # automata, byte-class compressed: next(st, b) = dfa_trans[dfa_row[st] + dfa_classes[dfa_cmap[st] + b]]
+    # (one 256-byte class map per automaton, a [states x classes] table); use dfa_next()
+    const int32_t* dfa_trans
+    const int32_t* dfa_row
+    const int32_t* dfa_cmap
+    const uint8_t* dfa_classes
     const int32_t* accept
     const int32_t* reach_off
     const uint8_t* other

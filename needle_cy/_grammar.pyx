@@ -344,11 +344,17 @@ cdef inline int hexval(int b) noexcept nogil:
     return -1
 
 
+cdef inline int dfa_next(const Prog* p, int st, int b) noexcept nogil:
+    """Automaton state after byte b from state st (>= 0), -1 when b is refused: the row of st
+    in its automaton's [states x byte classes] table, at the column of b's class."""
+    return p.dfa_trans[p.dfa_row[st] + p.dfa_classes[p.dfa_cmap[st] + b]]
+
+
 cdef inline bint emit_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil:
     """One decoded byte of string content: DFA step and hash."""
     cdef int st
     if top.dfa >= 0:
-        st = p.trans[top.dfa * 256 + b]
+        st = dfa_next(p, top.dfa, b)
         if st < 0:
             return False
         if top.kind == F_KEY and not key_live(p, th, &th.frames[th.depth - 2], st):
@@ -412,7 +418,7 @@ cdef bint seq_live(const Prog* p, Thread* th, Frame* top, int st, const int* a, 
     if pos == n:
         return True
     for c in range(a[pos], b[pos] + 1):
-        t = p.trans[st * 256 + c]
+        t = dfa_next(p, st, c)
         if t < 0:
             continue
         if top.kind == F_KEY and not key_live(p, th, &th.frames[th.depth - 2], t):
@@ -752,7 +758,7 @@ cdef bint number_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nog
     if th.num_len >= NUM_BUF:
         return False
     if top.dfa >= 0:
-        st = p.trans[top.dfa * 256 + b]
+        st = dfa_next(p, top.dfa, b)
         if st < 0:
             return False
         top.dfa = st
@@ -1054,7 +1060,7 @@ cdef int calls_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil
             top.phase = C_MID
             top.x = 1
             return 1
-        st = p.trans[top.dfa * 256 + b]
+        st = dfa_next(p, top.dfa, b)
         if st < 0 or not (p.words[p.reach_off[st]] & ~top.h):
             return 0
         top.dfa = st
@@ -1671,7 +1677,10 @@ cdef class CGrammar:
         vu64 = u64(P.words); self.prog.words = &vu64[0]
         v32 = i32(P.cls_prop); self.prog.cls_prop = &v32[0]
         v32 = i32(P.cls_node); self.prog.cls_node = &v32[0]
-        v32 = i32(P.trans); self.prog.trans = &v32[0]
+        v32 = i32(P.dfa_trans); self.prog.dfa_trans = &v32[0]
+        v32 = i32(P.dfa_row); self.prog.dfa_row = &v32[0]
+        v32 = i32(P.dfa_cmap); self.prog.dfa_cmap = &v32[0]
+        vu8 = u8(P.dfa_classes); self.prog.dfa_classes = &vu8[0]
         v32 = i32(P.accept); self.prog.accept = &v32[0]
         v32 = i32(P.reach_off); self.prog.reach_off = &v32[0]
         vu8 = u8(P.other); self.prog.other = &vu8[0]
@@ -1835,7 +1844,7 @@ cdef class CGrammar:
                 tok = body[i]
                 st = top.dfa
                 for j in range(lens[tok]):
-                    st = self.prog.trans[st * 256 + blob[offs[tok] + j]]
+                    st = dfa_next(&self.prog, st, blob[offs[tok] + j])
                     if st < 0:
                         break
                 if st >= 0:
