@@ -737,7 +737,9 @@ def _edges(d):
     n = d.n
     src, c = np.nonzero(table >= 0)
     dst = table[src, c]
-    pairs = np.unique(src.astype(np.int64) * n + dst)
+    pairs = np.sort(src.astype(np.int64) * n + dst)
+    # distinct pairs (np.unique would do, but its first call imports numpy.ma: 30 ms cold)
+    pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))] if len(pairs) else pairs
     return pairs // n, pairs % n
 
 
@@ -2119,13 +2121,14 @@ class Compiler:
         # classes whose value schema is impossible are not valid keys
         acc_in = key_dfa.accept.tolist()
         acc = [a if (a >= 0 and cls_node[a] != NEVER_NODE) else -1 for a in acc_in]
-        key_dfa = prune_dfa_keep(key_dfa.relabel(acc, trim=key_dfa.trim and acc == acc_in))
+        key_dfa = prune_dfa_keep(key_dfa if acc == acc_in else key_dfa.relabel(acc, trim=False))
         nwords = max(1, (len(names) + 63) // 64)
         reach, other = _reach_sets(key_dfa, cls_prop, nwords)
         cls_base = len(p.cls_prop)
         p.cls_prop.extend(cls_prop)
         p.cls_node.extend(cls_node)
-        key_dfa = key_dfa.relabel([a + cls_base if a >= 0 else -1 for a in key_dfa.accept.tolist()])
+        if cls_base:
+            key_dfa = key_dfa.relabel([a + cls_base if a >= 0 else -1 for a in key_dfa.accept.tolist()])
         p.obj_key_dfa[nid] = p.add_dfa(key_dfa, reach, other)
         p.obj_nwords[nid] = nwords
         req_words = [0] * nwords
@@ -2198,7 +2201,16 @@ class Compiler:
 
 
 def _reach_sets(d, cls_prop, nwords):
-    """Per state: bitset of declared properties reachable, and whether another valid key is."""
+    """Per state: bitset of declared properties reachable, and whether another valid key is.
+    (Memoised on the DFA object: the same key automaton recurs with the same classes.)"""
+    key = (tuple(cls_prop), nwords)
+    cache = d.__dict__.setdefault("_reach", {})
+    if key not in cache:
+        cache[key] = _reach_sets_uncached(d, cls_prop, nwords)
+    return cache[key]
+
+
+def _reach_sets_uncached(d, cls_prop, nwords):
     n = d.n
     src, dst = _edges(d)
     succ = [[] for _ in range(n)]
@@ -2441,13 +2453,17 @@ def compile_tools_program(tools, max_calls=4, _keys=None):
         names.append(n)
     keys = _keys or [None] * len(tools)
     frags = [_fragment(_params_of(t), k) for t, k in zip(tools, keys)] or [_fragment(True)]
-    # the tool-name automaton rides along as a last, node-less fragment
-    p, nodes, dfa_bases = link_programs(frags + [_tool_names_program(names, [f.root for f in frags])])
-    nodes = nodes[: len(tools)]
+    # tools are numbered in name order (labels of the name automaton, bits of the used-tools
+    # set), so a reordered set reuses the same name automaton; it rides along as a last,
+    # node-less fragment
+    order = sorted(range(len(names)), key=names.__getitem__)
+    names = [names[i] for i in order]
+    tail = _tool_names_program(names, [frags[i].root for i in order])
+    p, nodes, dfa_bases = link_programs(frags + [tail])
     p.tools_mode = 1
     p.max_calls = max_calls
     p.tool_names = names
-    p.tool_nodes = np.asarray(nodes, dtype=np.int64)
+    p.tool_nodes = np.asarray([nodes[i] for i in order], dtype=np.int64)
     p.tool_dfa = dfa_bases[-1]
     p.root = ANY_NODE
     return p.finish()
