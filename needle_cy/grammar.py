@@ -1859,9 +1859,14 @@ class Compiler:
     _pattern_cache = {}
 
     def _pattern(self, pat, ptr):
-        if pat not in Compiler._pattern_cache:
-            Compiler._pattern_cache[pat] = regex_dfa(pat, ptr)
-        return Compiler._pattern_cache[pat]
+        """The DFA of a pattern, memoised per process (formats and patterns recur)."""
+        hit = Compiler._pattern_cache.get(pat)
+        if hit is None:
+            hit = regex_dfa(pat, ptr)
+            if len(Compiler._pattern_cache) >= 1024:
+                Compiler._pattern_cache.clear()
+            Compiler._pattern_cache[pat] = hit
+        return hit
 
     def _fill_number(self, nid, flat, types):
         p = self.p
@@ -2545,6 +2550,14 @@ def compile_schema(schema, backend="cython"):
 
 
 _TOOL_SETS = {}
+
+
+def clear_caches():
+    """Forget every memoised compile result (tool sets, per-tool fragments, tool-name,
+    literal and pattern automata): the next compile starts cold.  For tests and benchmarks;
+    results are identical either way."""
+    for cache in (_TOOL_SETS, _FRAGMENTS, _TOOL_NAME_PROGRAMS, _LITERAL_DFAS, Compiler._pattern_cache):
+        cache.clear()
 
 
 def compile_tools(tools, max_calls=4, backend="cython"):
