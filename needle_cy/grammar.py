@@ -71,6 +71,7 @@ import unicodedata
 
 import numpy as np
 from fractions import Fraction
+from urllib.parse import unquote
 
 from .errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
 
@@ -908,26 +909,35 @@ def literal_dfa(strings, labels=None, other_label=None):
 
 
 def _literal_dfa(strings, labels, other_label):
-    children = [{}]
+    # the trie in sorted order: each string shares its longest common prefix with the
+    # previous one and adds one state per remaining byte (a stable sort keeps the last
+    # label of a repeated string, as insertion order would)
     default = -1 if other_label is None else other_label
+    order = sorted(range(len(strings)), key=strings.__getitem__)
     acc = [default]
     src, byt, dst = [], [], []
-    for i, s in enumerate(strings):
-        cur = 0
-        for b in s:
-            ch = children[cur]
-            nxt = ch.get(b)
-            if nxt is None:
-                nxt = len(children)
-                ch[b] = nxt
-                children.append({})
-                acc.append(default)
-                src.append(cur)
-                byt.append(b)
-                dst.append(nxt)
-            cur = nxt
-        acc[cur] = 0 if labels is None else labels[i]
-    n = len(children)
+    path = [0]          # states along the previous string
+    prev = b""
+    n = 1
+    for i in order:
+        s = bytes(strings[i])
+        m = min(len(s), len(prev))
+        k = 0
+        while k < m and s[k] == prev[k]:
+            k += 1
+        del path[k + 1:]
+        extra = len(s) - k
+        if extra:
+            new = list(range(n, n + extra))
+            src.append(path[k])
+            src.extend(new[:-1])
+            byt.extend(s[k:])
+            dst.extend(new)
+            path.extend(new)
+            acc.extend([default] * extra)
+            n += extra
+        acc[path[len(s)]] = 0 if labels is None else labels[i]
+        prev = s
     sink = -1
     if other_label is not None:
         sink = n
@@ -1250,9 +1260,9 @@ def _schema_at(doc, ptr):
         raise UnsupportedSchemaError(f"non-local $ref {ptr!r}", keyword="$ref", pointer=ptr)
     cur = doc
     for raw in ptr[2:].split("/"):
-        tok = raw.replace("~1", "/").replace("~0", "~")
-        from urllib.parse import unquote
-        tok = unquote(tok)
+        tok = raw.replace("~1", "/").replace("~0", "~") if "~" in raw else raw
+        if "%" in tok:
+            tok = unquote(tok)
         if isinstance(cur, dict) and tok in cur:
             cur = cur[tok]
         elif isinstance(cur, list) and tok.isdigit() and int(tok) < len(cur):
@@ -1271,11 +1281,22 @@ class Compiler:
         self.draft = self._draft(doc)
         self.neg_errors = {}
         self.t0 = time.monotonic()
-        self._new_node_raw(types=T_ALL)          # ANY_NODE
-        self._new_node_raw(types=0)              # NEVER_NODE
-        self.memo[()] = ANY_NODE
         self.depth = 0
-        self._fill_object(ANY_NODE, [])
+        self.memo[()] = ANY_NODE
+        start = Compiler._start_program
+        if start is None:
+            self._new_node_raw(types=T_ALL)          # ANY_NODE
+            self._new_node_raw(types=0)              # NEVER_NODE
+            self._fill_object(ANY_NODE, [])
+            Compiler._start_program = {k: list(v) if isinstance(v, list) else v
+                                       for k, v in self.p.__dict__.items() if isinstance(v, (list, int))}
+        else:
+            # every program starts with the same ANY and NEVER nodes (ANY's key automaton
+            # included): copy them instead of compiling them again
+            for k, v in start.items():
+                setattr(self.p, k, list(v) if isinstance(v, list) else v)
+
+    _start_program = None
 
     @staticmethod
     def _draft(doc):
@@ -2333,11 +2354,14 @@ def _fragment(params, key=None):
     return hit
 
 
-# relocation of node fields when fragments are linked
-_NODE_REF_FIELDS = ("arr_items",)                       # node ids (0/1 = shared ANY/NEVER)
-_DFA_FIELDS = ("str_dfa", "num_dfa", "obj_key_dfa")     # automaton states, -1 none
-_OFFSET_FIELDS = {"num_check": "checks", "arr_prefix_off": "prefix", "alt_off": "alt",
-                  "obj_req_off": "words", "obj_dep_off": "deps"}
+# linking: per fragment, tables stacked into a few int64 matrices, relocated row by row
+_POOL_FIELDS = ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "dep_pool")
+_STATE_FIELDS = ("accept", "label_is_class", "reach_off", "other", "dfa_row", "dfa_cmap")
+_SIZE_KEYS = ("nodes", "dfa", "words", "cls", "prefix", "alt", "checks", "deps", "trans", "classes")
+# node fields -> what they point into (relocated by that table's base in each fragment)
+_NODE_RELOC = {"arr_items": "node", "str_dfa": "dfa", "num_dfa": "dfa", "obj_key_dfa": "dfa",
+               "num_check": "checks", "arr_prefix_off": "prefix", "alt_off": "alt",
+               "obj_req_off": "words", "obj_dep_off": "deps"}
 
 
 def _packed(f):
@@ -2345,17 +2369,17 @@ def _packed(f):
     pk = getattr(f, "_packed", None)
     if pk is None:
         n = len(f.kind)
-        pk = {"nodes": np.array([getattr(f, name) for name in NODE_FIELDS], dtype=np.int64).reshape(len(NODE_FIELDS), n)}
-        for name in ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept", "reach_off", "other",
-                     "dep_pool", "dfa_row", "dfa_cmap", "label_is_class"):
+        pk = {"nodes": np.array([getattr(f, name) for name in NODE_FIELDS], dtype=np.int64)
+              .reshape(len(NODE_FIELDS), n),
+              "states": np.array([getattr(f, name) for name in _STATE_FIELDS], dtype=np.int64)
+              .reshape(len(_STATE_FIELDS), len(f.accept))}
+        for name in _POOL_FIELDS:
             pk[name] = np.asarray(getattr(f, name), dtype=np.int64)
         pk["words"] = np.asarray(f.words, dtype=np.uint64)
         pk["dfa_trans"] = np.asarray(f.dfa_trans, dtype=np.int32)
         pk["dfa_classes"] = np.asarray(f.dfa_classes, dtype=np.uint8)
-        pk["sizes"] = {"nodes": n, "dfa": len(f.accept), "words": len(f.words), "cls": len(f.cls_prop),
-                       "prefix": len(f.prefix_pool), "alt": len(f.alt_pool), "checks": len(f.num_checks),
-                       "deps": len(f.dep_pool) // 2, "trans": len(pk["dfa_trans"]),
-                       "classes": len(pk["dfa_classes"])}
+        pk["sizes"] = (n, len(f.accept), len(f.words), len(f.cls_prop), len(f.prefix_pool), len(f.alt_pool),
+                       len(f.num_checks), len(f.dep_pool) // 2, len(pk["dfa_trans"]), len(pk["dfa_classes"]))
         f._packed = pk
     return pk
 
@@ -2369,45 +2393,34 @@ def link_programs(frags):
     states, word offsets, key classes, pools, checks - in a few whole-array operations.
     """
     pks = [_packed(f) for f in frags]
-    sizes = [pk["sizes"] for pk in pks]
-    drop = [0 if (k == 0 or sz["nodes"] == 0) else 2 for k, sz in enumerate(sizes)]
-    kept = [sz["nodes"] - d for sz, d in zip(sizes, drop)]
+    sizes = np.array([pk["sizes"] for pk in pks], dtype=np.int64)      # [fragments, kinds]
+    col = {k: i for i, k in enumerate(_SIZE_KEYS)}
+    drop = np.where(sizes[:, 0] > 0, 2, 0)
+    drop[0] = 0                               # the first fragment provides ANY and NEVER
+    kept = sizes[:, 0] - drop
+    base = np.cumsum(sizes, axis=0) - sizes   # [fragments, kinds]: where each fragment starts
+    node_shift = (np.cumsum(kept) - kept) - drop   # id in fragment + shift = linked id
+    bases = {k: base[:, i] for k, i in col.items()}
+    bases["node"] = node_shift
 
-    def bases(what):
-        out, acc = [], 0
-        for sz in sizes:
-            out.append(acc)
-            acc += sz[what]
-        return np.asarray(out, dtype=np.int64)
-
-    node_first = np.cumsum([0] + kept[:-1]).astype(np.int64)
-    node_shift = node_first - np.asarray(drop, dtype=np.int64)   # id in fragment + shift = linked id
-    b = {what: bases(what) for what in ("dfa", "words", "cls", "prefix", "alt", "checks", "deps",
-                                        "trans", "classes")}
-
-    def per(base, what):
-        """Each element's fragment base, for a table with sizes[what] elements per fragment."""
-        return np.repeat(base, [sz[what] for sz in sizes])
+    def per(what, count_kind):
+        """Each element's fragment base for `what`, over a table sized by count_kind."""
+        counts = kept if count_kind == "nodes" else sizes[:, col[count_kind]]
+        return np.repeat(bases[what], counts)
 
     def node_ref(x, shift):
         return np.where(x >= 2, x + shift, x)
 
-    def off(x, base):
-        return np.where(x >= 0, x + base, x)
-
-    nodes = np.concatenate([pk["nodes"][:, d:] for pk, d in zip(pks, drop)], axis=1)
-    node_rep = {"nodes": np.repeat(node_shift, kept)}
-    for name in _NODE_REF_FIELDS:
+    nodes = np.concatenate([pk["nodes"][:, d:] for pk, d in zip(pks, drop.tolist())], axis=1)
+    for name, what in _NODE_RELOC.items():
         i = NODE_FIELDS.index(name)
-        nodes[i] = node_ref(nodes[i], node_rep["nodes"])
-    dfa_rep = np.repeat(b["dfa"], kept)
-    for name in _DFA_FIELDS:
-        i = NODE_FIELDS.index(name)
-        nodes[i] = off(nodes[i], dfa_rep)
-    for name, what in _OFFSET_FIELDS.items():
-        i = NODE_FIELDS.index(name)
-        rep = np.repeat(b[what], kept)
-        nodes[i] = off(nodes[i], rep) if name == "num_check" else nodes[i] + rep
+        rep = per(what, "nodes")
+        if what == "node":
+            nodes[i] = node_ref(nodes[i], rep)
+        elif what in ("dfa", "checks"):      # -1 = none
+            nodes[i] = np.where(nodes[i] >= 0, nodes[i] + rep, nodes[i])
+        else:
+            nodes[i] += rep
 
     def cat(name):
         return np.concatenate([pk[name] for pk in pks])
@@ -2415,28 +2428,28 @@ def link_programs(frags):
     p = Program()
     for i, name in enumerate(NODE_FIELDS):
         setattr(p, name, nodes[i])
-    p.prefix_pool = node_ref(cat("prefix_pool"), per(node_shift, "prefix"))
-    p.alt_pool = node_ref(cat("alt_pool"), per(node_shift, "alt"))
+    p.prefix_pool = node_ref(cat("prefix_pool"), per("node", "prefix"))
+    p.alt_pool = node_ref(cat("alt_pool"), per("node", "alt"))
     p.cls_prop = cat("cls_prop")
-    p.cls_node = node_ref(cat("cls_node"), per(node_shift, "cls"))
+    p.cls_node = node_ref(cat("cls_node"), per("node", "cls"))
     p.words = cat("words")
     dep = cat("dep_pool").reshape(-1, 2)
-    dep[:, 1] += per(b["words"], "deps")
+    dep[:, 1] += per("words", "deps")
     p.dep_pool = dep.reshape(-1)
-    p.dfa_trans = np.where((t := cat("dfa_trans")) >= 0, t + per(b["dfa"], "trans").astype(np.int32), -1
-                           ).astype(np.int32)
+    t = cat("dfa_trans")
+    p.dfa_trans = np.where(t >= 0, t + per("dfa", "trans").astype(np.int32), -1).astype(np.int32)
     p.dfa_classes = cat("dfa_classes")
-    p.dfa_row = cat("dfa_row") + per(b["trans"], "dfa")
-    p.dfa_cmap = cat("dfa_cmap") + per(b["classes"], "dfa")
-    acc = cat("accept")
-    is_cls = cat("label_is_class")
-    p.accept = np.where((is_cls != 0) & (acc >= 0), acc + per(b["cls"], "dfa"), acc)
+    st = np.concatenate([pk["states"] for pk in pks], axis=1)
+    acc, is_cls, reach_off, other, row, cmap = st
+    p.accept = np.where((is_cls != 0) & (acc >= 0), acc + per("cls", "dfa"), acc)
     p.label_is_class = is_cls
-    p.reach_off = off(cat("reach_off"), per(b["words"], "dfa"))
-    p.other = cat("other")
+    p.reach_off = np.where(reach_off >= 0, reach_off + per("words", "dfa"), reach_off)
+    p.other = other
+    p.dfa_row = row + per("trans", "dfa")
+    p.dfa_cmap = cmap + per("classes", "dfa")
     p.num_checks = [chk for f in frags for chk in f.num_checks]
     roots = [int(f.root + sh) if f.root >= 2 else int(f.root) for f, sh in zip(frags, node_shift.tolist())]
-    return p, roots, b["dfa"].tolist()
+    return p, roots, bases["dfa"].tolist()
 
 
 def compile_tools_program(tools, max_calls=4, _keys=None):
@@ -2558,6 +2571,7 @@ def clear_caches():
     results are identical either way."""
     for cache in (_TOOL_SETS, _FRAGMENTS, _TOOL_NAME_PROGRAMS, _LITERAL_DFAS, Compiler._pattern_cache):
         cache.clear()
+    Compiler._start_program = None
 
 
 def compile_tools(tools, max_calls=4, backend="cython"):

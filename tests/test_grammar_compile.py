@@ -273,3 +273,22 @@ def test_class_form_operations_keep_their_meaning():
         for d, w in zip(dfas, want):
             assert acc(d, s) == w and acc(G.complement_dfa(d), s) == (not w), s
         assert acc(G.intersect_dfas(dfas[:2]), s) == (want[0] and want[1]), s
+
+
+def test_literal_trie_labels():
+    """The sorted-order trie: exact strings get their (last) label, others the sink's or none."""
+    rng = random.Random(0)
+    for _ in range(300):
+        strs = [bytes(rng.choice(b"abc") for _ in range(rng.randint(0, 5))) for _ in range(rng.randint(0, 8))]
+        labels = [rng.randint(0, 5) for _ in strs] if rng.random() < 0.5 else None
+        other = rng.choice([None, 7])
+        d = G._literal_dfa(strs, labels, other)
+        for _ in range(40):
+            s = bytes(rng.choice(b"abcd") for _ in range(rng.randint(0, 6)))
+            st = d.run(s)
+            got = int(d.accept[st]) if st >= 0 else -1
+            if s in strs:
+                want = 0 if labels is None else labels[max(i for i, x in enumerate(strs) if x == s)]
+            else:
+                want = -1 if other is None else other
+            assert got == want, (strs, labels, other, s)
