@@ -2341,10 +2341,9 @@ def _canonical(params):
     return json.dumps(params, sort_keys=True, separators=(",", ":"))
 
 
-def _fragment(params, key=None):
+def _fragment(params):
     """The compiled program of one tool's parameters (cached by canonical JSON)."""
-    if key is None:
-        key = _canonical(params)
+    key = _canonical(params)
     hit = _FRAGMENTS.get(key)
     if hit is None:
         hit = compile_program(params)
@@ -2452,7 +2451,7 @@ def link_programs(frags):
     return p, roots, bases["dfa"].tolist()
 
 
-def compile_tools_program(tools, max_calls=4, _keys=None):
+def compile_tools_program(tools, max_calls=4):
     if not isinstance(tools, (list, tuple)):
         raise SchemaError("tools must be a list of {name, description, parameters}")
     if len(tools) > MAX_TOOLS:
@@ -2469,8 +2468,7 @@ def compile_tools_program(tools, max_calls=4, _keys=None):
         if n in names:
             raise SchemaError(f"tool name {n!r} appears twice")
         names.append(n)
-    keys = _keys or [None] * len(tools)
-    frags = [_fragment(_params_of(t), k) for t, k in zip(tools, keys)] or [_fragment(True)]
+    frags = [_fragment(_params_of(t)) for t in tools] or [_fragment(True)]
     # tools are numbered in name order (labels of the name automaton, bits of the used-tools
     # set), so a reordered set reuses the same name automaton; it rides along as a last,
     # node-less fragment
@@ -2583,14 +2581,12 @@ def compile_tools(tools, max_calls=4, backend="cython"):
     # the grammar depends on the names and parameters only (descriptions are free to vary);
     # keys are canonical JSON, so a dict mutated after a compile is a new key
     try:
-        pkeys = [_canonical(_params_of(t)) for t in tools]
-        key = (tuple(t["name"] for t in tools), tuple(pkeys), max_calls, backend)
-        hash(key)
+        key = (_canonical([[t["name"], _params_of(t)] for t in tools]), max_calls, backend)
     except (TypeError, ValueError, KeyError, AttributeError):
-        key = pkeys = None
+        key = None
     if key is not None and key in _TOOL_SETS:
         return _TOOL_SETS[key]
-    g = Grammar(compile_tools_program(tools, max_calls, pkeys), backend)
+    g = Grammar(compile_tools_program(tools, max_calls), backend)
     if key is not None:
         if len(_TOOL_SETS) >= 64:
             _TOOL_SETS.pop(next(iter(_TOOL_SETS)))
