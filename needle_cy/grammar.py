@@ -677,6 +677,43 @@ def _compress(d):
     return d._cls
 
 
+def _program_classes(classes):
+    """The program-wide byte classes: bytes no automaton tells apart (columns of the stacked
+    per-automaton class maps, grouped by hash and verified exactly).  Returns
+    (byte_class uint8[256], first byte of each class int64[k])."""
+    global _COL_WEIGHTS
+    maps = classes.reshape(-1, 256)
+    if len(maps) == 0:
+        return np.zeros(256, np.uint8), np.zeros(1, np.int64)
+    if len(maps) == 1:   # one automaton: its own (dense) classes
+        m = maps[0]
+        order = np.argsort(m, kind="stable")
+        first = order[np.searchsorted(m[order], np.arange(int(m.max()) + 1))]
+        return m.astype(np.uint8), first.astype(np.int64)
+    if len(_COL_WEIGHTS) < len(maps):
+        _COL_WEIGHTS = np.random.default_rng(0x5EED).integers(1, 2 ** 62, size=max(len(maps), 2 * len(_COL_WEIGHTS)),
+                                                             dtype=np.int64)
+    m64 = maps.astype(np.int64)
+    with np.errstate(over="ignore"):
+        h = _COL_WEIGHTS[:len(maps)] @ (m64 + 1)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    if not np.array_equal(m64[:, first][:, inv], m64):
+        _, first, inv = np.unique(m64.T, axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+    return inv.astype(np.uint8), first.astype(np.int64)
+
+
+def _state_major(classes, row, cmap, trans, first):
+    """Per-automaton class tables -> the [states x program classes] table (see
+    Program.runtime_tables; the C runtime builds the same table in C)."""
+    if len(row) == 0:
+        return np.zeros(0, np.int32)
+    # state s, program class g: its automaton's class of g's first byte
+    local = classes[cmap[:, None] + first[None, :]]
+    return np.ascontiguousarray(trans[row[:, None] + local], dtype=np.int32).reshape(-1)
+
+
 def _dead_dfa():
     return DFA(np.full((1, 256), -1, np.int32), [-1])
 
@@ -1197,6 +1234,7 @@ class Program:
             self.dfa_trans = np.concatenate(self.dfa_trans) if self.dfa_trans else np.zeros(0, np.int32)
             self.dfa_classes = np.concatenate(self.dfa_classes) if self.dfa_classes else np.zeros(0, np.uint8)
         self._trans_py = None
+        self._rt = self._bc = None
         if self.starts is not None:   # linked programs carry their fragments' starts
             return self
         n = len(self.kind)
@@ -1215,16 +1253,35 @@ class Program:
         self.starts = starts
         return self
 
+    def byte_classes(self):
+        """(byte_class uint8[256], first byte of each class): see runtime_tables."""
+        bc = getattr(self, "_bc", None)
+        if bc is None:
+            # a linked program refines its fragments' byte classes (fewer maps than automata)
+            maps = getattr(self, "_fragment_classes", None)
+            bc = self._bc = _program_classes(np.asarray(self.dfa_classes) if maps is None else maps)
+        return bc
+
+    def runtime_tables(self):
+        """The transition table the runtimes read: one byte-class map for the whole program
+        (the common refinement of its automata's maps, so usually a few dozen classes) and a
+        state-major table, next(st, b) = class_trans[st * n_classes + byte_class[b]].
+        Returns (byte_class uint8[256], class_trans int32[states * n_classes], n_classes)."""
+        rt = getattr(self, "_rt", None)
+        if rt is None:
+            byte_class, first = self.byte_classes()
+            table = _state_major(np.asarray(self.dfa_classes), np.asarray(self.dfa_row, dtype=np.int64),
+                                 np.asarray(self.dfa_cmap, dtype=np.int64), np.asarray(self.dfa_trans), first)
+            rt = self._rt = (byte_class, table, len(first))
+        return rt
+
     @property
     def trans(self):
-        """The transitions expanded to 256 per state (flat, global ids): what the compressed
+        """The transitions expanded to 256 per state (flat, global ids): what the runtime
         tables mean, one lookup per byte."""
-        row = np.asarray(self.dfa_row, dtype=np.int64)
-        cmap = np.asarray(self.dfa_cmap, dtype=np.int64)
-        if not len(row):
-            return np.zeros(0, np.int32)
-        cls = np.asarray(self.dfa_classes)[cmap[:, None] + np.arange(256)]
-        return np.asarray(self.dfa_trans)[row[:, None] + cls].astype(np.int32).reshape(-1)
+        byte_class, class_trans, k = self.runtime_tables()
+        n = len(self.accept)
+        return class_trans.reshape(n, k)[:, byte_class].reshape(-1)
 
     @property
     def trans_py(self):
@@ -2377,6 +2434,7 @@ def _packed(f):
         pk["words"] = np.asarray(f.words, dtype=np.uint64)
         pk["dfa_trans"] = np.asarray(f.dfa_trans, dtype=np.int32)
         pk["dfa_classes"] = np.asarray(f.dfa_classes, dtype=np.uint8)
+        pk["byte_class"] = f.byte_classes()[0]
         pk["sizes"] = (n, len(f.accept), len(f.words), len(f.cls_prop), len(f.prefix_pool), len(f.alt_pool),
                        len(f.num_checks), len(f.dep_pool) // 2, len(pk["dfa_trans"]), len(pk["dfa_classes"]))
         f._packed = pk
@@ -2447,6 +2505,7 @@ def link_programs(frags):
     p.dfa_row = row + per("trans", "dfa")
     p.dfa_cmap = cmap + per("classes", "dfa")
     p.num_checks = [chk for f in frags for chk in f.num_checks]
+    p._fragment_classes = np.concatenate([pk["byte_class"] for pk in pks])
     roots = [int(f.root + sh) if f.root >= 2 else int(f.root) for f, sh in zip(frags, node_shift.tolist())]
     return p, roots, bases["dfa"].tolist()
 

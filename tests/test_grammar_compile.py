@@ -96,13 +96,31 @@ def test_compression_survives_hash_collisions(monkeypatch):
         assert np.array_equal(table[:, cmap], want)
 
 
-def test_program_tables_are_compressed():
+def test_program_tables_are_compressed(monkeypatch):
     tools = _catalogue()
     p = G.compile_tools_program(tools)
     n_states = len(p.accept)
-    assert len(p.dfa_trans) < n_states * 256 // 4        # the point of byte classes
-    full = p.trans.reshape(n_states, 256)
-    assert ((full >= -1) & (full < n_states)).all()
+    byte_class, class_trans, k = p.runtime_tables()
+    assert k < 64 and class_trans.shape == (n_states * k,)       # the point of byte classes
+    # every automaton's own classes refine into the program's: expanding either form gives
+    # the same 256-wide transitions
+    per_automaton = np.asarray(p.dfa_trans)[np.asarray(p.dfa_row)[:, None] + np.asarray(p.dfa_classes)[
+        np.asarray(p.dfa_cmap)[:, None] + np.arange(256)]]
+    assert np.array_equal(p.trans.reshape(n_states, 256), per_automaton)
+    assert ((per_automaton >= -1) & (per_automaton < n_states)).all()
+    # the C runtime builds the same table in C
+    from needle_cy import _grammar
+    assert np.array_equal(_grammar._class_trans(p, p.byte_classes()[1]), class_trans)
+    bad = G.compile_tools_program(tools[:2])
+    bad.dfa_row = np.asarray(bad.dfa_row) + len(bad.dfa_trans)
+    with pytest.raises(ValueError):
+        _grammar._class_trans(bad, bad.byte_classes()[1])
+    # with every column hash equal, the exact check falls back to exact classes
+    monkeypatch.setattr(G, "_COL_WEIGHTS", np.zeros(4096, np.int64))
+    b2, first2 = G._program_classes(np.asarray(p.dfa_classes))
+    t2 = G._state_major(np.asarray(p.dfa_classes), np.asarray(p.dfa_row, dtype=np.int64),
+                        np.asarray(p.dfa_cmap, dtype=np.int64), np.asarray(p.dfa_trans), first2)
+    assert np.array_equal(t2.reshape(n_states, len(first2))[:, b2], per_automaton)
 
 
 # ----------------------------------------------------------------------------- caches
