@@ -2031,20 +2031,24 @@ def _class_trans(P, first):
     widest = np.asarray(classes).reshape(n_maps, 256).max(axis=1).astype(np.int64)
     if row_a.min() < 0 or (row_a + widest[cmap_a // 256]).max() >= len(trans):
         raise ValueError("grammar program: automaton rows out of range")
-    if len(trans) and (np.asarray(trans).min() < -1 or np.asarray(trans).max() >= n):
-        raise ValueError("grammar program: automaton transition to a missing state")
     cdef const int64_t[::1] row = row_a
     cdef const int64_t[::1] cmap = cmap_a
     cdef const int64_t[::1] fst = first_a
     cdef int32_t[::1] out = out_a
     cdef Py_ssize_t s, g
     cdef int64_t r, c
+    cdef int32_t v
+    cdef bint bad = False
     with nogil:
         for s in range(n):
             r = row[s]
             c = cmap[s]
             for g in range(k):
-                out[s * k + g] = trans[r + classes[c + fst[g]]]
+                v = trans[r + classes[c + fst[g]]]
+                bad |= v < -1 or v >= n
+                out[s * k + g] = v
+    if bad:
+        raise ValueError("grammar program: automaton transition to a missing state")
     return out_a
 
 

@@ -1172,10 +1172,11 @@ class Program:
         # key classes (for key DFAs): class -> (prop index or -1, value node)
         self.cls_prop = []
         self.cls_node = []
-        # DFA arena: per automaton a byte-class map (256 bytes in dfa_classes) and a table
-        # [states, classes] of global target states (-1 none) in dfa_trans; per state the
-        # offsets of its row and of its automaton's class map:
+        # DFA arena (the linkable form): per automaton a byte-class map (256 bytes in
+        # dfa_classes) and a table [states, classes] of global target states (-1 none) in
+        # dfa_trans; per state the offsets of its row and of its automaton's class map:
         #     next(st, b) = dfa_trans[dfa_row[st] + dfa_classes[dfa_cmap[st] + b]]
+        # The runtimes read runtime_tables(): one class map for the whole program.
         self.dfa_trans = []    # list of int32 arrays while compiling, one array after finish()
         self.dfa_classes = []  # list of uint8[256] while compiling, one array after finish()
         self.dfa_row = []

@@ -115,6 +115,11 @@ def test_program_tables_are_compressed(monkeypatch):
     bad.dfa_row = np.asarray(bad.dfa_row) + len(bad.dfa_trans)
     with pytest.raises(ValueError):
         _grammar._class_trans(bad, bad.byte_classes()[1])
+    bad = G.compile_tools_program(tools[:2])
+    bad.dfa_trans = np.asarray(bad.dfa_trans).copy()
+    bad.dfa_trans[0] = len(bad.accept) + 5
+    with pytest.raises(ValueError):
+        _grammar._class_trans(bad, bad.byte_classes()[1])
     # with every column hash equal, the exact check falls back to exact classes
     monkeypatch.setattr(G, "_COL_WEIGHTS", np.zeros(4096, np.int64))
     b2, first2 = G._program_classes(np.asarray(p.dfa_classes))
