@@ -690,6 +690,19 @@ def _program_classes(classes):
         order = np.argsort(m, kind="stable")
         first = order[np.searchsorted(m[order], np.arange(int(m.max()) + 1))]
         return m.astype(np.uint8), first.astype(np.int64)
+    if len(maps) <= 8:   # a few automata: exact mixed-radix keys (renumbered before 2**62)
+        key = np.zeros(256, np.int64)
+        bound = 1
+        for m in maps:
+            k = int(m.max()) + 1
+            if bound * k >= 2 ** 62:
+                _, key = np.unique(key, return_inverse=True)
+                key = key.reshape(-1).astype(np.int64)
+                bound = int(key.max()) + 1
+            key = key * k + m
+            bound *= k
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        return inv.reshape(-1).astype(np.uint8), first.astype(np.int64)
     if len(_COL_WEIGHTS) < len(maps):
         _COL_WEIGHTS = np.random.default_rng(0x5EED).integers(1, 2 ** 62, size=max(len(maps), 2 * len(_COL_WEIGHTS)),
                                                              dtype=np.int64)

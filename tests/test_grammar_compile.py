@@ -315,3 +315,20 @@ def test_literal_trie_labels():
             else:
                 want = -1 if other is None else other
             assert got == want, (strs, labels, other, s)
+
+
+def test_program_classes_are_the_common_refinement():
+    """Two bytes share a program class iff every automaton's class map agrees on them (the
+    single-map, mixed-radix and hashed paths)."""
+    rng = np.random.default_rng(0)
+    for n in [1, 2, 3, 8, 9, 30]:
+        for _ in range(8):
+            maps = []
+            for _ in range(n):
+                k = int(rng.integers(1, 257))
+                maps.append(np.unique(rng.integers(0, k, 256), return_inverse=True)[1].reshape(-1).astype(np.uint8))
+            byte_class, first = G._program_classes(np.concatenate(maps))
+            stacked = np.stack(maps)
+            same = (stacked[:, :, None] == stacked[:, None, :]).all(axis=0)
+            assert np.array_equal(byte_class[:, None] == byte_class[None, :], same)
+            assert np.array_equal(byte_class[first], np.arange(len(first)))
