@@ -613,8 +613,9 @@ class DFA:
 
     Built either from a 256-wide ``trans`` table or from its byte-class form ``cls`` =
     (class map uint8[256], table int32[n, k]) with trans[s, b] == table[s, cmap[b]]; the
-    other form is derived on first use (``_compress``, ``trans``).  The runtime stores the
-    class form.  ``trim``: every state is reachable from 0 and can reach an accepting state
+    other form is derived on first use (``_compress``, ``trans``).  Programs store the class
+    form (Program.add_dfa); the runtime tables refine all of a program's class maps into
+    one.  ``trim``: every state is reachable from 0 and can reach an accepting state
     (pruning is a no-op).  DFAs are never modified once built.
     """
 
