@@ -653,20 +653,33 @@ class DFA:
 _COL_WEIGHTS = np.zeros(0, np.int64)
 
 
+def _col_weights(n):
+    """n fixed pseudo-random odd 64-bit weights for column hashes (splitmix64 of 1..n; not
+    np.random, whose first use imports 20 ms of modules)."""
+    global _COL_WEIGHTS
+    if len(_COL_WEIGHTS) < n:
+        m = max(n, 2 * len(_COL_WEIGHTS), 64)
+        with np.errstate(over="ignore"):
+            x = np.arange(1, m + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            x ^= x >> np.uint64(30)
+            x *= np.uint64(0xBF58476D1CE4E5B9)
+            x ^= x >> np.uint64(27)
+            x *= np.uint64(0x94D049BB133111EB)
+            x ^= x >> np.uint64(31)
+        _COL_WEIGHTS = (x >> np.uint64(2)).astype(np.int64) | 1
+    return _COL_WEIGHTS[:n]
+
+
 def _compress(d):
     """Byte classes of a DFA: (class map uint8[256], table int32[n, k]) with
     trans[s, b] == table[s, cmap[b]].  Columns are grouped by a random 64-bit hash and the
     grouping is then verified exactly (a collision falls back to an exact sort)."""
-    global _COL_WEIGHTS
     if d._cls is not None:
         return d._cls
     tr = d.trans
     n = tr.shape[0]
-    if len(_COL_WEIGHTS) < n:
-        _COL_WEIGHTS = np.random.default_rng(0x5EED).integers(1, 2 ** 62, size=max(n, 2 * len(_COL_WEIGHTS)),
-                                                             dtype=np.int64)
     with np.errstate(over="ignore"):
-        h = _COL_WEIGHTS[:n] @ (tr.astype(np.int64) + 2)    # [256] column hashes (wrapping)
+        h = _col_weights(n) @ (tr.astype(np.int64) + 2)    # [256] column hashes (wrapping)
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
     table = tr[:, first]
@@ -682,7 +695,6 @@ def _program_classes(classes):
     """The program-wide byte classes: bytes no automaton tells apart (columns of the stacked
     per-automaton class maps, grouped by hash and verified exactly).  Returns
     (byte_class uint8[256], first byte of each class int64[k])."""
-    global _COL_WEIGHTS
     maps = classes.reshape(-1, 256)
     if len(maps) == 0:
         return np.zeros(256, np.uint8), np.zeros(1, np.int64)
@@ -704,12 +716,9 @@ def _program_classes(classes):
             bound *= k
         _, first, inv = np.unique(key, return_index=True, return_inverse=True)
         return inv.reshape(-1).astype(np.uint8), first.astype(np.int64)
-    if len(_COL_WEIGHTS) < len(maps):
-        _COL_WEIGHTS = np.random.default_rng(0x5EED).integers(1, 2 ** 62, size=max(len(maps), 2 * len(_COL_WEIGHTS)),
-                                                             dtype=np.int64)
     m64 = maps.astype(np.int64)
     with np.errstate(over="ignore"):
-        h = _COL_WEIGHTS[:len(maps)] @ (m64 + 1)
+        h = _col_weights(len(maps)) @ (m64 + 1)
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
     if not np.array_equal(m64[:, first][:, inv], m64):
