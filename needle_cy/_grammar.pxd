@@ -83,7 +83,11 @@ cdef struct Prog:
     const uint64_t* words
     const int32_t* cls_prop
     const int32_t* cls_node
-    const int32_t* trans
+    # automata over byte classes (bytes no automaton of the program tells apart share a
+    # class): next(st, b) = class_trans[st * n_classes + byte_class[b]]; use dfa_next()
+    const int32_t* class_trans
+    const uint8_t* byte_class
+    int64_t n_classes
     const int32_t* accept
     const int32_t* reach_off
     const uint8_t* other

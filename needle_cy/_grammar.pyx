@@ -344,11 +344,17 @@ cdef inline int hexval(int b) noexcept nogil:
     return -1
 
 
+cdef inline int dfa_next(const Prog* p, int st, int b) noexcept nogil:
+    """Automaton state after byte b from state st (>= 0), -1 when b is refused: row st of
+    the [states x byte classes] table, at the column of b's class."""
+    return p.class_trans[st * p.n_classes + p.byte_class[b]]
+
+
 cdef inline bint emit_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil:
     """One decoded byte of string content: DFA step and hash."""
     cdef int st
     if top.dfa >= 0:
-        st = p.trans[top.dfa * 256 + b]
+        st = dfa_next(p, top.dfa, b)
         if st < 0:
             return False
         if top.kind == F_KEY and not key_live(p, th, &th.frames[th.depth - 2], st):
@@ -412,7 +418,7 @@ cdef bint seq_live(const Prog* p, Thread* th, Frame* top, int st, const int* a, 
     if pos == n:
         return True
     for c in range(a[pos], b[pos] + 1):
-        t = p.trans[st * 256 + c]
+        t = dfa_next(p, st, c)
         if t < 0:
             continue
         if top.kind == F_KEY and not key_live(p, th, &th.frames[th.depth - 2], t):
@@ -752,7 +758,7 @@ cdef bint number_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nog
     if th.num_len >= NUM_BUF:
         return False
     if top.dfa >= 0:
-        st = p.trans[top.dfa * 256 + b]
+        st = dfa_next(p, top.dfa, b)
         if st < 0:
             return False
         top.dfa = st
@@ -1054,7 +1060,7 @@ cdef int calls_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil
             top.phase = C_MID
             top.x = 1
             return 1
-        st = p.trans[top.dfa * 256 + b]
+        st = dfa_next(p, top.dfa, b)
         if st < 0 or not (p.words[p.reach_off[st]] & ~top.h):
             return 0
         top.dfa = st
@@ -1671,7 +1677,12 @@ cdef class CGrammar:
         vu64 = u64(P.words); self.prog.words = &vu64[0]
         v32 = i32(P.cls_prop); self.prog.cls_prop = &v32[0]
         v32 = i32(P.cls_node); self.prog.cls_node = &v32[0]
-        v32 = i32(P.trans); self.prog.trans = &v32[0]
+        byte_class, first = P.byte_classes()
+        class_trans = _class_trans(P, first)
+        self._keep.append(class_trans)
+        v32 = class_trans; self.prog.class_trans = &v32[0]
+        vu8 = u8(byte_class); self.prog.byte_class = &vu8[0]
+        self.prog.n_classes = len(first)
         v32 = i32(P.accept); self.prog.accept = &v32[0]
         v32 = i32(P.reach_off); self.prog.reach_off = &v32[0]
         vu8 = u8(P.other); self.prog.other = &vu8[0]
@@ -1835,7 +1846,7 @@ cdef class CGrammar:
                 tok = body[i]
                 st = top.dfa
                 for j in range(lens[tok]):
-                    st = self.prog.trans[st * 256 + blob[offs[tok] + j]]
+                    st = dfa_next(&self.prog, st, blob[offs[tok] + j])
                     if st < 0:
                         break
                 if st >= 0:
@@ -1994,6 +2005,51 @@ def _left_string(CState c, int start):
         if th.depth > 0 and th.frames[th.depth - 1].kind == F_STRING and th.frames[th.depth - 1].aux == start:
             return False
     return True
+
+
+def _class_trans(P, first):
+    """The program's [states x program byte classes] table, from its per-automaton class
+    tables: entry (s, g) = dfa_trans[dfa_row[s] + dfa_classes[dfa_cmap[s] + first[g]]]
+    (the same table as Program.runtime_tables, built here in one C loop).  The offsets are
+    checked first: the loop reads without bounds checks."""
+    cdef const int32_t[::1] trans = np.ascontiguousarray(P.dfa_trans, dtype=np.int32)
+    cdef const uint8_t[::1] classes = np.ascontiguousarray(P.dfa_classes, dtype=np.uint8)
+    row_a = np.ascontiguousarray(P.dfa_row, dtype=np.int64)
+    cmap_a = np.ascontiguousarray(P.dfa_cmap, dtype=np.int64)
+    first_a = np.ascontiguousarray(first, dtype=np.int64)
+    cdef Py_ssize_t n = len(row_a)
+    cdef Py_ssize_t k = len(first_a)
+    out_a = np.empty(max(n * k, 1), dtype=np.int32)
+    if n == 0:
+        out_a[0] = -1
+        return out_a
+    n_maps = len(classes) // 256
+    if len(cmap_a) != n or n_maps == 0 or len(classes) != 256 * n_maps or \
+            (cmap_a % 256 != 0).any() or cmap_a.min() < 0 or cmap_a.max() >= len(classes) or \
+            first_a.min() < 0 or first_a.max() > 255:
+        raise ValueError("grammar program: malformed automaton class maps")
+    widest = np.asarray(classes).reshape(n_maps, 256).max(axis=1).astype(np.int64)
+    if row_a.min() < 0 or (row_a + widest[cmap_a // 256]).max() >= len(trans):
+        raise ValueError("grammar program: automaton rows out of range")
+    cdef const int64_t[::1] row = row_a
+    cdef const int64_t[::1] cmap = cmap_a
+    cdef const int64_t[::1] fst = first_a
+    cdef int32_t[::1] out = out_a
+    cdef Py_ssize_t s, g
+    cdef int64_t r, c
+    cdef int32_t v
+    cdef bint bad = False
+    with nogil:
+        for s in range(n):
+            r = row[s]
+            c = cmap[s]
+            for g in range(k):
+                v = trans[r + classes[c + fst[g]]]
+                bad |= v < -1 or v >= n
+                out[s * k + g] = v
+    if bad:
+        raise ValueError("grammar program: automaton transition to a missing state")
+    return out_a
 
 
 _PIECE_TABLES = {}

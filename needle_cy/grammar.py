@@ -71,6 +71,7 @@ import unicodedata
 
 import numpy as np
 from fractions import Fraction
+from urllib.parse import unquote
 
 from .errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
 
@@ -608,15 +609,32 @@ class NFA:
 
 
 class DFA:
-    """A byte DFA: trans[state, byte] -> state or -1; accept[state] is a label (-1 = reject)."""
+    """A byte DFA: trans[state, byte] -> state or -1; accept[state] is a label (-1 = reject).
 
-    def __init__(self, trans, accept):
-        self.trans = np.asarray(trans, dtype=np.int32).reshape(-1, 256)
+    Built either from a 256-wide ``trans`` table or from its byte-class form ``cls`` =
+    (class map uint8[256], table int32[n, k]) with trans[s, b] == table[s, cmap[b]]; the
+    other form is derived on first use (``_compress``, ``trans``).  Programs store the class
+    form (Program.add_dfa); the runtime tables refine all of a program's class maps into
+    one.  ``trim``: every state is reachable from 0 and can reach an accepting state
+    (pruning is a no-op).  DFAs are never modified once built.
+    """
+
+    def __init__(self, trans, accept, trim=False, cls=None):
+        self._trans = None if trans is None else np.asarray(trans, dtype=np.int32).reshape(-1, 256)
         self.accept = np.asarray(accept, dtype=np.int32).reshape(-1)
+        self.trim = trim
+        self._cls = cls
+
+    @property
+    def trans(self):
+        if self._trans is None:
+            cmap, table = self._cls
+            self._trans = np.ascontiguousarray(table[:, cmap])
+        return self._trans
 
     @property
     def n(self):
-        return self.trans.shape[0]
+        return len(self.accept)
 
     def run(self, data, state=0):
         for b in data:
@@ -625,13 +643,106 @@ class DFA:
             state = int(self.trans[state, b])
         return state
 
+    def relabel(self, accept, trim=None):
+        """Same transitions, new labels (the tables are shared)."""
+        d = DFA(None, accept, self.trim if trim is None else trim, _compress(self))
+        d._trans = self._trans
+        return d
+
+
+_COL_WEIGHTS = np.zeros(0, np.int64)
+
+
+def _col_weights(n):
+    """n fixed pseudo-random odd 64-bit weights for column hashes (splitmix64 of 1..n; not
+    np.random, whose first use imports 20 ms of modules)."""
+    global _COL_WEIGHTS
+    if len(_COL_WEIGHTS) < n:
+        m = max(n, 2 * len(_COL_WEIGHTS), 64)
+        with np.errstate(over="ignore"):
+            x = np.arange(1, m + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            x ^= x >> np.uint64(30)
+            x *= np.uint64(0xBF58476D1CE4E5B9)
+            x ^= x >> np.uint64(27)
+            x *= np.uint64(0x94D049BB133111EB)
+            x ^= x >> np.uint64(31)
+        _COL_WEIGHTS = (x >> np.uint64(2)).astype(np.int64) | 1
+    return _COL_WEIGHTS[:n]
+
+
+def _compress(d):
+    """Byte classes of a DFA: (class map uint8[256], table int32[n, k]) with
+    trans[s, b] == table[s, cmap[b]].  Columns are grouped by a random 64-bit hash and the
+    grouping is then verified exactly (a collision falls back to an exact sort)."""
+    if d._cls is not None:
+        return d._cls
+    tr = d.trans
+    n = tr.shape[0]
+    with np.errstate(over="ignore"):
+        h = _col_weights(n) @ (tr.astype(np.int64) + 2)    # [256] column hashes (wrapping)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    table = tr[:, first]
+    if not np.array_equal(table[:, inv], tr):
+        _, first, inv = np.unique(tr.T, axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        table = tr[:, first]
+    d._cls = (inv.astype(np.uint8), np.ascontiguousarray(table, dtype=np.int32))
+    return d._cls
+
+
+def _program_classes(classes):
+    """The program-wide byte classes: bytes no automaton tells apart (columns of the stacked
+    per-automaton class maps, grouped by hash and verified exactly).  Returns
+    (byte_class uint8[256], first byte of each class int64[k])."""
+    maps = classes.reshape(-1, 256)
+    if len(maps) == 0:
+        return np.zeros(256, np.uint8), np.zeros(1, np.int64)
+    if len(maps) == 1:   # one automaton: its own (dense) classes
+        m = maps[0]
+        order = np.argsort(m, kind="stable")
+        first = order[np.searchsorted(m[order], np.arange(int(m.max()) + 1))]
+        return m.astype(np.uint8), first.astype(np.int64)
+    if len(maps) <= 8:   # a few automata: exact mixed-radix keys (renumbered before 2**62)
+        key = np.zeros(256, np.int64)
+        bound = 1
+        for m in maps:
+            k = int(m.max()) + 1
+            if bound * k >= 2 ** 62:
+                _, key = np.unique(key, return_inverse=True)
+                key = key.reshape(-1).astype(np.int64)
+                bound = int(key.max()) + 1
+            key = key * k + m
+            bound *= k
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        return inv.reshape(-1).astype(np.uint8), first.astype(np.int64)
+    m64 = maps.astype(np.int64)
+    with np.errstate(over="ignore"):
+        h = _col_weights(len(maps)) @ (m64 + 1)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    if not np.array_equal(m64[:, first][:, inv], m64):
+        _, first, inv = np.unique(m64.T, axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+    return inv.astype(np.uint8), first.astype(np.int64)
+
+
+def _state_major(classes, row, cmap, trans, first):
+    """Per-automaton class tables -> the [states x program classes] table (see
+    Program.runtime_tables; the C runtime builds the same table in C)."""
+    if len(row) == 0:
+        return np.zeros(0, np.int32)
+    # state s, program class g: its automaton's class of g's first byte
+    local = classes[cmap[:, None] + first[None, :]]
+    return np.ascontiguousarray(trans[row[:, None] + local], dtype=np.int32).reshape(-1)
+
 
 def _dead_dfa():
     return DFA(np.full((1, 256), -1, np.int32), [-1])
 
 
 def _all_dfa():
-    return DFA(np.zeros((1, 256), np.int32), [0])
+    return DFA(np.zeros((1, 256), np.int32), [0], trim=True)
 
 
 def nfa_to_dfa(nfa, start, final):
@@ -675,19 +786,29 @@ def nfa_to_dfa(nfa, start, final):
                 index[tset] = len(sets)
                 sets.append(tset)
             crow[ci] = index[tset]
-        rows.append(crow[class_of])
+        rows.append(crow)
         accept.append(0 if final in cur else -1)
-    return prune_dfa(DFA(np.stack(rows), accept))
+    return prune_dfa(DFA(None, accept, cls=(class_of.astype(np.uint8), np.stack(rows))))
+
+
+def _edges(d):
+    """Distinct (source, target) state pairs, as two int64 arrays sorted by source (read from
+    the byte-class table: k columns per state instead of 256)."""
+    table = _compress(d)[1]
+    n = d.n
+    src, c = np.nonzero(table >= 0)
+    dst = table[src, c]
+    pairs = np.sort(src.astype(np.int64) * n + dst)
+    # distinct pairs (np.unique would do, but its first call imports numpy.ma: 30 ms cold)
+    pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))] if len(pairs) else pairs
+    return pairs // n, pairs % n
 
 
 def _successors(d):
-    """Per state: sorted distinct successor states (from the unique (state, target) pairs)."""
-    n = d.n
-    src, b = np.nonzero(d.trans >= 0)
-    dst = d.trans[src, b]
-    pairs = np.unique(src.astype(np.int64) * n + dst)
-    succ = [[] for _ in range(n)]
-    for s_, t_ in zip((pairs // n).tolist(), (pairs % n).tolist()):
+    """Per state: sorted distinct successor states."""
+    src, dst = _edges(d)
+    succ = [[] for _ in range(d.n)]
+    for s_, t_ in zip(src.tolist(), dst.tolist()):
         succ[s_].append(t_)
     return succ
 
@@ -695,10 +816,7 @@ def _successors(d):
 def _live_states(d):
     """Boolean array: states from which an accepting state is reachable."""
     n = d.n
-    src, b = np.nonzero(d.trans >= 0)
-    dst = d.trans[src, b]
-    pairs = np.unique(src.astype(np.int64) * n + dst)
-    src, dst = pairs // n, pairs % n
+    src, dst = _edges(d)
     order = np.argsort(dst, kind="stable")
     src, dst = src[order], dst[order]
     starts = np.searchsorted(dst, np.arange(n + 1))
@@ -719,7 +837,7 @@ def _restrict(d, live):
         return _dead_dfa()
     n = d.n
     if live.all() and n == 1:
-        return d
+        return d.relabel(d.accept, trim=True)
     succ = _successors(d)
     live_l = live.tolist()
     idx = np.full(n, -1, dtype=np.int64)
@@ -736,15 +854,18 @@ def _restrict(d, live):
                 order.append(t)
     idx[order] = np.arange(len(order))
     idx_ext = np.append(idx, -1)  # index -1 -> -1
-    tr = d.trans[order]
+    cmap, table = _compress(d)
+    tr = table[order]
     tr = np.where(tr >= 0, idx_ext[tr], -1).astype(np.int32)
-    return DFA(tr, d.accept[order])
+    return DFA(None, d.accept[order], trim=True, cls=(cmap, tr))
 
 
 def prune_dfa(d):
     """Remove states from which no accepting state is reachable (no minimisation: subset
     construction of these small patterns is already near minimal, and Moore refinement
     costs more than it saves at compile time)."""
+    if d.trim:
+        return d
     return _restrict(d, _live_states(d))
 
 
@@ -758,6 +879,8 @@ def _has_ref(node):
 
 def prune_dfa_keep(d):
     """Like prune_dfa without minimisation (labels are class ids)."""
+    if d.trim:
+        return d
     return _restrict(d, _live_states(d))
 
 
@@ -825,35 +948,75 @@ def regex_dfa(pattern, pointer="#"):
     return nfa_to_dfa(nfa, s, t)
 
 
+_LITERAL_DFAS = {}
+
+
 def literal_dfa(strings, labels=None, other_label=None):
     """A trie DFA accepting exactly the given byte strings; accept label = labels[i] (default 0).
 
     other_label: when given, every string outside the trie reaches a sink state labelled so.
+    Memoised per process by its arguments (enums and key sets recur across tools; DFAs are
+    never modified once built).
     """
-    children = [{}]
+    key = (tuple(strings), None if labels is None else tuple(labels), other_label)
+    hit = _LITERAL_DFAS.get(key)
+    if hit is None:
+        hit = _literal_dfa(strings, labels, other_label)
+        if len(_LITERAL_DFAS) >= 4096:
+            _LITERAL_DFAS.clear()
+        _LITERAL_DFAS[key] = hit
+    return hit
+
+
+def _literal_dfa(strings, labels, other_label):
+    # the trie in sorted order: each string shares its longest common prefix with the
+    # previous one and adds one state per remaining byte (a stable sort keeps the last
+    # label of a repeated string, as insertion order would)
     default = -1 if other_label is None else other_label
+    order = sorted(range(len(strings)), key=strings.__getitem__)
     acc = [default]
-    for i, s in enumerate(strings):
-        cur = 0
-        for b in s:
-            nxt = children[cur].get(b)
-            if nxt is None:
-                nxt = len(children)
-                children[cur][b] = nxt
-                children.append({})
-                acc.append(default)
-            cur = nxt
-        acc[cur] = 0 if labels is None else labels[i]
-    n = len(children)
+    src, byt, dst = [], [], []
+    path = [0]          # states along the previous string
+    prev = b""
+    n = 1
+    for i in order:
+        s = bytes(strings[i])
+        m = min(len(s), len(prev))
+        k = 0
+        while k < m and s[k] == prev[k]:
+            k += 1
+        del path[k + 1:]
+        extra = len(s) - k
+        if extra:
+            new = list(range(n, n + extra))
+            src.append(path[k])
+            src.extend(new[:-1])
+            byt.extend(s[k:])
+            dst.extend(new)
+            path.extend(new)
+            acc.extend([default] * extra)
+            n += extra
+        acc[path[len(s)]] = 0 if labels is None else labels[i]
+        prev = s
     sink = -1
     if other_label is not None:
         sink = n
         acc.append(other_label)
-    tr = np.full((n + (1 if sink >= 0 else 0), 256), sink, dtype=np.int32)
-    for v, ch in enumerate(children):
-        for b, t in ch.items():
-            tr[v, b] = t
-    return DFA(tr, acc)  # a trie: every state is live and reachable
+    # byte classes: one per byte the strings use, one (class 0) for all the others
+    used = sorted(set(byt))
+    cmap = np.zeros(256, dtype=np.uint8)
+    if len(used) == 256:
+        cmap[:] = np.arange(256)
+    else:
+        cmap[used] = np.arange(1, len(used) + 1)
+    table = np.full((n + (1 if sink >= 0 else 0), int(cmap.max()) + 1), sink, dtype=np.int32)
+    if src:
+        table[src, cmap[byt]] = dst
+    # a trie: every state is reachable; every state reaches the end of some string, or the
+    # accepting sink
+    trim = (other_label is not None and other_label >= 0) or \
+        (len(strings) > 0 and (labels is None or min(labels) >= 0))
+    return DFA(None, acc, trim=trim, cls=(cmap, table))
 
 
 def product_dfa(dfas, combine, complete=None):
@@ -900,10 +1063,11 @@ def product_dfa(dfas, combine, complete=None):
 def complement_dfa(d):
     """The byte strings d rejects (UTF-8 validity is the string frame's job)."""
     n = d.n
-    tr = np.where(d.trans >= 0, d.trans, n).astype(np.int32)
-    tr = np.vstack([tr, np.full((1, 256), n, np.int32)])
+    cmap, table = _compress(d)
+    tr = np.where(table >= 0, table, n).astype(np.int32)
+    tr = np.vstack([tr, np.full((1, tr.shape[1]), n, np.int32)])
     acc = np.append(np.where(d.accept >= 0, -1, 0), 0).astype(np.int32)
-    return prune_dfa(DFA(tr, acc))
+    return prune_dfa(DFA(None, acc, cls=(cmap, tr)))
 
 
 def intersect_dfas(dfas):
@@ -1031,9 +1195,19 @@ class Program:
         # key classes (for key DFAs): class -> (prop index or -1, value node)
         self.cls_prop = []
         self.cls_node = []
-        # DFA arena
-        self.trans = []        # flat list, 256 per state
+        # DFA arena (the linkable form): per automaton a byte-class map (256 bytes in
+        # dfa_classes) and a table [states, classes] of global target states (-1 none) in
+        # dfa_trans; per state the offsets of its row and of its automaton's class map:
+        #     next(st, b) = dfa_trans[dfa_row[st] + dfa_classes[dfa_cmap[st] + b]]
+        # The runtimes read runtime_tables(): one class map for the whole program.
+        self.dfa_trans = []    # list of int32 arrays while compiling, one array after finish()
+        self.dfa_classes = []  # list of uint8[256] while compiling, one array after finish()
+        self.dfa_row = []
+        self.dfa_cmap = []
+        self.n_trans = 0       # entries in dfa_trans
+        self.n_classes = 0     # bytes in dfa_classes
         self.accept = []       # per state label: -1 reject, else >= 0 (key DFA: class id)
+        self.label_is_class = []  # per state: 1 when its label is a key class id (relocated by link)
         self.reach_off = []    # per state: offset into words of reachable-prop bitset (-1 none)
         self.other = []        # per state: 1 if some non-declared valid key is reachable
         # number checks: list of dicts (lo, lo_excl, hi, hi_excl, mult) of normalised decimals
@@ -1046,21 +1220,32 @@ class Program:
         self.tool_names = []
         self.root = 0
         self.n_props_words = 0
+        self.starts = None
 
     def add_dfa(self, dfa, reach=None, other=None):
+        """Append an automaton (byte-class compressed); returns the global id of its state 0.
+        ``reach``/``other``: per state, for key automata (labels are then key class ids)."""
         base = len(self.accept)
-        tr = dfa.trans
-        self.trans.append(np.where(tr >= 0, tr + base, -1).astype(np.int32).reshape(-1))
-        self.accept.extend(int(a) for a in dfa.accept)
-        for s in range(dfa.n):
-            if reach is not None:
-                off = len(self.words)
-                self.words.extend(reach[s])
-                self.reach_off.append(off)
-                self.other.append(other[s])
-            else:
-                self.reach_off.append(-1)
-                self.other.append(0)
+        cmap, table = _compress(dfa)
+        n, k = table.shape
+        self.dfa_trans.append(np.where(table >= 0, table + base, -1).astype(np.int32).reshape(-1))
+        self.dfa_classes.append(cmap)
+        self.dfa_row.extend(range(self.n_trans, self.n_trans + n * k, k))
+        self.dfa_cmap.extend([self.n_classes] * n)
+        self.n_trans += n * k
+        self.n_classes += 256
+        self.accept.extend(dfa.accept.tolist())
+        if reach is not None:
+            off = len(self.words)
+            nw = len(reach[0]) if n else 0
+            for r in reach:
+                self.words.extend(r)
+            self.reach_off.extend(range(off, off + n * nw, nw))
+            self.other.extend(other)
+        else:
+            self.reach_off.extend([-1] * n)
+            self.other.extend([0] * n)
+        self.label_is_class.extend([1 if reach is not None else 0] * n)
         return base
 
     @property
@@ -1069,6 +1254,13 @@ class Program:
 
     def finish(self):
         """Derived tables: first-byte classes per node (choices: union over alternatives)."""
+        if isinstance(self.dfa_trans, list):
+            self.dfa_trans = np.concatenate(self.dfa_trans) if self.dfa_trans else np.zeros(0, np.int32)
+            self.dfa_classes = np.concatenate(self.dfa_classes) if self.dfa_classes else np.zeros(0, np.uint8)
+        self._trans_py = None
+        self._rt = self._bc = None
+        if self.starts is not None:   # linked programs carry their fragments' starts
+            return self
         n = len(self.kind)
         starts = [_type_starts(self.types[i]) if self.kind[i] == NODE_VALUE else 0 for i in range(n)]
         changed = any(k == NODE_CHOICE for k in self.kind)
@@ -1083,17 +1275,63 @@ class Program:
                         starts[i] = s
                         changed = True
         self.starts = starts
-        if isinstance(self.trans, list):
-            self.trans = np.concatenate(self.trans) if self.trans else np.zeros(0, np.int32)
-        self._trans_py = None
         return self
+
+    def byte_classes(self):
+        """(byte_class uint8[256], first byte of each class): see runtime_tables."""
+        bc = getattr(self, "_bc", None)
+        if bc is None:
+            # a linked program refines its fragments' byte classes (fewer maps than automata)
+            maps = getattr(self, "_fragment_classes", None)
+            bc = self._bc = _program_classes(np.asarray(self.dfa_classes) if maps is None else maps)
+        return bc
+
+    def runtime_tables(self):
+        """The transition table the runtimes read: one byte-class map for the whole program
+        (the common refinement of its automata's maps, so usually a few dozen classes) and a
+        state-major table, next(st, b) = class_trans[st * n_classes + byte_class[b]].
+        Returns (byte_class uint8[256], class_trans int32[states * n_classes], n_classes)."""
+        rt = getattr(self, "_rt", None)
+        if rt is None:
+            byte_class, first = self.byte_classes()
+            table = _state_major(np.asarray(self.dfa_classes), np.asarray(self.dfa_row, dtype=np.int64),
+                                 np.asarray(self.dfa_cmap, dtype=np.int64), np.asarray(self.dfa_trans), first)
+            rt = self._rt = (byte_class, table, len(first))
+        return rt
+
+    @property
+    def trans(self):
+        """The transitions expanded to 256 per state (flat, global ids): what the runtime
+        tables mean, one lookup per byte."""
+        byte_class, class_trans, k = self.runtime_tables()
+        n = len(self.accept)
+        return class_trans.reshape(n, k)[:, byte_class].reshape(-1)
 
     @property
     def trans_py(self):
-        """The transition table as a Python list (for the pure-Python reference runtime)."""
+        """The expanded transition table as a Python list (for the pure-Python reference
+        runtime, which thereby checks the compressed tables the C runtime reads)."""
         if getattr(self, "_trans_py", None) is None:
-            self._trans_py = np.asarray(self.trans).tolist()
+            self._trans_py = self.trans.tolist()
         return self._trans_py
+
+    def pylists(self):
+        """This program with plain Python lists/ints in every table (linked programs hold
+        NumPy arrays; the reference runtime does bit arithmetic on Python ints)."""
+        if isinstance(self.kind, list):
+            return self
+        q = getattr(self, "_pylists", None)
+        if q is None:
+            q = Program()
+            for k, v in self.__dict__.items():
+                if k.startswith("_"):
+                    continue
+                setattr(q, k, v.tolist() if isinstance(v, np.ndarray) and k not in ("dfa_trans", "dfa_classes")
+                        else v)
+            q.words = [int(w) for w in q.words]
+            q._trans_py = None
+            self._pylists = q
+        return q
 
 
 def _schema_at(doc, ptr):
@@ -1103,9 +1341,9 @@ def _schema_at(doc, ptr):
         raise UnsupportedSchemaError(f"non-local $ref {ptr!r}", keyword="$ref", pointer=ptr)
     cur = doc
     for raw in ptr[2:].split("/"):
-        tok = raw.replace("~1", "/").replace("~0", "~")
-        from urllib.parse import unquote
-        tok = unquote(tok)
+        tok = raw.replace("~1", "/").replace("~0", "~") if "~" in raw else raw
+        if "%" in tok:
+            tok = unquote(tok)
         if isinstance(cur, dict) and tok in cur:
             cur = cur[tok]
         elif isinstance(cur, list) and tok.isdigit() and int(tok) < len(cur):
@@ -1124,11 +1362,22 @@ class Compiler:
         self.draft = self._draft(doc)
         self.neg_errors = {}
         self.t0 = time.monotonic()
-        self._new_node_raw(types=T_ALL)          # ANY_NODE
-        self._new_node_raw(types=0)              # NEVER_NODE
-        self.memo[()] = ANY_NODE
         self.depth = 0
-        self._fill_object(ANY_NODE, [])
+        self.memo[()] = ANY_NODE
+        start = Compiler._start_program
+        if start is None:
+            self._new_node_raw(types=T_ALL)          # ANY_NODE
+            self._new_node_raw(types=0)              # NEVER_NODE
+            self._fill_object(ANY_NODE, [])
+            Compiler._start_program = {k: list(v) if isinstance(v, list) else v
+                                       for k, v in self.p.__dict__.items() if isinstance(v, (list, int))}
+        else:
+            # every program starts with the same ANY and NEVER nodes (ANY's key automaton
+            # included): copy them instead of compiling them again
+            for k, v in start.items():
+                setattr(self.p, k, list(v) if isinstance(v, list) else v)
+
+    _start_program = None
 
     @staticmethod
     def _draft(doc):
@@ -1712,9 +1961,14 @@ class Compiler:
     _pattern_cache = {}
 
     def _pattern(self, pat, ptr):
-        if pat not in Compiler._pattern_cache:
-            Compiler._pattern_cache[pat] = regex_dfa(pat, ptr)
-        return Compiler._pattern_cache[pat]
+        """The DFA of a pattern, memoised per process (formats and patterns recur)."""
+        hit = Compiler._pattern_cache.get(pat)
+        if hit is None:
+            hit = regex_dfa(pat, ptr)
+            if len(Compiler._pattern_cache) >= 1024:
+                Compiler._pattern_cache.clear()
+            Compiler._pattern_cache[pat] = hit
+        return hit
 
     def _fill_number(self, nid, flat, types):
         p = self.p
@@ -1972,14 +2226,16 @@ class Compiler:
     def _finish_object(self, nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps=()):
         p = self.p
         # classes whose value schema is impossible are not valid keys
-        acc = [a if (a >= 0 and cls_node[a] != NEVER_NODE) else -1 for a in key_dfa.accept]
-        key_dfa = prune_dfa_keep(DFA(key_dfa.trans, acc))
+        acc_in = key_dfa.accept.tolist()
+        acc = [a if (a >= 0 and cls_node[a] != NEVER_NODE) else -1 for a in acc_in]
+        key_dfa = prune_dfa_keep(key_dfa if acc == acc_in else key_dfa.relabel(acc, trim=False))
         nwords = max(1, (len(names) + 63) // 64)
         reach, other = _reach_sets(key_dfa, cls_prop, nwords)
         cls_base = len(p.cls_prop)
         p.cls_prop.extend(cls_prop)
         p.cls_node.extend(cls_node)
-        key_dfa = DFA(key_dfa.trans, [a + cls_base if a >= 0 else -1 for a in key_dfa.accept])
+        if cls_base:
+            key_dfa = key_dfa.relabel([a + cls_base if a >= 0 else -1 for a in key_dfa.accept.tolist()])
         p.obj_key_dfa[nid] = p.add_dfa(key_dfa, reach, other)
         p.obj_nwords[nid] = nwords
         req_words = [0] * nwords
@@ -2052,18 +2308,31 @@ class Compiler:
 
 
 def _reach_sets(d, cls_prop, nwords):
-    """Per state: bitset of declared properties reachable, and whether another valid key is."""
+    """Per state: bitset of declared properties reachable, and whether another valid key is.
+    (Memoised on the DFA object: the same key automaton recurs with the same classes.)"""
+    key = (tuple(cls_prop), nwords)
+    cache = d.__dict__.setdefault("_reach", {})
+    if key not in cache:
+        cache[key] = _reach_sets_uncached(d, cls_prop, nwords)
+    return cache[key]
+
+
+def _reach_sets_uncached(d, cls_prop, nwords):
     n = d.n
-    succ = _successors(d)
+    src, dst = _edges(d)
+    succ = [[] for _ in range(n)]
+    for s_, t_ in zip(src.tolist(), dst.tolist()):
+        succ[s_].append(t_)
     reach = [0] * n
     other = [0] * n
-    for s_ in range(n):
-        a = int(d.accept[s_])
+    for s_, a in enumerate(d.accept.tolist()):
         if a >= 0:
             if cls_prop[a] >= 0:
                 reach[s_] |= 1 << cls_prop[a]
             else:
                 other[s_] = 1
+    # tries (and most key automata) only step forward or loop: one backward pass is exact
+    forward = not len(src) or bool((dst >= src).all())
     changed = True
     while changed:
         changed = False
@@ -2075,7 +2344,12 @@ def _reach_sets(d, cls_prop, nwords):
             if r != reach[s_] or o != other[s_]:
                 reach[s_], other[s_] = r, o
                 changed = True
-    words = [[(r >> (64 * w)) & 0xFFFFFFFFFFFFFFFF for w in range(nwords)] for r in reach]
+        if forward:
+            break
+    if nwords == 1:
+        words = [[r] for r in reach]
+    else:
+        words = [[(r >> (64 * w)) & 0xFFFFFFFFFFFFFFFF for w in range(nwords)] for r in reach]
     return words, other
 
 
@@ -2144,9 +2418,13 @@ NODE_FIELDS = ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num
 _FRAGMENTS = {}
 
 
+def _canonical(params):
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
 def _fragment(params):
     """The compiled program of one tool's parameters (cached by canonical JSON)."""
-    key = json.dumps(params, sort_keys=True, separators=(",", ":"))
+    key = _canonical(params)
     hit = _FRAGMENTS.get(key)
     if hit is None:
         hit = compile_program(params)
@@ -2156,99 +2434,104 @@ def _fragment(params):
     return hit
 
 
+# linking: per fragment, tables stacked into a few int64 matrices, relocated row by row
+_POOL_FIELDS = ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "dep_pool")
+_STATE_FIELDS = ("accept", "label_is_class", "reach_off", "other", "dfa_row", "dfa_cmap")
+_SIZE_KEYS = ("nodes", "dfa", "words", "cls", "prefix", "alt", "checks", "deps", "trans", "classes")
+# node fields -> what they point into (relocated by that table's base in each fragment)
+_NODE_RELOC = {"arr_items": "node", "str_dfa": "dfa", "num_dfa": "dfa", "obj_key_dfa": "dfa",
+               "num_check": "checks", "arr_prefix_off": "prefix", "alt_off": "alt",
+               "obj_req_off": "words", "obj_dep_off": "deps"}
+
+
 def _packed(f):
-    """A fragment's tables as int arrays, made once (linking then only adds offsets)."""
+    """A fragment's tables as NumPy arrays, made once (linking then only adds offsets)."""
     pk = getattr(f, "_packed", None)
     if pk is None:
-        pk = {name: np.asarray(getattr(f, name), dtype=np.int64) for name in NODE_FIELDS}
-        for name in ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept", "reach_off", "other",
-                     "dep_pool"):
+        n = len(f.kind)
+        pk = {"nodes": np.array([getattr(f, name) for name in NODE_FIELDS], dtype=np.int64)
+              .reshape(len(NODE_FIELDS), n),
+              "states": np.array([getattr(f, name) for name in _STATE_FIELDS], dtype=np.int64)
+              .reshape(len(_STATE_FIELDS), len(f.accept))}
+        for name in _POOL_FIELDS:
             pk[name] = np.asarray(getattr(f, name), dtype=np.int64)
         pk["words"] = np.asarray(f.words, dtype=np.uint64)
-        pk["trans"] = np.asarray(f.trans, dtype=np.int32)
-        pk["trans_neg"] = pk["trans"] < 0
-        pk["key_state"] = (pk["reach_off"] >= 0) & (pk["accept"] >= 0)
+        pk["dfa_trans"] = np.asarray(f.dfa_trans, dtype=np.int32)
+        pk["dfa_classes"] = np.asarray(f.dfa_classes, dtype=np.uint8)
+        pk["byte_class"] = f.byte_classes()[0]
+        pk["sizes"] = (n, len(f.accept), len(f.words), len(f.cls_prop), len(f.prefix_pool), len(f.alt_pool),
+                       len(f.num_checks), len(f.dep_pool) // 2, len(pk["dfa_trans"]), len(pk["dfa_classes"]))
         f._packed = pk
     return pk
 
 
 def link_programs(frags):
-    """Concatenate compiled programs into one; returns (program, root node of each fragment).
+    """Concatenate compiled programs into one; returns (program, root node of each fragment,
+    first automaton state of each fragment).
 
-    Each fragment's nodes 0 (ANY) and 1 (NEVER) map onto the shared ones; everything
-    else is relocated: node ids, DFA states, word offsets, key classes, pools, checks.
+    Each fragment's nodes 0 (ANY) and 1 (NEVER) map onto the shared ones of the first
+    fragment; everything else is relocated by its fragment's bases - node ids, automaton
+    states, word offsets, key classes, pools, checks - in a few whole-array operations.
     """
+    pks = [_packed(f) for f in frags]
+    sizes = np.array([pk["sizes"] for pk in pks], dtype=np.int64)      # [fragments, kinds]
+    col = {k: i for i, k in enumerate(_SIZE_KEYS)}
+    drop = np.where(sizes[:, 0] > 0, 2, 0)
+    drop[0] = 0                               # the first fragment provides ANY and NEVER
+    kept = sizes[:, 0] - drop
+    base = np.cumsum(sizes, axis=0) - sizes   # [fragments, kinds]: where each fragment starts
+    node_shift = (np.cumsum(kept) - kept) - drop   # id in fragment + shift = linked id
+    bases = {k: base[:, i] for k, i in col.items()}
+    bases["node"] = node_shift
+
+    def per(what, count_kind):
+        """Each element's fragment base for `what`, over a table sized by count_kind."""
+        counts = kept if count_kind == "nodes" else sizes[:, col[count_kind]]
+        return np.repeat(bases[what], counts)
+
+    def node_ref(x, shift):
+        return np.where(x >= 2, x + shift, x)
+
+    nodes = np.concatenate([pk["nodes"][:, d:] for pk, d in zip(pks, drop.tolist())], axis=1)
+    for name, what in _NODE_RELOC.items():
+        i = NODE_FIELDS.index(name)
+        rep = per(what, "nodes")
+        if what == "node":
+            nodes[i] = node_ref(nodes[i], rep)
+        elif what in ("dfa", "checks"):      # -1 = none
+            nodes[i] = np.where(nodes[i] >= 0, nodes[i] + rep, nodes[i])
+        else:
+            nodes[i] += rep
+
+    def cat(name):
+        return np.concatenate([pk[name] for pk in pks])
+
     p = Program()
-    roots = []
-    parts = {name: [] for name in NODE_FIELDS + ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept",
-                                                  "reach_off", "other", "words", "trans", "dep_pool")}
-    num_checks = []
-    node_base = dfa_base = words_base = cls_base = prefix_base = alt_base = check_base = dep_base = 0
-    for k, f in enumerate(frags):
-        pk = _packed(f)
-        n = len(pk["kind"])
-        lo = 0 if k == 0 else 2            # the first fragment provides ANY and NEVER
-        nb = 0 if k == 0 else node_base - 2
-
-        def node_map(x):
-            return np.where(x >= 2, x + nb, x) if nb else x
-
-        def off(x, base):
-            return np.where(x >= 0, x + base, x) if base else x
-
-        for name in NODE_FIELDS:
-            arr = pk[name][lo:]
-            if name in ("str_dfa", "num_dfa", "obj_key_dfa"):
-                arr = off(arr, dfa_base)
-            elif name == "num_check":
-                arr = off(arr, check_base)
-            elif name == "arr_items":
-                arr = node_map(arr)
-            elif name == "arr_prefix_off":
-                arr = arr + prefix_base
-            elif name == "alt_off":
-                arr = arr + alt_base
-            elif name == "obj_req_off":
-                arr = arr + words_base
-            elif name == "obj_dep_off":
-                arr = arr + dep_base
-            parts[name].append(arr)
-        parts["prefix_pool"].append(node_map(pk["prefix_pool"]))
-        parts["alt_pool"].append(node_map(pk["alt_pool"]))
-        parts["words"].append(pk["words"])
-        parts["cls_prop"].append(pk["cls_prop"])
-        parts["cls_node"].append(node_map(pk["cls_node"]))
-        tr = pk["trans"]
-        if dfa_base:
-            tr = tr + np.int32(dfa_base)
-            tr[pk["trans_neg"]] = -1
-        parts["trans"].append(tr)
-        acc = pk["accept"]
-        if cls_base:
-            acc = np.where(pk["key_state"], acc + cls_base, acc)  # key-DFA labels are class ids
-        parts["accept"].append(acc)
-        parts["reach_off"].append(off(pk["reach_off"], words_base))
-        parts["other"].append(pk["other"])
-        dp = pk["dep_pool"].copy()
-        dp[1::2] += words_base
-        parts["dep_pool"].append(dp)
-        num_checks.extend(f.num_checks)
-        roots.append(int(f.root + nb) if f.root >= 2 else int(f.root))
-        node_base += n - lo
-        dfa_base += len(pk["accept"])
-        words_base += len(pk["words"])
-        cls_base += len(pk["cls_prop"])
-        prefix_base += len(pk["prefix_pool"])
-        alt_base += len(pk["alt_pool"])
-        check_base += len(f.num_checks)
-        dep_base += len(pk["dep_pool"]) // 2
-    for name in NODE_FIELDS + ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept", "reach_off",
-                               "other", "dep_pool"):
-        setattr(p, name, np.concatenate(parts[name]).tolist())
-    p.words = [int(w) for w in np.concatenate(parts["words"])]
-    p.trans = [np.concatenate(parts["trans"])]
-    p.num_checks = num_checks
-    return p, roots
+    for i, name in enumerate(NODE_FIELDS):
+        setattr(p, name, nodes[i])
+    p.prefix_pool = node_ref(cat("prefix_pool"), per("node", "prefix"))
+    p.alt_pool = node_ref(cat("alt_pool"), per("node", "alt"))
+    p.cls_prop = cat("cls_prop")
+    p.cls_node = node_ref(cat("cls_node"), per("node", "cls"))
+    p.words = cat("words")
+    dep = cat("dep_pool").reshape(-1, 2)
+    dep[:, 1] += per("words", "deps")
+    p.dep_pool = dep.reshape(-1)
+    t = cat("dfa_trans")
+    p.dfa_trans = np.where(t >= 0, t + per("dfa", "trans").astype(np.int32), -1).astype(np.int32)
+    p.dfa_classes = cat("dfa_classes")
+    st = np.concatenate([pk["states"] for pk in pks], axis=1)
+    acc, is_cls, reach_off, other, row, cmap = st
+    p.accept = np.where((is_cls != 0) & (acc >= 0), acc + per("cls", "dfa"), acc)
+    p.label_is_class = is_cls
+    p.reach_off = np.where(reach_off >= 0, reach_off + per("words", "dfa"), reach_off)
+    p.other = other
+    p.dfa_row = row + per("trans", "dfa")
+    p.dfa_cmap = cmap + per("classes", "dfa")
+    p.num_checks = [chk for f in frags for chk in f.num_checks]
+    p._fragment_classes = np.concatenate([pk["byte_class"] for pk in pks])
+    roots = [int(f.root + sh) if f.root >= 2 else int(f.root) for f, sh in zip(frags, node_shift.tolist())]
+    return p, roots, bases["dfa"].tolist()
 
 
 def compile_tools_program(tools, max_calls=4):
@@ -2268,32 +2551,54 @@ def compile_tools_program(tools, max_calls=4):
         if n in names:
             raise SchemaError(f"tool name {n!r} appears twice")
         names.append(n)
-    frags = []
-    for t in tools:
-        params = t.get("parameters")
-        if params is None:
-            params = {"type": "object"}
-        frags.append(_fragment(params))
-    if not frags:
-        frags = [_fragment(True)]
-    p, nodes = link_programs(frags)
-    nodes = nodes[: len(tools)]
+    frags = [_fragment(_params_of(t)) for t in tools] or [_fragment(True)]
+    # tools are numbered in name order (labels of the name automaton, bits of the used-tools
+    # set), so a reordered set reuses the same name automaton; it rides along as a last,
+    # node-less fragment
+    order = sorted(range(len(names)), key=names.__getitem__)
+    names = [names[i] for i in order]
+    tail = _tool_names_program(names, [frags[i].root for i in order])
+    p, nodes, dfa_bases = link_programs(frags + [tail])
     p.tools_mode = 1
     p.max_calls = max_calls
     p.tool_names = names
-    p.tool_nodes = nodes
-    if names:
-        trie = literal_dfa([n.encode() for n in names], labels=list(range(len(names))))
-        # tools whose parameters can never be valid cannot be named
-        acc = [a if (a >= 0 and nodes[a] != NEVER_NODE) else -1 for a in trie.accept.tolist()]
-        if any(nodes[i] == NEVER_NODE for i in range(len(nodes))):
-            trie = prune_dfa_keep(DFA(trie.trans, acc))
-        reach, other = _reach_sets(trie, list(range(len(names))), 1)
-        p.tool_dfa = p.add_dfa(trie, reach, other)
-    else:
-        p.tool_dfa = p.add_dfa(_dead_dfa(), [[0]], [0])
+    p.tool_nodes = np.asarray([nodes[i] for i in order], dtype=np.int64)
+    p.tool_dfa = dfa_bases[-1]
     p.root = ANY_NODE
     return p.finish()
+
+
+def _params_of(tool):
+    params = tool.get("parameters")
+    return {"type": "object"} if params is None else params
+
+
+_TOOL_NAME_PROGRAMS = {}
+
+
+def _tool_names_program(names, roots):
+    """A node-less program holding the automaton of the tool names (label = tool index;
+    reach sets over tools).  Tools whose parameters can never be valid cannot be named."""
+    key = (tuple(names), tuple(r == NEVER_NODE for r in roots[:len(names)]))
+    hit = _TOOL_NAME_PROGRAMS.get(key)
+    if hit is not None:
+        return hit
+    q = Program()
+    if names:
+        trie = literal_dfa([n.encode() for n in names], labels=list(range(len(names))))
+        if any(key[1]):
+            acc = [a if (a >= 0 and not key[1][a]) else -1 for a in trie.accept.tolist()]
+            trie = prune_dfa_keep(trie.relabel(acc, trim=False))
+        reach, other = _reach_sets(trie, list(range(len(names))), 1)
+        q.add_dfa(trie, reach, other)
+    else:
+        q.add_dfa(_dead_dfa(), [[0]], [0])
+    q.label_is_class = [0] * len(q.accept)   # labels are tool indices, not key classes
+    q.finish()
+    if len(_TOOL_NAME_PROGRAMS) >= 256:
+        _TOOL_NAME_PROGRAMS.clear()
+    _TOOL_NAME_PROGRAMS[key] = q
+    return q
 
 
 def _runtime():
@@ -2314,7 +2619,7 @@ class Grammar:
             self._impl = mod.CGrammar(program)
         else:
             from .reference.grammar import ReferenceGrammar
-            self._impl = ReferenceGrammar(program)
+            self._impl = ReferenceGrammar(program.pylists())
         self.backend = "cython" if mod is not None else "python"
 
     def start(self):
@@ -2341,15 +2646,26 @@ def compile_schema(schema, backend="cython"):
 _TOOL_SETS = {}
 
 
+def clear_caches():
+    """Forget every memoised compile result (tool sets, per-tool fragments, tool-name,
+    literal and pattern automata): the next compile starts cold.  For tests and benchmarks;
+    results are identical either way."""
+    for cache in (_TOOL_SETS, _FRAGMENTS, _TOOL_NAME_PROGRAMS, _LITERAL_DFAS, Compiler._pattern_cache):
+        cache.clear()
+    Compiler._start_program = None
+
+
 def compile_tools(tools, max_calls=4, backend="cython"):
     """Grammar of a call list: ``[{"name":..,"arguments":..},...]`` or ``[]``.
 
     A grammar is immutable (states are separate objects), so the grammar of a tool set
     seen before is returned from a small cache; new sets link cached per-tool fragments.
     """
+    # the grammar depends on the names and parameters only (descriptions are free to vary);
+    # keys are canonical JSON, so a dict mutated after a compile is a new key
     try:
-        key = (json.dumps(tools, sort_keys=True, separators=(",", ":")), max_calls, backend)
-    except (TypeError, ValueError):
+        key = (_canonical([[t["name"], _params_of(t)] for t in tools]), max_calls, backend)
+    except (TypeError, ValueError, KeyError, AttributeError):
         key = None
     if key is not None and key in _TOOL_SETS:
         return _TOOL_SETS[key]
