@@ -28,8 +28,9 @@ from . import confidence, train
 # control.json (the LR schedule's end and decay length, the token file) and trains until
 # its step: warmup over 50 steps to the peak LR, the peak, then a linear decay to
 # 0.1 × peak over the last ``decay`` steps before ``end``.  Phases 1–4 decay to their
-# own ends; phase 5 holds the peak; from phase 6 one long decay runs to the end, and
-# phase 7 switches to the version-2 data.
+# own ends; phase 5 holds the peak; from phase 6 one long decay runs to the end (its
+# length was moved as the session's time allowed, keeping the LR continuous at the last
+# change), and from phase 7 the batches come from the version-2 data.
 # (until_step, schedule_end, decay_steps, token file)
 SHIPPED_PHASES = (
     (460, 460, 120, "tokens.npz"),
@@ -38,7 +39,9 @@ SHIPPED_PHASES = (
     (1200, 1200, 240, "tokens.npz"),
     (1570, 3000, 400, "tokens.npz"),
     (1950, 4300, 2750, "tokens.npz"),
-    (4800, 4800, 3250, "tokens_v2.npz"),
+    (2005, 4800, 3250, "tokens_v2.npz"),
+    (2825, 3800, 2250, "tokens_v2.npz"),
+    (4500, 4500, 3847, "tokens_v2.npz"),
 )
 V2_DATA = dict(name="v2", examples=60000, seed=1, version=2)
 CONFIDENCE_DATA = dict(n=800, seed=99)
