@@ -266,3 +266,116 @@ def test_prefix_liveness_matches_oracle(seed):
                 text += b
                 for s in states:
                     assert s.feed(b.encode())
+
+
+# ----------------------------------------------------------------------------- unit cases
+
+def alive(schema, text, backend):
+    return compile_schema(schema, backend=backend).start().feed(text.encode())
+
+
+MAX30 = {"type": "number", "maximum": 30}
+LIVE_CASES = [
+    # maximum 30: a negative exponent rescues any mantissa; a positive one only grows it
+    (MAX30, ["40", "31", "3e", "3e-", "3e0", "3e1", "3e-5", "3e-50", "4e0", "3139e", "3139e-", "0.0",
+             "-9e9", "1" + "2" * 35], ["3e5", "3e05", "3e2", "4e1", "3139e5", "30e1", "1" + "2" * 36]),
+    ({"type": "number", "maximum": 30, "exclusiveMaximum": True}, ["3e", "29.9"], ["3e1", "30e0"]),
+    ({"type": "number", "exclusiveMaximum": 30}, ["3e", "3e0", "300e-1"], ["3e1", "300e1", "30e0"]),
+    # multipleOf 0.5: the exponent can absorb any fraction
+    ({"type": "number", "multipleOf": 0.5}, ["1.23", "1.23e", "1.23e0", "1.25e0", "1.2e1", "1.75"], ["1.23e-", "1.25e-", "1.2e-", "0.3e-"]),
+    ({"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 1}, ["0.99", "0.5", "1.0", "10e-1", "0.12e"],
+     ["0.123e0", "1.01", "3e0", "-1", "2e0"]),
+    # no completion of "5" lands in [10, 20]: every value starting with 5 is 5...*10**k
+    ({"type": "number", "minimum": 10, "maximum": 20}, ["1", "2", "0", "0.2e2", "20", "1.9999e1"],
+     ["5", "-", "21", "3", "0.3", "0.2e1"]),
+    ({"type": "number", "minimum": 0, "multipleOf": 3}, ["-", "-0", "-0.0", "3", "1"], ["-1", "-0.1", "1e", "2e-"]),
+    ({"type": "number", "exclusiveMinimum": 0, "multipleOf": 3}, ["0", "0.0", "0.3e1"], ["-", "0e", "0.0e"]),
+    # integers: no '.'/'e', so only appended digits; range and multipleOf together
+    ({"type": "integer", "minimum": 10, "maximum": 20, "multipleOf": 7}, ["1", "14"], ["2", "15", "-", "0"]),
+    ({"type": "integer", "minimum": 0, "multipleOf": 5}, ["-", "-0", "5", "1"], ["-1", "1.", "1e"]),
+    ({"type": "integer", "multipleOf": 0.5, "maximum": 3}, ["3", "-7"], ["4", "30"]),
+    ({"type": "integer", "minimum": 1e39}, ["1", "9" * 38], ["-", "0"]),
+    ({"type": "integer", "minimum": 1e40}, [], ["1", "9", "-"]),     # 41 digits never fit
+    # the buffer: NUM_BUF bytes in all
+    ({"type": "number"}, ["1" * 38 + ".", "1" * 38 + "e", "1" * 40], ["1" * 39 + ".", "1" * 39 + "e", "1" * 41]),
+    ({"type": "number", "minimum": 0}, ["1" * 38 + "e", "0." + "0" * 38], ["1" * 39 + "e"]),
+    ({"type": "number", "exclusiveMinimum": 0}, ["0." + "0" * 37], ["0." + "0" * 38, "-"]),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", LIVE_CASES, ids=[json_id for json_id in map(str, range(len(LIVE_CASES)))])
+def test_number_prefix_cases(case, backend):
+    schema, live, dead = case
+    for t in live:
+        assert alive(schema, t, backend), (schema, t)
+    for t in dead:
+        assert not alive(schema, t, backend), (schema, t)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_live_prefix_completes_within_the_buffer(backend):
+    """Walk random live bytes to the buffer's end: the state never strands (a delimiter finishes it)."""
+    rng = random.Random(7)
+    schemas = [MAX30, {"type": "number", "multipleOf": 0.01, "minimum": -1, "maximum": 1},
+               {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-30},
+               {"type": "integer", "minimum": -5, "maximum": 1e38, "multipleOf": 7}]
+    for schema in schemas:
+        g = compile_schema({"type": "array", "items": schema}, backend=backend)
+        for _ in range(25):
+            s = g.start()
+            assert s.feed(b"[")
+            for _ in range(NUM_BUF + 2):
+                nxt = [b for b in b"0123456789-+.eE" if s.clone().feed(bytes([b]))]
+                if not nxt:
+                    break
+                assert s.feed(bytes([rng.choice(nxt)]))
+            assert s.clone().feed(b"]") or s.clone().feed(b",")   # a live number always finishes
+
+
+NUMBER_SCHEMAS = [
+    {"type": "array", "items": {"type": "number", "maximum": 30, "multipleOf": 0.5}},
+    {"type": "array", "items": {"type": ["integer", "string"], "minimum": -3, "exclusiveMaximum": 100}},
+    {"type": "array", "items": {"anyOf": [{"type": "integer", "multipleOf": 4, "minimum": 8},
+                                          {"type": "number", "exclusiveMinimum": -1, "maximum": -0.25}]}},
+    {"type": "object", "properties": {"t": {"type": "number", "minimum": 16, "maximum": 30},
+                                      "b": {"type": "number", "exclusiveMinimum": 0, "multipleOf": 0.01},
+                                      "n": {"type": "integer", "minimum": 1, "maximum": 12}}},
+    {"type": "array", "items": {"type": "number", "minimum": 2.5e-7, "maximum": 3.125e5, "multipleOf": 1.25e-7}},
+]
+
+
+def test_cython_equals_reference_on_number_streams():
+    rng = random.Random(99)
+    alphabet = b'0123456789-+.eE,[]{}"tbn: '
+    for schema in NUMBER_SCHEMAS:
+        gc = compile_schema(schema, backend="cython")
+        gp = compile_schema(schema, backend="python")
+        for _ in range(40):
+            sc, sp = gc.start(), gp.start()
+            for _ in range(60):
+                if rng.random() < 0.2:
+                    b = rng.choice(alphabet)
+                else:
+                    cands = [b for b in alphabet if sp.clone().feed(bytes([b]))]
+                    if not cands:
+                        break
+                    b = rng.choice(cands)
+                a, c = sc.feed(bytes([b])), sp.feed(bytes([b]))
+                assert a == c, (schema, b)
+                if not a:
+                    break
+                assert sc.is_complete() == sp.is_complete()
+
+
+def test_bounds_beyond_the_exponent_limit_are_refused(monkeypatch):
+    """(JSON numbers stay far inside 10**+-MAX_NUM_EXP: floats end near 1e308, and Python refuses
+    to print ints over 4300 digits; the limit is tested lowered.)"""
+    import needle_cy.grammar as grammar
+    from needle_cy.errors import GrammarLimitError
+    compile_schema({"type": "number", "maximum": 10 ** 400, "multipleOf": 1e-300})
+    monkeypatch.setattr(grammar, "MAX_NUM_EXP", 100)
+    with pytest.raises(GrammarLimitError, match="maximum"):
+        compile_schema({"type": "number", "maximum": 1e200})
+    with pytest.raises(GrammarLimitError, match="multipleOf"):
+        compile_schema({"type": "number", "multipleOf": 1e-120})
