@@ -1214,13 +1214,14 @@ cdef bint form_live(const Bounds* J, const Lead* L, int64_t R, int64_t a_min, in
     cdef int64_t a, lo_q, hi_q
     if R < a_min:
         return False
-    # any solution with a digits is one with R digits too (append zeros, q - 1 each)
-    if not bucket_search(J, L, -KINF, KINF, True, R):
-        return False
     for a in range(a_min, R + 1):
         shifts(kind, a, R - a, f0, &lo_q, &hi_q)
         if bucket_search(J, L, sat(a + lo_q), sat(a + hi_q), True, a):
             return True
+        # (after the cheap common case) any solution with a digits is one with R digits
+        # too (append zeros, q - 1 each): none there, none at all
+        if a == a_min and not bucket_search(J, L, -KINF, KINF, True, R):
+            return False
     return False
 
 
@@ -1339,6 +1340,10 @@ cdef bint number_live(const Prog* p, int check, const uint8_t* s, int n, int pha
         return False
     if check < 0:
         return True
+    if phase == N_ZERO or phase == N_INT or phase == N_FRAC or phase == N_EXPDIG:
+        parse_dec(s, n, &d)          # the common case: the prefix itself is a valid number
+        if number_check(p, check, &d):
+            return True
     neg = n > 0 and s[0] == 0x2D
     ms = 1 if neg else 0
     ei = n

@@ -338,13 +338,14 @@ def form_live(J, mult, plo, phi, R, a_min, shifts):
     """Some a in [a_min, R] and q in shifts(a, R - a) (an interval) with a feasible bucket?"""
     if R < a_min:
         return False
-    # any solution with a digits is one with R digits too (append zeros, q - 1 each)
-    if not bucket_search(J, mult, plo, phi, -KINF, KINF, a=R):
-        return False
     for a in range(a_min, R + 1):
         lo_q, hi_q = shifts(a, R - a)
         if bucket_search(J, mult, plo, phi, sat(a + lo_q), sat(a + hi_q), a=a):
             return True
+        # (after the cheap common case) any solution with a digits is one with R digits
+        # too (append zeros, q - 1 each): none there, none at all
+        if a == a_min and not bucket_search(J, mult, plo, phi, -KINF, KINF, a=R):
+            return False
     return False
 
 
@@ -408,6 +409,8 @@ def number_live(check, text, phase, integer_only):
         return False
     if check is None:
         return True
+    if phase in (N_ZERO, N_INT, N_FRAC, N_EXPDIG) and number_check(check, text):
+        return True                  # the common case: the prefix itself is a valid number
     neg = text[:1] == b"-"
     ei = -1
     for i, c in enumerate(text):
