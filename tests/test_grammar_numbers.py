@@ -379,3 +379,40 @@ def test_bounds_beyond_the_exponent_limit_are_refused(monkeypatch):
         compile_schema({"type": "number", "maximum": 1e200})
     with pytest.raises(GrammarLimitError, match="multipleOf"):
         compile_schema({"type": "number", "multipleOf": 1e-120})
+
+
+WIDE_BOUNDS = BOUND_POOL + ["1e-30", "-7e-12", "2.5e20", "123456789.125", "-999999", "0.000123"]
+WIDE_MULTS = MULT_POOL + ["1e-20", "0.0625", "999", "1e10", "0.3"]
+
+
+def test_walks_to_the_buffer_end_agree_and_never_strand():
+    """Random live bytes up to the buffer's end, on wider constraints: both engines agree on
+    every candidate byte, and where no byte is live any more the number is complete and valid
+    (so 'alive' was never claimed without a completion inside the buffer)."""
+    rng = random.Random(2024)
+    for _ in range(80):
+        k = {"lo": rng.choice(WIDE_BOUNDS + [None]), "hi": rng.choice(WIDE_BOUNDS + [None]),
+             "lo_x": rng.random() < 0.3, "hi_x": rng.random() < 0.3, "mult": rng.choice(WIDE_MULTS),
+             "integer": rng.random() < 0.25}
+        schema = {"type": "array", "items": schema_of(k)}
+        gc, gp = (compile_schema(schema, backend=b) for b in ("cython", "python"))
+        for _ in range(8):
+            sc, sp = gc.start(), gp.start()
+            assert sc.feed(b"[") and sp.feed(b"[")
+            text = ""
+            while True:
+                cands = [b for b in syntax_next(text, k["integer"])
+                         if sp.clone().feed(b.encode())]
+                for b in syntax_next(text, k["integer"]):
+                    assert sc.clone().feed(b.encode()) == (b in cands), (schema, text + b)
+                if not cands:
+                    break
+                b = rng.choice(cands)
+                text += b
+                assert sc.feed(b.encode()) and sp.feed(b.encode())
+            assert len(text) <= NUM_BUF
+            if text:   # stranded nowhere: the number ends here and is valid
+                assert sc.clone().feed(b"]") and sp.clone().feed(b"]"), (schema, text)
+                ex = text.lower().split("e")[1] if "e" in text.lower() else "0"
+                if abs(int(ex)) <= 400:   # (exact fractions of 10**huge are out of reach)
+                    assert schema_valid(k, text), (schema, text)
