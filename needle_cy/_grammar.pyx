@@ -945,7 +945,6 @@ cdef void lead_init(Lead* L, const uint8_t* lo, int lo_n, const uint8_t* hi, int
     L.up[0] = <uint8_t>(0x31 if c else 0x30)
     if c:
         L.up_n = hi_n + 1
-        i = 0
     else:
         memmove(L.up, L.up + 1, hi_n)
         L.up_n = hi_n
