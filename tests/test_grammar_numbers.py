@@ -146,7 +146,7 @@ BOUND_POOL = ["-25", "-2.5", "-1", "-0.01", "0", "0.5", "1", "3", "7.25", "10", 
 MULT_POOL = [None, None, "0.5", "0.01", "3", "2", "0.25", "7", "1.5", "12"]
 
 
-def random_constraints(rng, draft4=False):
+def random_constraints(rng):
     lo = rng.choice(BOUND_POOL + [None, None])
     hi = rng.choice(BOUND_POOL + [None, None])
     lo_x = rng.random() < 0.35
@@ -233,7 +233,7 @@ def test_prefix_liveness_matches_oracle(seed):
     grammars = []
     for _ in range(7):
         k = random_constraints(rng)
-        schema = schema_of(k)
+        schema = schema_of(k, draft4=rng.random() < 0.3)   # boolean exclusive* (draft 4) or numeric
         grammars.append((k, schema, [compile_schema(schema, backend=b) for b in BACKENDS]))
     for k, schema, gs in grammars:
         c = exact_of(k)
