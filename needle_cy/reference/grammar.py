@@ -321,7 +321,7 @@ def int_shifts(a, B):
     xl, xh = exp_range(B)                           # exponent after the digits
     lo_q, hi_q = min(lo_q, xl), max(hi_q, xh)
     if a >= 1 and B >= 3:
-        xl, xh = exp_range(B - 1)                   # dot after the first digit... all fraction
+        xl, xh = exp_range(B - 1)                   # a dot before the new digits, and an exponent
         lo_q, hi_q = min(lo_q, xl - a), max(hi_q, xh - a)
     return lo_q, hi_q
 
