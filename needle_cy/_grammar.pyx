@@ -17,7 +17,7 @@ from a precomputed list and only the other tokens are walked.
 """
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memcmp, memcpy, memmove, memset
 
 import numpy as np
 
@@ -32,14 +32,8 @@ cdef extern from *:
                                                unsigned long long m) {
         return (unsigned long long)(((ng_u128)a * b) % m);
     }
-    static inline int ng_int_reach(long long p, long long lo, long long hi) {
-        __int128 scale = 10;
-        while ((__int128)(p + 1) * scale - 1 < (__int128)lo) scale *= 10;
-        return (__int128)p * scale <= (__int128)hi;
-    }
     """
     unsigned long long ng_mulmod(unsigned long long a, unsigned long long b, unsigned long long m) nogil
-    int ng_int_reach(long long p, long long lo, long long hi) nogil
 
 # frame kinds (same numbers as the reference)
 cdef enum:
@@ -670,45 +664,11 @@ cdef inline bint is_number_byte(int b) noexcept nogil:
     return (b >= 0x30 and b <= 0x39) or b == 0x2D or b == 0x2B or b == 0x2E or b == 0x65 or b == 0x45
 
 
-cdef bint int_live(bint neg, const uint8_t* digits, int nd, int flags, int64_t lo, int64_t hi) noexcept nogil:
-    """Whether an integer prefix (sign + digits so far) can still end inside [lo, hi]."""
-    cdef bint has_lo = flags & 1
-    cdef bint has_hi = (flags & 2) != 0
-    cdef bint t
-    cdef int64_t tmp, pv
-    cdef int i
-    if neg:
-        if nd == 0:
-            return (not has_lo) or (lo <= 0 and ((not has_hi) or lo <= hi))
-        t = has_lo
-        has_lo = has_hi
-        has_hi = t
-        tmp = lo
-        lo = -hi
-        hi = -tmp
-    if nd == 1 and digits[0] == 0x30:
-        return ((not has_lo) or lo <= 0) and ((not has_hi) or 0 <= hi)
-    if nd > 18:
-        return True
-    pv = 0
-    for i in range(nd):
-        pv = pv * 10 + (digits[i] - 0x30)
-    if has_hi and pv > hi:
-        return False
-    if (not has_lo) or pv >= lo:
-        return True
-    if not has_hi:
-        return True
-    # the smallest j >= 1 whose interval [pv·10^j, (pv+1)·10^j − 1] reaches lo must start ≤ hi
-    return ng_int_reach(pv, lo, hi) != 0
-
-
 cdef bint number_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nogil:
     cdef int ph = top.phase
     cdef bint integer_only = not (p.types[top.node] & T_NUM)
     cdef bint d = b >= 0x30 and b <= 0x39
-    cdef int nph, st, node
-    cdef bint neg
+    cdef int nph, st
     if ph == N_START:
         if b == 0x2D:
             nph = N_MINUS
@@ -765,15 +725,9 @@ cdef bint number_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nog
     th.num[th.num_len] = <uint8_t>b
     th.num_len += 1
     top.phase = nph
-    node = top.node
-    if integer_only and p.int_flags[node] and (nph == N_MINUS or nph == N_ZERO or nph == N_INT):
-        neg = th.num[0] == 0x2D
-        if neg:
-            if not int_live(True, &th.num[1], th.num_len - 1, p.int_flags[node], p.int_lo[node],
-                            p.int_hi[node]):
-                return False
-        elif not int_live(False, th.num, th.num_len, p.int_flags[node], p.int_lo[node], p.int_hi[node]):
-            return False
+    # (an enum's automaton already bounds its numbers)
+    if top.dfa < 0 and not number_live(p, p.num_check[top.node], th.num, th.num_len, nph, integer_only):
+        return False
     return True
 
 
@@ -899,6 +853,566 @@ cdef bint number_check(const Prog* p, int check, const Dec* v) noexcept nogil:
         if r != 0:
             return False
     return True
+
+
+# ----------------------------------------------------------------------------- number liveness
+#
+# After every byte the number prefix is alive iff some completion (more bytes, then
+# a delimiter) is a number that passes ``number_check`` and whose whole text fits the
+# buffer (NUM_BUF bytes).  Nonzero values are searched as N * 10**q with
+# N in [plo*10**a, (phi+1)*10**a - 1]: a = mantissa digits still to append, plo..phi the
+# leading digits (the prefix's digits, or 1..9 when only a sign/zeros were typed), q moved
+# by an exponent, a dot or leading fraction zeros at a byte cost.  Buckets
+# [plo*10**k, (phi+1)*10**k) (k = a + q) are disjoint for different k, so at most two hold
+# a bound; those between lie strictly inside the interval, where feasibility only grows
+# with k (v -> 10v keeps a multiple a multiple): a query checks at most three exact
+# candidates (``bucket_feasible``).  No bignums: integers are decimal digit arrays
+# (``Big``), remainders use uint64 (mu < 10**18, so r*10 + 9 < 2**64).  Exponent shifts
+# saturate at +-QINF: the compiler refuses bounds/multipleOf past 10**+-MAX_NUM_EXP, so
+# beyond QINF nothing changes (and int64 sums of shifts and orders cannot overflow).
+# The pure-Python twin (same names, Python integers) is the executable spec.
+
+cdef enum:
+    BIG_DIGITS = 96     # N has at most NUM_BUF digits; bounds are capped at its length + 1
+
+cdef int64_t QINF = 1000000000000000       # 10**15
+cdef int64_t KINF = 10000000000000000      # 10**16
+
+
+cdef struct Big:                # a nonnegative integer: little-endian digits 0-9, n = 0 for zero
+    int n
+    uint8_t d[BIG_DIGITS]
+
+
+cdef struct Bounds:             # |v| for the nonzero values of one sign
+    bint has_lo
+    bint lo_x
+    const char* lo_d
+    int lo_n
+    int64_t lo_e
+    bint has_hi
+    bint hi_x
+    const char* hi_d
+    int hi_n
+    int64_t hi_e
+    bint has_mult
+    uint64_t mu
+    int64_t me
+
+
+cdef struct Lead:               # the leading digits plo..phi of the buckets (ASCII)
+    uint8_t lo[NUM_BUF]
+    int lo_n
+    uint8_t hi[NUM_BUF]
+    int hi_n
+    int lo_dn                   # plo without trailing zeros: lo[:lo_dn] * 10**(lo_n - lo_dn)
+    uint8_t up[NUM_BUF + 1]     # phi + 1 without trailing zeros: up[:up_n] * 10**up_e
+    int up_n
+    int64_t up_e
+
+
+cdef inline int64_t sat(int64_t x) noexcept nogil:
+    return -QINF if x < -QINF else (QINF if x > QINF else x)
+
+
+cdef inline int nd(int64_t x) noexcept nogil:
+    """Decimal digits of x >= 0 (1 for 0)."""
+    cdef int n = 1
+    while x >= 10:
+        x //= 10
+        n += 1
+    return n
+
+
+cdef inline int64_t pow10_sat(int e) noexcept nogil:
+    cdef int64_t v = 1
+    cdef int i
+    for i in range(e):
+        if v > QINF:
+            return QINF * 10
+        v *= 10
+    return v
+
+
+cdef void lead_init(Lead* L, const uint8_t* lo, int lo_n, const uint8_t* hi, int hi_n) noexcept nogil:
+    cdef int i, c
+    memcpy(L.lo, lo, lo_n)
+    L.lo_n = lo_n
+    memcpy(L.hi, hi, hi_n)
+    L.hi_n = hi_n
+    L.lo_dn = lo_n
+    while L.lo_dn > 1 and lo[L.lo_dn - 1] == 0x30:
+        L.lo_dn -= 1
+    # phi + 1
+    c = 1
+    for i in range(hi_n - 1, -1, -1):
+        L.up[i + 1] = <uint8_t>(0x30 + (hi[i] - 0x30 + c) % 10)
+        c = (hi[i] - 0x30 + c) // 10
+    L.up[0] = <uint8_t>(0x31 if c else 0x30)
+    if c:
+        L.up_n = hi_n + 1
+    else:
+        memmove(L.up, L.up + 1, hi_n)
+        L.up_n = hi_n
+    L.up_e = 0
+    while L.up_n > 1 and L.up[L.up_n - 1] == 0x30:
+        L.up_n -= 1
+        L.up_e += 1
+
+
+cdef inline void big_zero(Big* b) noexcept nogil:
+    b.n = 0
+
+
+cdef void big_from_digits(Big* b, const uint8_t* s, int n, int zeros, int nines) noexcept nogil:
+    """b = ASCII digits s[:n] followed by `zeros` 0s and then `nines` 9s (n + zeros + nines <= BIG_DIGITS)."""
+    cdef int i, k = 0
+    for i in range(nines):
+        b.d[k] = 9
+        k += 1
+    for i in range(zeros):
+        b.d[k] = 0
+        k += 1
+    for i in range(n - 1, -1, -1):
+        b.d[k] = s[i] - 0x30
+        k += 1
+    b.n = k
+    while b.n > 0 and b.d[b.n - 1] == 0:
+        b.n -= 1
+
+
+cdef int big_cmp(const Big* a, const Big* b) noexcept nogil:
+    cdef int i
+    if a.n != b.n:
+        return 1 if a.n > b.n else -1
+    for i in range(a.n - 1, -1, -1):
+        if a.d[i] != b.d[i]:
+            return 1 if a.d[i] > b.d[i] else -1
+    return 0
+
+
+cdef void big_add_small(Big* b, uint64_t x) noexcept nogil:
+    cdef int i = 0
+    cdef uint64_t t
+    while x:
+        t = (b.d[i] if i < b.n else 0) + x % 10
+        x //= 10
+        if t >= 10:
+            t -= 10
+            x += 1
+        b.d[i] = <uint8_t>t
+        i += 1
+        if i > b.n:
+            b.n = i
+
+
+cdef void big_dec(Big* b) noexcept nogil:
+    """b -= 1 for b >= 1."""
+    cdef int i = 0
+    while b.d[i] == 0:
+        b.d[i] = 9
+        i += 1
+    b.d[i] -= 1
+    while b.n > 0 and b.d[b.n - 1] == 0:
+        b.n -= 1
+
+
+cdef void big_shift_down(Big* b, int t, bint up) noexcept nogil:
+    """b = ceil (up) or floor of b / 10**t."""
+    cdef bint rest = False
+    cdef int i
+    if t >= b.n:
+        rest = b.n > 0
+        b.n = 0
+    else:
+        for i in range(t):
+            if b.d[i]:
+                rest = True
+        memmove(b.d, b.d + t, b.n - t)
+        b.n -= t
+    if up and rest:
+        big_add_small(b, 1)
+
+
+cdef uint64_t big_mod(const Big* b, uint64_t m) noexcept nogil:
+    cdef uint64_t r = 0
+    cdef int i
+    for i in range(b.n - 1, -1, -1):
+        r = (r * 10 + b.d[i]) % m      # r < m < 10**18: no overflow
+    return r
+
+
+cdef int scaled_int(Big* out, const char* d, int n, int64_t e, int64_t q, bint up, bint excl,
+                    int cap) noexcept nogil:
+    """out = ceil (up) or floor of d*10**e / 10**q, moved past it when excl and exact.
+    Returns 1 (out unset) when the value is at least 10**cap."""
+    cdef int64_t o = n + e - q
+    cdef int64_t s = e - q
+    if o > cap:
+        return 1
+    if o <= 0:                       # 0 < value < 1
+        big_zero(out)
+        if up:
+            big_add_small(out, 1)
+        return 0
+    if s >= 0:                       # s <= cap: an integer with s trailing zeros
+        big_from_digits(out, <const uint8_t*>d, n, <int>s, 0)
+        if excl:
+            if up:
+                big_add_small(out, 1)
+            else:
+                big_dec(out)
+        return 0
+    # digits carry no trailing zero: cutting any leaves a fraction
+    big_from_digits(out, <const uint8_t*>d, <int>o, 0, 0)
+    if up:
+        big_add_small(out, 1)
+    return 0
+
+
+cdef bint bucket_feasible(const Bounds* J, const Lead* L, int64_t a, int64_t q) noexcept nogil:
+    """Is some N in [plo*10**a, (phi+1)*10**a - 1] with N*10**q inside J and a multiple?"""
+    cdef Big lo_n, hi_n, t
+    cdef int cap
+    cdef int64_t sh
+    cdef uint64_t dv, r
+    cdef int c2, c5
+    if a < 0 or L.hi_n + a + 2 > BIG_DIGITS:
+        return False
+    big_from_digits(&lo_n, L.lo, L.lo_n, <int>a, 0)
+    big_from_digits(&hi_n, L.hi, L.hi_n, 0, <int>a)
+    cap = hi_n.n + 1
+    if J.has_lo:
+        if scaled_int(&t, J.lo_d, J.lo_n, J.lo_e, q, True, J.lo_x, cap):
+            return False
+        if big_cmp(&t, &lo_n) > 0:
+            lo_n = t
+    if J.has_hi:
+        if not scaled_int(&t, J.hi_d, J.hi_n, J.hi_e, q, False, J.hi_x, cap):
+            if big_cmp(&t, &hi_n) < 0:
+                hi_n = t
+    if big_cmp(&lo_n, &hi_n) > 0:
+        return False
+    dv = 1
+    if J.has_mult:
+        dv = J.mu
+        if q >= J.me:
+            # N*10**(q-me) = 0 mod mu <=> N = 0 mod mu/gcd(mu, 10**(q-me)); mu < 2**63 has
+            # fewer than 64 factors 2 or 5, so shifts past 64 change nothing
+            sh = q - J.me
+            c2 = <int>(sh if sh < 64 else 64)
+            c5 = c2
+            while c2 and dv % 2 == 0:
+                dv //= 2
+                c2 -= 1
+            while c5 and dv % 5 == 0:
+                dv //= 5
+                c5 -= 1
+        else:
+            sh = J.me - q             # N must end in sh zeros: divide them out
+            if sh > cap:
+                return False
+            big_shift_down(&lo_n, <int>sh, True)
+            big_shift_down(&hi_n, <int>sh, False)
+    if dv > 1:
+        r = big_mod(&lo_n, dv)
+        if r:
+            big_add_small(&lo_n, dv - r)
+    return big_cmp(&lo_n, &hi_n) <= 0
+
+
+cdef void bucket_orders(const Bounds* J, const Lead* L, int64_t* k_bot, int64_t* k_top) noexcept nogil:
+    """The bucket orders k whose [plo*10**k, (phi+1)*10**k) meets J's hull."""
+    cdef int64_t k
+    if not J.has_hi:
+        k_top[0] = KINF
+    else:   # largest k with plo*10**k <= H
+        k = J.hi_n + J.hi_e - L.lo_n
+        k_top[0] = k if cmp_mag(L.lo, L.lo_dn, L.lo_n - L.lo_dn + k, J.hi_d, J.hi_n, J.hi_e) <= 0 else k - 1
+    if not J.has_lo:
+        k_bot[0] = -KINF
+    else:   # smallest k with (phi+1)*10**k > L
+        k = J.lo_n + J.lo_e - (L.up_n + L.up_e)
+        k_bot[0] = k if cmp_mag(L.up, L.up_n, L.up_e + k, J.lo_d, J.lo_n, J.lo_e) > 0 else k + 1
+
+
+cdef bint bucket_search(const Bounds* J, const Lead* L, int64_t k_lo, int64_t k_hi, bint fixed_a,
+                        int64_t fixed) noexcept nogil:
+    """Is some bucket order k in [k_lo, k_hi] feasible, with a fixed (q = k - a) or q fixed (a = k - q)?"""
+    cdef int64_t k_bot, k_top, u, v, w, k
+    cdef int64_t cands[3]
+    cdef int nc, i
+    bucket_orders(J, L, &k_bot, &k_top)
+    u = k_lo if k_lo > k_bot else k_bot
+    v = k_hi if k_hi < k_top else k_top
+    if u > v:
+        return False
+    cands[0] = u
+    nc = 1
+    if v != u:
+        cands[1] = v
+        nc = 2
+    w = v if v < k_top - 1 else k_top - 1   # the largest bucket strictly inside J: the best interior one
+    if w > u and w > k_bot and w != v:
+        cands[nc] = w
+        nc += 1
+    for i in range(nc):
+        k = cands[i]
+        if fixed_a:
+            if bucket_feasible(J, L, fixed, k - fixed):
+                return True
+        elif bucket_feasible(J, L, k - fixed, fixed):
+            return True
+    return False
+
+
+cdef inline void exp_range(int64_t B, int64_t* lo, int64_t* hi) noexcept nogil:
+    """Exponent values writable in at most B bytes (0: no exponent)."""
+    if B < 2:
+        lo[0] = 0
+        hi[0] = 0
+        return
+    lo[0] = sat(-(pow10_sat(<int>(B - 2 if B - 2 < 17 else 17)) - 1))
+    hi[0] = sat(pow10_sat(<int>(B - 1 if B - 1 < 17 else 17)) - 1)
+
+
+cdef enum:
+    SH_INT = 0      # integer digits: a dot, an exponent, or both
+    SH_FRAC = 1     # fraction digits after f0 others: an exponent
+    SH_ZERO = 2     # only zeros so far: leading fraction zeros and an exponent
+
+
+cdef void shifts(int kind, int64_t a, int64_t B, int64_t f0, int64_t* lo_q, int64_t* hi_q) noexcept nogil:
+    """The interval of q reachable in B bytes after a more digits."""
+    cdef int64_t xl, xh
+    exp_range(B, &xl, &xh)
+    if kind == SH_INT:
+        lo_q[0] = -a if (a >= 1 and B >= 1) else 0
+        hi_q[0] = 0
+        if xl < lo_q[0]:
+            lo_q[0] = xl
+        if xh > hi_q[0]:
+            hi_q[0] = xh
+        if a >= 1 and B >= 3:
+            exp_range(B - 1, &xl, &xh)
+            if xl - a < lo_q[0]:
+                lo_q[0] = xl - a
+            if xh - a > hi_q[0]:
+                hi_q[0] = xh - a
+    elif kind == SH_FRAC:
+        lo_q[0] = xl - f0 - a
+        hi_q[0] = xh - f0 - a
+    else:
+        if B < 2:
+            lo_q[0] = -B
+            hi_q[0] = 0
+        else:
+            lo_q[0] = -B if -B < xl else xl
+            hi_q[0] = xh
+        lo_q[0] += -f0 - 1 - a
+        hi_q[0] += -f0 - 1 - a
+
+
+cdef bint form_live(const Bounds* J, const Lead* L, int64_t R, int64_t a_min, int kind,
+                    int64_t f0) noexcept nogil:
+    """Some a in [a_min, R] and q in shifts(a, R - a) with a feasible bucket?"""
+    cdef int64_t a, lo_q, hi_q
+    if R < a_min:
+        return False
+    for a in range(a_min, R + 1):
+        shifts(kind, a, R - a, f0, &lo_q, &hi_q)
+        if bucket_search(J, L, sat(a + lo_q), sat(a + hi_q), True, a):
+            return True
+        # (after the cheap common case) any solution with a digits is one with R digits
+        # too (append zeros, q - 1 each): none there, none at all
+        if a == a_min and not bucket_search(J, L, -KINF, KINF, True, R):
+            return False
+    return False
+
+
+cdef bint exp_live(const Bounds* J, const Dec* m, int phase, int esign, int64_t g, int64_t R) noexcept nogil:
+    """Exponent phases: the mantissa m is fixed (nonzero), the exponent's start is typed."""
+    cdef int64_t y, y_lo, y_hi, xl, xh, t, lo_x, hi_x
+    cdef uint64_t r
+    cdef int c
+    if not J.has_lo:
+        y_lo = -KINF
+    else:
+        y = J.lo_n + J.lo_e - m.nd
+        c = cmp_mag(m.digits, m.nd, y, J.lo_d, J.lo_n, J.lo_e)
+        y_lo = y if (c > 0 or (c == 0 and not J.lo_x)) else y + 1
+    if not J.has_hi:
+        y_hi = KINF
+    else:
+        y = J.hi_n + J.hi_e - m.nd
+        c = cmp_mag(m.digits, m.nd, y, J.hi_d, J.hi_n, J.hi_e)
+        y_hi = y if (c < 0 or (c == 0 and not J.hi_x)) else y - 1
+    if J.has_mult:
+        r = 0
+        for c in range(m.nd):
+            r = (r * 10 + (m.digits[c] - 0x30)) % J.mu
+        t = 0
+        while r and t < 64:
+            r = (r * 10) % J.mu
+            t += 1
+        if r:
+            return False
+        if J.me + t > y_lo:
+            y_lo = J.me + t         # m*10**y is a multiple from y = me + t on
+    xl = sat(y_lo - m.exp)
+    xh = sat(y_hi - m.exp)
+    if xl > xh:
+        return False
+    if phase == N_EXP:
+        if xl <= 0 and 0 <= xh:
+            return R >= 1
+        return R >= (nd(xl) if xl > 0 else 1 + nd(-xh))
+    if esign < 0:
+        t = xl
+        xl = -xh
+        xh = -t
+    if xl < 0:
+        xl = 0
+    if xl > xh:
+        return False
+    if phase == N_EXPSIGN:
+        return R >= nd(xl)
+    if g == 0:                      # only zeros typed: any value, one byte per digit
+        return xl == 0 or R >= nd(xl)
+    lo_x = g
+    hi_x = g
+    for t in range(R + 1):          # g followed by t more digits
+        if lo_x > xh:
+            return False
+        if hi_x >= xl:
+            return True
+        lo_x = sat(lo_x * 10) if lo_x < QINF else QINF
+        hi_x = sat(hi_x * 10 + 9) if hi_x < QINF else QINF
+    return False
+
+
+cdef bint magnitude_bounds(const Prog* p, int check, bint neg, Bounds* J) noexcept nogil:
+    """Bounds on |v| for the nonzero values of this sign; False when none of that sign fits."""
+    cdef int flags = p.nc_flags[check]
+    cdef const int32_t* lo = &p.nc_lo[check * 4]
+    cdef const int32_t* hi = &p.nc_hi[check * 4]
+    cdef const int32_t* low
+    cdef const int32_t* high
+    cdef bint has_low, has_high, low_x, high_x, low_neg, high_neg
+    if not neg:
+        low, has_low, low_x, low_neg = lo, (flags & 1) != 0, (flags & 2) != 0, lo[0] != 0
+        high, has_high, high_x, high_neg = hi, (flags & 4) != 0, (flags & 8) != 0, hi[0] != 0
+    else:   # v = -|v| in [lo, hi]  <=>  |v| in [-hi, -lo]
+        low, has_low, low_x, low_neg = hi, (flags & 4) != 0, (flags & 8) != 0, hi[0] == 0
+        high, has_high, high_x, high_neg = lo, (flags & 1) != 0, (flags & 2) != 0, lo[0] == 0
+    J.has_lo = has_low and low[3] > 0 and not low_neg
+    if J.has_lo:
+        J.lo_x = low_x
+        J.lo_d = &p.digit_pool[low[2]]
+        J.lo_n = low[3]
+        J.lo_e = low[1]
+    J.has_hi = has_high
+    if has_high:
+        if high_neg or high[3] == 0:
+            return False        # the upper bound is <= 0: no value of this sign is nonzero
+        J.hi_x = high_x
+        J.hi_d = &p.digit_pool[high[2]]
+        J.hi_n = high[3]
+        J.hi_e = high[1]
+    J.has_mult = (flags & 16) != 0
+    if J.has_mult:
+        J.mu = p.nc_mult[check]
+        J.me = p.nc_mult_exp[check]
+    return True
+
+
+cdef bint number_live(const Prog* p, int check, const uint8_t* s, int n, int phase,
+                      bint integer_only) noexcept nogil:
+    """Can the number prefix s[:n] (syntax phase `phase`) still complete, within NUM_BUF
+    bytes, into a number that passes the check (check < 0: any number)?"""
+    cdef int64_t R = NUM_BUF - n
+    cdef bint need = phase == N_MINUS or phase == N_DOT or phase == N_EXP or phase == N_EXPSIGN
+    cdef bint neg, seen_dot
+    cdef int ei, i, ms, nzs, nzn, f0, esign, c
+    cdef int64_t g
+    cdef Bounds J
+    cdef Lead L
+    cdef Dec d
+    cdef uint8_t buf[NUM_BUF]
+    cdef uint8_t one = 0x31
+    cdef uint8_t nine = 0x39
+    if R < need:
+        return False
+    if check < 0:
+        return True
+    if phase == N_ZERO or phase == N_INT or phase == N_FRAC or phase == N_EXPDIG:
+        parse_dec(s, n, &d)          # the common case: the prefix itself is a valid number
+        if number_check(p, check, &d):
+            return True
+    neg = n > 0 and s[0] == 0x2D
+    ms = 1 if neg else 0
+    ei = n
+    for i in range(n):
+        if s[i] == 0x65 or s[i] == 0x45:
+            ei = i
+            break
+    # mantissa digits without the dot, then without leading zeros
+    nzn = 0
+    f0 = 0
+    seen_dot = False
+    for i in range(ms, ei):
+        c = s[i]
+        if c == 0x2E:
+            seen_dot = True
+        else:
+            if seen_dot:
+                f0 += 1
+            if nzn > 0 or c != 0x30:
+                buf[nzn] = <uint8_t>c
+                nzn += 1
+    # the value 0 (needs a digit after "-", "." or "e")
+    if nzn == 0:
+        d.neg = False
+        d.nd = 0
+        d.exp = 0
+        if number_check(p, check, &d):
+            return True
+    if not magnitude_bounds(p, check, neg, &J):
+        return False
+    if ei < n:
+        if nzn == 0:
+            return False
+        parse_dec(s, ei, &d)
+        i = ei + 1
+        esign = 1
+        if i < n and (s[i] == 0x2B or s[i] == 0x2D):
+            esign = -1 if s[i] == 0x2D else 1
+            i += 1
+        g = 0
+        while i < n:               # saturates: past QINF every exponent acts alike
+            g = g * 10 + (s[i] - 0x30)
+            if g > QINF:
+                g = QINF
+            i += 1
+        return exp_live(&J, &d, phase, esign, g, R)
+    if phase == N_MINUS:           # a first digit 1-9 (then integer digits), or "0"
+        lead_init(&L, &one, 1, &nine, 1)
+        if integer_only:
+            return bucket_search(&J, &L, 0, R - 1, False, 0)
+        return form_live(&J, &L, R - 1, 0, SH_INT, 0) or form_live(&J, &L, R - 3, 0, SH_ZERO, 0)
+    if integer_only:
+        if phase != N_INT:
+            return False
+        lead_init(&L, buf, nzn, buf, nzn)
+        return bucket_search(&J, &L, 0, R, False, 0)
+    if phase == N_INT:
+        lead_init(&L, buf, nzn, buf, nzn)
+        return form_live(&J, &L, R, 0, SH_INT, 0)
+    if nzn == 0:   # "0", "0.", "0.00": a dot (if none yet), leading zeros, a first digit 1-9
+        lead_init(&L, &one, 1, &nine, 1)
+        return form_live(&J, &L, R - (1 if phase == N_ZERO else 0) - 1, 0, SH_ZERO, f0)
+    lead_init(&L, buf, nzn, buf, nzn)
+    return form_live(&J, &L, R, 1 if phase == N_DOT else 0, SH_FRAC, f0)
 
 
 cdef uint64_t number_hash(const Dec* d) noexcept nogil:

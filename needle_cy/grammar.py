@@ -48,9 +48,12 @@ resources that contain ``$ref``s, ``not`` over ``multipleOf``/``items``/... and
 the standard formats not listed above.  Capacities (frames per thread, aux
 words, threads, number length) refuse -- never accept -- what does not fit.
 
-Liveness: acceptance is exact, and most violations are refused at the earliest
-byte; number bounds/multipleOf are checked when the number ends (integers also
-prune early), so an out-of-range number prefix can remain alive.
+Liveness: acceptance is exact, and violations are refused at the earliest
+byte.  A number prefix stays alive exactly while some completion (more bytes, then
+a delimiter) meets its bounds and ``multipleOf`` within the NUM_BUF-byte number
+buffer -- exponents included (``40`` is alive under ``maximum: 30`` as ``40e-1``;
+``3e5`` is not); a number that needs more than NUM_BUF bytes is refused.  Bounds
+and ``multipleOf`` beyond 10**+-MAX_NUM_EXP raise ``GrammarLimitError``.
 
 Regex subset (``pattern``, ``patternProperties``): literals, ``.``, classes
 ``[...]``/``[^...]`` with ranges, ``\\d \\w \\s \\D \\W \\S`` (the intersection of
@@ -81,6 +84,7 @@ MAX_DEPTH = 40          # frames per thread
 MAX_AUX = 160           # uint64 words per thread (seen-key bitsets, hashes)
 MAX_SLOTS = 32          # threads (parallel anyOf/oneOf alternatives) alive within one byte
 NUM_BUF = 40            # bytes of one number's text
+MAX_NUM_EXP = 10 ** 6   # orders of magnitude of bounds/multipleOf (number liveness saturates past them)
 MAX_EVENTS = 8          # oneOf completions one thread may record within one byte
 MAX_DFA_STATES = 20000  # per compiled DFA
 MAX_TOOLS = 64
@@ -1985,6 +1989,8 @@ class Compiler:
                 if not isinstance(v, (int, float)) or isinstance(v, bool):
                     raise SchemaError(f"{kw} at {part.ptr} is not a number")
                 d = norm_decimal(v)
+                if d[1] and abs(d[2]) + len(d[1]) > MAX_NUM_EXP:
+                    raise GrammarLimitError(f"{kw} at {part.ptr} is beyond 10**+-{MAX_NUM_EXP}")
                 if kw == "multipleOf":
                     if dec_to_fraction(d) <= 0:
                         raise SchemaError(f"multipleOf at {part.ptr} must be > 0")
