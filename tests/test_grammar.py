@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import fixture_path
+from grammar_helpers import random_walk
 from needle_cy.errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
 from needle_cy.grammar import compile_schema, compile_tools
 
@@ -316,21 +317,8 @@ ALPHABET = b'{}[],:"\\-+.0123456789eEtrufalsnbxyz \n\xc3\xa9\xe2\x82\xacu'
 
 
 def _random_bytes(rng, g, max_len=40):
-    """Mostly-valid byte streams: extend with a random byte the state accepts, sometimes any byte."""
-    s = g.start()
-    out = bytearray()
-    for _ in range(max_len):
-        if rng.random() < 0.15:
-            b = rng.randrange(256)
-        else:
-            cands = [b for b in ALPHABET if s.clone().feed(bytes([b]))]
-            if not cands:
-                break
-            b = rng.choice(cands)
-        out.append(b)
-        if not s.feed(bytes([b])):
-            break
-    return bytes(out)
+    """Mostly-valid byte streams over ALPHABET (sometimes any byte)."""
+    return random_walk(rng, g, ALPHABET, max_len=max_len, noise=0.15)
 
 
 def test_cython_equals_reference_on_byte_streams():

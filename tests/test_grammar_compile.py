@@ -9,12 +9,14 @@ languages of equivalent sets are compared on random byte streams.
 """
 import copy
 import json
+
 import random
 
 import numpy as np
 import pytest
 
 from conftest import shared_path
+from grammar_helpers import random_walk
 from needle_cy import grammar as G
 from needle_cy.grammar import compile_schema, compile_tools
 
@@ -31,22 +33,8 @@ def _dev_calls(n=40):
 
 
 def _walk(rng, g, max_len=160, noise=0.1):
-    """A mostly-valid random byte stream for g: extend with a byte the state accepts (from
-    ALPHABET plus the bytes of name/enum strings), sometimes any byte."""
-    s = g.start()
-    out = bytearray()
-    for _ in range(max_len):
-        if rng.random() < noise:
-            b = rng.randrange(256)
-        else:
-            cands = [b for b in range(256) if s.clone().feed(bytes([b]))]
-            if not cands:
-                break
-            b = rng.choice(cands)
-        out.append(b)
-        if not s.feed(bytes([b])):
-            break
-    return bytes(out)
+    """A mostly-valid random byte stream for g over all 256 byte values."""
+    return random_walk(rng, g, max_len=max_len, noise=noise)
 
 
 def _same_language(g1, g2, streams):
