@@ -9,7 +9,6 @@ languages of equivalent sets are compared on random byte streams.
 """
 import copy
 import json
-
 import random
 
 import numpy as np
