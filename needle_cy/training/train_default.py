@@ -30,7 +30,7 @@ from . import confidence, train
 # 0.1 × peak over the last ``decay`` steps before ``end``.  Phases 1–4 decay to their
 # own ends; phase 5 holds the peak; from phase 6 one long decay runs to the end (its
 # length was moved as the session's time allowed, keeping the LR continuous at the last
-# change), and from phase 7 the batches come from the version-2 data.
+# two changes), and from phase 7 the batches come from the version-2 data.
 # (until_step, schedule_end, decay_steps, token file)
 SHIPPED_PHASES = (
     (460, 460, 120, "tokens.npz"),
@@ -41,11 +41,12 @@ SHIPPED_PHASES = (
     (1950, 4300, 2750, "tokens.npz"),
     (2005, 4800, 3250, "tokens_v2.npz"),
     (2825, 3800, 2250, "tokens_v2.npz"),
-    (4500, 4500, 3847, "tokens_v2.npz"),
+    (3670, 4500, 3847, "tokens_v2.npz"),
+    (4300, 4300, 2928, "tokens_v2.npz"),
 )
 V2_DATA = dict(name="v2", examples=60000, seed=1, version=2)
 CONFIDENCE_DATA = dict(n=800, seed=99)
-CONFIDENCE_FIT = dict(steps=600, seed=0)
+CONFIDENCE_FIT = dict(steps=450, seed=0)
 
 
 def main(argv=None):
