@@ -19,9 +19,17 @@ pytestmark = pytest.mark.skipif(
 # (request, expected calls) — phrasings written for this test, not taken from any eval set
 FIXED = [
     ("Lock the back door", [{"name": "lock_door", "arguments": {"door": "back door"}}]),
+    ("lock the front door", [{"name": "lock_door", "arguments": {"door": "front door"}}]),
     ("Stop the vacuum", [{"name": "stop_vacuum", "arguments": {}}]),
+    ("Start the vacuum", [{"name": "start_vacuum", "arguments": {}}]),
+    ("Turn off the bedroom lights", [{"name": "set_light", "arguments": {"room": "bedroom", "on": False}}]),
+    ("Set the thermostat to 20 degrees", [{"name": "set_thermostat", "arguments": {"temperature": 20}}]),
+    ("Open the garage", [{"name": "operate_garage", "arguments": {"action": "open"}}]),
+    ("Set a timer for 10 minutes", [{"name": "set_timer", "arguments": {"minutes": 10}}]),
+    ("Activate the party scene", [{"name": "activate_scene", "arguments": {"scene": "party"}}]),
     ("What's the capital of France?", []),
     ("Turn on the TV", []),
+    ("Tell me a joke", []),
 ]
 
 
@@ -38,6 +46,7 @@ def test_archive_is_small_and_complete():
     cfg = archive.config
     assert 192 <= cfg.d_model <= 320 and 4 <= cfg.num_layers <= 8
     assert archive.tokenizer_bytes is not None
+    assert archive.heads == ("confidence",)     # fitted by needle_cy.training.confidence
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +64,4 @@ def test_fixed_requests(agent, request_text, expected):
     response = agent.complete(request_text)
     got = predicted_calls(response)
     assert calls_equal(expected, got), f"{request_text!r}: got {got}"
+    assert response["escalate"] is False and 0.1 <= response["confidence"] <= 1.0
