@@ -1721,6 +1721,11 @@ class Compiler:
             self.memo[key] = nid
             self.memo[fkey] = nid
             self.fill(nid, flat)
+            if self.p.types[nid] == 0:
+                # no value can start: the false schema, so that an object refuses the key
+                # (and anyOf the alternative) instead of stranding after it
+                self.memo[key] = self.memo[fkey] = NEVER_NODE
+                return NEVER_NODE
             return nid
         finally:
             self.depth -= 1
@@ -2033,6 +2038,13 @@ class Compiler:
                 return
         p.num_check[nid] = len(p.num_checks)
         p.num_checks.append({"lo": lo, "hi": hi, "mult": mult})
+        # constraints no number meets (an integer between 0.5 and 0.7, no multiple inside
+        # the range): the numeric types are dropped, so the value cannot start
+        from .reference.grammar import N_INT, N_MINUS, N_ZERO, number_live
+        only_int = not (p.types[nid] & T_NUM)
+        firsts = [(b"-", N_MINUS), (b"0", N_ZERO)] + [(bytes([c]), N_INT) for c in b"123456789"]
+        if not any(number_live(p.num_checks[-1], text, ph, only_int) for text, ph in firsts):
+            p.types[nid] &= ~(T_INT | T_NUM)
         # integer early bounds (inclusive, int64 range)
         flags = 0
         if lo is not None:

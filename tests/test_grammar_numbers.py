@@ -416,3 +416,24 @@ def test_walks_to_the_buffer_end_agree_and_never_strand():
                 ex = text.lower().split("e")[1] if "e" in text.lower() else "0"
                 if abs(int(ex)) <= 400:   # (exact fractions of 10**huge are out of reach)
                     assert schema_valid(k, text), (schema, text)
+
+
+@pytest.mark.parametrize("value_schema", [
+    {"type": "integer", "minimum": 0.5, "maximum": 0.7},
+    {"type": "number", "minimum": 5, "maximum": 3},
+    {"type": "integer", "multipleOf": 2, "minimum": 3, "maximum": 3},
+    {"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 2, "multipleOf": 1},
+    {"enum": []},
+])
+def test_a_property_no_value_can_satisfy_is_refused_at_its_key(value_schema):
+    from needle_cy.grammar import compile_schema
+    schema = {"type": "object", "properties": {"a": value_schema, "b": {"type": "integer"}},
+              "additionalProperties": False}
+    g = compile_schema(schema)
+    assert not g.start().feed(b'{"a')            # no dead end after the key
+    s = g.start()
+    assert s.feed(b'{"b":4}') and s.is_complete()
+    # a satisfiable alternative of a type list survives
+    g = compile_schema({"type": "object", "properties": {
+        "a": {"type": ["integer", "string"], "minimum": 0.5, "maximum": 0.7}}})
+    assert g.start().feed(b'{"a":"x"}') and not g.start().feed(b'{"a":1')
