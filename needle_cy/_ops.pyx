@@ -536,7 +536,7 @@ cdef void sinkhorn_c(float* M, int n, int iters) noexcept nogil:
     n² exps instead of 2·iters·n·(n + 1) exps and logs, same result up to float
     rounding.  Wider inputs take the log-domain path."""
     cdef int it, i, j
-    cdef float mx, acc, lse, mn, inv
+    cdef float mx, mn
     mx = M[0]
     mn = M[0]
     for i in range(1, n * n):
@@ -549,21 +549,23 @@ cdef void sinkhorn_c(float* M, int n, int iters) noexcept nogil:
             M[i] = expf(M[i] - mx)
         for it in range(iters):
             for i in range(n):
-                acc = 0.0
-                for j in range(n):
-                    acc = acc + M[i * n + j]
-                inv = <float>1.0 / acc
-                for j in range(n):
-                    M[i * n + j] = M[i * n + j] * inv
+                _sum_normalise(M, i * n, 1, n)      # row i
             for j in range(n):
-                acc = 0.0
-                for i in range(n):
-                    acc = acc + M[i * n + j]
-                inv = <float>1.0 / acc
-                for i in range(n):
-                    M[i * n + j] = M[i * n + j] * inv
+                _sum_normalise(M, j, n, n)          # column j
         return
     _sinkhorn_log(M, n, iters)
+
+
+cdef inline void _sum_normalise(float* M, int first, int stride, int n) noexcept nogil:
+    """Divide the n entries M[first + k*stride] by their sum (multiply by its inverse)."""
+    cdef int k
+    cdef float acc = 0.0
+    cdef float inv
+    for k in range(n):
+        acc = acc + M[first + k * stride]
+    inv = <float>1.0 / acc
+    for k in range(n):
+        M[first + k * stride] = M[first + k * stride] * inv
 
 
 cdef void _lse_normalise(float* M, int first, int stride, int n) noexcept nogil:
