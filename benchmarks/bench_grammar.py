@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from needle_cy.grammar import compile_tools
+from needle_cy.testing.sentencepiece_pieces import sentencepiece_piece_table
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 TOOLS_PATH = SHARED / "eval" / "home_tools.json"
@@ -74,24 +75,11 @@ def _train(size):
     return model
 
 
-def piece_table(model_path):
-    import sentencepiece as spm
-    sp = spm.SentencePieceProcessor(model_file=str(model_path))
-    table = []
-    for i in range(sp.get_piece_size()):
-        if sp.is_control(i) or sp.is_unknown(i):
-            table.append(None)
-            continue
-        p = sp.id_to_piece(i)
-        table.append(bytes([int(p[3:5], 16)]) if sp.is_byte(i) else p.replace("\u2581", " ").encode("utf-8"))
-    return sp, table
-
-
 def _vocab(name):
     if name == "2k":
-        return piece_table(_require(FIXTURE_SP))
+        return sentencepiece_piece_table(_require(FIXTURE_SP))
     _require(TOOLS_PATH)
-    return piece_table(_train({"16k": 16000, "32k": 32000}[name]))
+    return sentencepiece_piece_table(_train({"16k": 16000, "32k": 32000}[name]))
 
 
 def _calls():

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import fixture_path
 from grammar_helpers import random_walk
+from needle_cy.testing.sentencepiece_pieces import sentencepiece_piece_table
 from needle_cy.errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
 from needle_cy.grammar import compile_schema, compile_tools
 
@@ -343,19 +344,7 @@ def test_cython_equals_reference_on_byte_streams():
 
 @pytest.fixture(scope="module")
 def pieces():
-    import sentencepiece as spm
-    sp = spm.SentencePieceProcessor(model_file=str(fixture_path("needle3_tiny_a", "tokenizer.model")))
-    table = []
-    for i in range(sp.get_piece_size()):
-        if sp.is_control(i) or sp.is_unknown(i):
-            table.append(None)
-            continue
-        p = sp.id_to_piece(i)
-        if sp.is_byte(i):
-            table.append(bytes([int(p[3:5], 16)]))
-        else:
-            table.append(p.replace("\u2581", " ").encode("utf-8"))
-    return table
+    return sentencepiece_piece_table(fixture_path("needle3_tiny_a", "tokenizer.model"))[1]
 
 
 def test_allowed_tokens_matches_brute_force(pieces):
