@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .errors import ModelNotAvailableError, NeedleError, SchemaError
 from .generate import Cancelled, DecodeSettings, run_turn
+from .grounding import GroundingIndex, ValueGrounder
 from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
 from .retrieval import EmbeddingRanker, file_fingerprint, rank_bm25, select_prefix
 from .toolspec import normalize_tool, normalize_tools
@@ -84,7 +85,7 @@ class Needle:
                  reasoning_limit=256, constrained=True, threads=None, backend="cython",
                  max_new_tokens=512, string_token_cap=64, tool_index_path=None,
                  tokenizer=None, stateless=False, force_call=False, auto_date=False,
-                 escalate_below=0.1):
+                 escalate_below=0.1, ground_values=True):
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -103,7 +104,8 @@ class Needle:
                                        reasoning_limit=int(reasoning_limit),
                                        string_token_cap=int(string_token_cap),
                                        constrained=bool(constrained),
-                                       force_call=bool(force_call))
+                                       force_call=bool(force_call),
+                                       ground_values=bool(ground_values))
         self.stateless = stateless
         self.escalate_below = None if escalate_below is None else float(escalate_below)
         self.tool_index_path = tool_index_path
@@ -114,6 +116,8 @@ class Needle:
         self._tool_tokens = None
         self._ranker = None
         self._piece_table = None
+        self._grounding_index = None
+        self._said = []                 # the texts of the conversation so far (grounding sources)
         self.turns = 0
         self.compile_grammar = _compile_grammar     # replaceable (tests use a stand-in)
         vocab_out = getattr(self.model, "out_vocab", None) or getattr(self.model.config, "out_vocab", 0) \
@@ -228,6 +232,8 @@ class Needle:
             if self.stateless:
                 self._active = None
             is_results = self._is_tool_results(text)
+            said = (self._said if self._active is not None else []) + [
+                text if isinstance(text, str) else _results_json(list(text))]
             if self._active is None:
                 if is_results:
                     raise NeedleError("tool results were given but no turn with calls precedes them")
@@ -249,13 +255,15 @@ class Needle:
             if max_new_tokens is not None:
                 settings = dataclasses.replace(settings, max_new_tokens=int(max_new_tokens))
             res = yield from run_turn(model, self.tokenizer, entry.grammar, new_ids, settings,
-                                      self.piece_table, cancel=self._cancel)
+                                      self.piece_table, cancel=self._cancel,
+                                      grounder=self._grounder(entry, said))
             envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start)
             if is_results and res.success and not res.calls:
                 envelope["type"] = "respond"     # the tool loop is finished (spec §8.2)
             if res.success:
                 conv.append_user(new_ids)
                 conv.append_assistant(res.assistant_ids, had_calls=bool(res.calls))
+                self._said = said
                 self.turns += 1
                 finished = True
                 yield {"type": "done", "response": envelope}
@@ -284,6 +292,14 @@ class Needle:
         finally:
             self._cancel.clear()
             self._lock.release()
+
+    def _grounder(self, entry, said):
+        if not (self.settings.ground_values and self.settings.constrained):
+            return None
+        if self._grounding_index is None:
+            self._grounding_index = GroundingIndex(self.piece_table)
+        tools = {s.name: s.grammar_schema()["parameters"] for s in entry.specs}
+        return ValueGrounder(tools, said, self._grounding_index)
 
     def _restore_prefix(self, entry):
         """Restore (or build once) the snapshot of the prefix; a generator for cancellation."""

@@ -213,7 +213,7 @@ def predicted_calls(response, include_suppressed=False):
 
 
 def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
-              backend=None):
+              backend=None, ground_values=True):
     from needle_cy.agent import Needle
 
     agents = {}
@@ -224,7 +224,7 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
         key = json.dumps(case_tools, sort_keys=True)
         agent = agents.get(key)
         if agent is None:
-            kwargs = {"model": model, "tools": case_tools}
+            kwargs = {"model": model, "tools": case_tools, "ground_values": ground_values}
             if threads:
                 kwargs["threads"] = threads
             if backend:
@@ -259,6 +259,8 @@ def main(argv=None):
     parser.add_argument("--backend", choices=("cython", "numpy"), help="engine (default: the agent's)")
     parser.add_argument("--include-suppressed", action="store_true",
                         help="count suppressed (escalated) calls as predictions")
+    parser.add_argument("--no-grounding", action="store_true",
+                        help="decode string values without value grounding (for comparison)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each wrong case")
     args = parser.parse_args(argv)
 
@@ -275,8 +277,9 @@ def main(argv=None):
                   + (f"\n  error {rec['error']}" if rec["error"] else ""), file=sys.stderr)
 
     records = run_cases(cases, tools, args.model, args.threads, args.include_suppressed, progress,
-                        args.backend)
+                        args.backend, ground_values=not args.no_grounding)
     summary = summarize(records)
+    summary["grounding"] = not args.no_grounding
     summary["model"] = args.model or "default"
     summary["data"] = args.data
     if args.out:

@@ -20,6 +20,8 @@ Phases of a turn:
 3. *constrained*: the grammar's best allowed token over the whole vocabulary until the
    call array is complete, then ``</tool_call><|im_end|>`` are appended.  After
    ``string_token_cap`` tokens inside one free string value only closing it is allowed.
+   With a ``grounder`` (``needle_cy.grounding``) the token is the best one the grammar
+   allows *and* grounding accepts, else the grammar's best (grounding never strands).
 
 Confidence (documented choice, spec §5.4): ``min(sigmoid(confidence-head logit over
 prompt + call), min over call tokens of the chosen token's full-softmax probability)``.
@@ -74,6 +76,7 @@ class DecodeSettings:
     string_token_cap: int = 64       # tokens inside one free string value; then close it
     constrained: bool = True
     force_call: bool = False         # enter <tool_call> even when the model stops or declines
+    ground_values: bool = True       # string values from what was said (needle_cy.grounding)
 
 
 @dataclass
@@ -224,8 +227,11 @@ class CallSplitter:
 
 
 def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece_table,
-             cancel=None, ids=None, clock=time.perf_counter):
-    """Generator: yields events, returns a TurnResult.  See the module docstring."""
+             cancel=None, ids=None, clock=time.perf_counter, grounder=None):
+    """Generator: yields events, returns a TurnResult.  See the module docstring.
+
+    ``grounder``: a fresh ``needle_cy.grounding.ValueGrounder`` for this turn's call block,
+    or None; used only when ``settings.constrained`` and ``settings.ground_values``."""
     ids = ids or _Ids(tokenizer)
     res = TurnResult()
     cancelled = (lambda: cancel.is_set()) if cancel is not None else (lambda: False)
@@ -350,6 +356,10 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
         tokens, states, logits_at, runs = [], [], [], []
         banned = {}
         locked = 0                      # positions before this belong to finished calls
+        if not settings.ground_values:
+            grounder = None
+        if grounder is not None:
+            grounder.reset()
         probs_base = len(probs)
         snap0 = model.snapshot() if hasattr(model, "snapshot") else None
         while True:
@@ -359,7 +369,13 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
                 break
             close = settings.string_token_cap > 0 and string_run >= settings.string_token_cap
             g0 = clock()
-            token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=close)
+            token, prob_row = -1, logits
+            if grounder is not None:
+                token, new_state, prob_row = _grounded_choice(grammar, state, logits, piece_table,
+                                                              close, grounder)
+            if token < 0:             # no grounder, or nothing grounded fits: the grammar alone
+                prob_row = logits
+                token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=close)
             if token < 0 and close:   # cannot close right here (e.g. mid-escape): continue it
                 token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=False)
             grammar_s += clock() - g0
@@ -376,10 +392,14 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
                     res.error_code = "grammar_dead_end"
                     break
                 j, token, new_state = alt
+                prob_row = logits_at[j]
                 state, logits, string_run = states[j], logits_at[j], runs[j]
                 del tokens[j:], states[j:], logits_at[j:], runs[j:]
                 del probs[probs_base + j:], generated[call_start + j:]
                 call_bytes = bytearray(b"".join(piece_table[t] for t in tokens))
+                if grounder is not None:
+                    grounder.reset()
+                    grounder.feed(bytes(call_bytes))
                 open_index = splitter.index
                 splitter = CallSplitter()
                 splitter.feed(bytes(call_bytes))
@@ -393,10 +413,12 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
             states.append(state)
             logits_at.append(np.array(logits, dtype=np.float32, copy=True))
             runs.append(string_run)
-            probs.append(token_probability(logits, token))
+            probs.append(token_probability(prob_row, token))
             generated.append(token)
             piece = piece_table[token]
             call_bytes += piece
+            if grounder is not None:
+                grounder.feed(piece)
             for event in splitter.feed(piece):
                 if event["type"] == "toolcall_end":
                     locked = len(tokens)
@@ -467,6 +489,42 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
 
 
 MAX_DEAD_ENDS = 24
+GROUNDED_TRIES = 16         # grammar-allowed tokens grounding may turn down in one step
+_MASKED = np.float32(-1e30)
+
+
+def _grounded_choice(grammar, state, logits, piece_table, close, grounder):
+    """(token, state, probability row) of the model's best token that the grammar allows
+    and grounding accepts, or (-1, None, None) when there is none (the caller then uses
+    the grammar alone).
+
+    Inside a grounded string the probability row is the model's distribution over the
+    proposed continuations only: the confidence then asks how sure the model is of *which*
+    span it copies, not how much it wanted to write something unsaid (a small model's
+    unmasked mass inside a string sits on invented words)."""
+    cand = grounder.candidates()
+    if cand is not None:
+        if not cand:
+            return -1, None, None
+        idx = np.fromiter(cand, dtype=np.int64, count=len(cand))
+        idx = idx[idx < len(logits)]
+        scores = np.full(len(logits), _MASKED, dtype=np.float32)
+        scores[idx] = np.asarray(logits, dtype=np.float32)[idx]
+    else:
+        scores = logits
+    prob_row = scores if cand is not None else logits
+    copied = cand is not None
+    for _ in range(GROUNDED_TRIES):
+        token, new_state = grammar.best_allowed(state, scores, piece_table, close_string=close)
+        if token < 0 or scores[token] <= -1e29:
+            return -1, None, None
+        if grounder.accepts(piece_table[token]):
+            return token, new_state, prob_row
+        if not copied:
+            scores = np.array(scores, dtype=np.float32, copy=True)
+            copied = True
+        scores[token] = _MASKED
+    return -1, None, None
 
 
 def _backtrack(grammar, piece_table, tokens, states, logits_at, banned, locked, res):

@@ -85,6 +85,9 @@ def scripted(monkeypatch):
     def factory(model, tools, **kw):
         for key in ("threads", "backend"):
             kw.pop(key, None)
+        # The script repeats one call whatever the prompt says: no value grounding
+        # (tests/test_grounding.py covers it).
+        kw["ground_values"] = False
         agent = real(ScriptedModel(tok, [f"<think>\nKitchen.\n</think>\n<tool_call>[{CALL}]"] * 3),
                      tools=tools, tokenizer=tok, **kw)
         if compile_tools is None:

@@ -1,0 +1,244 @@
+"""Value grounding (needle_cy.grounding): string arguments come from what was said.
+
+Unit rules on the byte scanner, the fast proposal set checked against the exact per-token
+test over the whole vocabulary, and whole turns with scripted logits (grounded vs not)."""
+import json
+import random
+
+import pytest
+
+from conftest import fixture_path
+from needle_cy.generate import DecodeSettings, run_turn
+from needle_cy.grounding import GroundingIndex, ValueGrounder, mentioned_members, value_rule
+from needle_cy.prompt import Conversation, render_tools_json
+from scripted_support import ScriptedModel
+
+ROOMS = ["living room", "kitchen", "bedroom", "kids room"]
+TOOLS = {
+    "set_light": {"type": "object", "properties": {
+        "room": {"type": "string", "enum": ROOMS}, "on": {"type": "boolean"}},
+        "required": ["room", "on"], "additionalProperties": False},
+    "set_timer": {"type": "object", "properties": {
+        "minutes": {"type": "integer", "minimum": 1, "maximum": 600},
+        "label": {"type": "string", "maxLength": 40}}, "required": ["minutes"],
+        "additionalProperties": False},
+    "vacuum": {"type": "object", "properties": {
+        "rooms": {"type": "array", "items": {"type": "string", "enum": ROOMS}, "uniqueItems": True}},
+        "additionalProperties": False},
+    "unlock": {"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[0-9]{4}$"}}, "required": ["code"],
+        "additionalProperties": False},
+}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from needle_cy.tokenizer import Tokenizer
+    return Tokenizer.from_archive(str(fixture_path("needle3_tiny_a", "model.cact")))
+
+
+@pytest.fixture(scope="module")
+def index(tok):
+    return GroundingIndex(tok.piece_table(size=tok.vocab_size))
+
+
+def grounder(index, said, tools=TOOLS):
+    return ValueGrounder(tools, said if isinstance(said, list) else [said], index)
+
+
+def at(index, said, prefix):
+    g = grounder(index, said)
+    g.feed(prefix.encode())
+    return g
+
+
+LABEL = '[{"name":"set_timer","arguments":{"minutes":5,"label":"'
+ROOM = '[{"name":"set_light","arguments":{"room":"'
+
+
+# ------------------------------------------------------------------ rules
+def test_value_rule_by_schema():
+    said = "turn on the kitchen light on saturday"
+    assert value_rule({"type": "string"}, said) == ("copy",)
+    assert value_rule({"type": "string", "pattern": "^[0-9]+$"}, said) == ("copy",)
+    assert value_rule({"type": ["string", "null"]}, said) == ("copy",)
+    assert value_rule({"type": "string", "format": "date"}, said) is None
+    assert value_rule({"const": "x"}, said) is None
+    assert value_rule({"anyOf": [{"type": "string"}]}, said) is None
+    assert value_rule({"type": "integer"}, said) is None
+    assert value_rule({"enum": ROOMS}, said) == ("enum", [b"kitchen"])
+    assert value_rule({"enum": ["bathroom"]}, said) is None          # nothing mentioned
+    assert value_rule({"enum": ["a", 1]}, said) is None              # not all strings
+
+
+def test_mentions_start_at_a_word_and_ignore_case():
+    assert mentioned_members(["sat", "sun", "mon"], "on saturday and sunday") == ["sat", "sun"]
+    assert mentioned_members(["room"], "the bedroom") == []           # not at a word start
+    assert mentioned_members(["Living Room"], "the living room lights") == ["Living Room"]
+    assert mentioned_members(["eco"], "put it on eco.") == ["eco"]
+
+
+def test_free_string_is_a_word_bounded_span(index):
+    said = "start a timer for the roast please"
+    g = at(index, said, LABEL)
+    assert g.constrained
+    assert g.accepts(b'roast"')
+    assert g.accepts(b'the roast"')
+    assert g.accepts(b'ro')                      # a word in progress
+    assert not g.accepts(b'oast')                # does not begin at a word start
+    assert not g.accepts(b'roa"')                # does not end at a word end
+    assert not g.accepts(b'lasagne"')            # never said
+    assert not g.accepts(b' roast')              # spans begin at a word, not a space
+    assert at(index, said, LABEL + "roast").accepts(b'"}}]')
+
+
+def test_sources_are_compared_in_json_escaping(index):
+    said = 'label it the "blue" one'
+    g = at(index, said, LABEL)
+    assert g.accepts(b'the \\"blue\\" one"')     # an inner quote is copied escaped
+    assert g.accepts(b'blue"')
+    assert not g.accepts(b'\\"blue')                # spans begin at a word, not a quote
+    assert at(index, ["first turn words", "the second turn"], LABEL).accepts(b'first turn"')
+
+
+def test_enum_value_is_a_mentioned_member(index):
+    g = at(index, "Turn on the KITCHEN light", ROOM)
+    assert g.accepts(b'kitchen"')
+    assert not g.accepts(b'bedroom"')
+    assert not g.accepts(b'kit"')
+    # Nothing mentioned: grounding has no opinion.
+    g = at(index, "lights on please", ROOM)
+    assert not g.constrained and g.accepts(b'bedroom"')
+
+
+def test_unique_enum_array_stops_when_the_mentioned_members_are_used(index):
+    said = "vacuum the kitchen and the bedroom"
+    prefix = '[{"name":"vacuum","arguments":{"rooms":["kitchen"'
+    g = at(index, said, prefix)
+    assert g.accepts(b',')
+    g2 = at(index, said, prefix + ',"bedroom"')
+    assert not g2.accepts(b',')                   # both said rooms are written
+    assert g2.accepts(b']}}]')
+    assert not at(index, said, prefix + ',').accepts(b'"kitchen"')   # no repeat
+
+
+def test_keys_names_and_other_tools_are_not_grounded(index):
+    g = at(index, "zzz", '[{"name":"')
+    assert g.accepts(b'set_light"')               # the tool name is the grammar's business
+    g = at(index, "zzz", '[{"name":"set_timer","arguments":{"')
+    assert g.accepts(b'label"')                   # keys too
+    g = at(index, "zzz", '[{"name":"mystery","arguments":{"x":"')
+    assert g.accepts(b'anything"')                # a tool grounding does not know
+
+
+def test_state_follows_tokens_that_break_the_rules(index):
+    # A fallback token (taken when nothing grounded fits) is tracked like any other.
+    g = at(index, "roast", LABEL)
+    assert g.feed(b'zzz"') is False
+    assert g.feed(b'}},{"name":"set_light","arguments":{"room":"') is True
+    assert g.constrained and g.rule is None or not g.constrained
+
+
+def test_proposals_match_the_exact_check_over_the_vocabulary(tok, index):
+    """candidates() (a dictionary lookup per source position) proposes exactly the tokens
+    without backslashes that accepts() (the byte-by-byte check) takes, at random points."""
+    rng = random.Random(5)
+    pieces = tok.piece_table(size=tok.vocab_size)
+    saids = ["Play Fleetwood Mac in the kitchen", "add two cartons of oat milk, please",
+             "tell the kids: dinner's ready!", "set a timer for the roast"]
+    checked = 0
+    for said in saids:
+        for depth in range(4):
+            words = said.split()
+            start = rng.randrange(len(words))
+            value = " ".join(words[start:])[:rng.randrange(0, 12)] if depth else ""
+            g = at(index, said, LABEL + value)
+            cand = g.candidates()
+            if not g.constrained or cand is None:
+                continue
+            exact = {t for t, p in enumerate(pieces) if p and b"\\" not in p and g.accepts(p)}
+            assert {t for t in cand if g.accepts(pieces[t])} == exact, (said, value)
+            checked += 1
+    for said, prefix in (("vacuum the kitchen and the kids room", '[{"name":"vacuum","arguments":{"rooms":["'),
+                         ("kids room light on", ROOM + "ki")):
+        g = at(index, said, prefix)
+        exact = {t for t, p in enumerate(pieces) if p and b"\\" not in p and g.accepts(p)}
+        assert {t for t in g.candidates() if g.accepts(pieces[t])} == exact
+        assert exact
+        checked += 1
+    assert checked >= 8
+
+
+# ------------------------------------------------------------------ whole turns
+LIGHT = {"name": "set_light", "description": "Lights.", "parameters": TOOLS["set_light"]}
+TIMER = {"name": "set_timer", "description": "Timer.", "parameters": TOOLS["set_timer"]}
+
+
+def turn(tok, index, script, query, ground=True, tools=(LIGHT, TIMER), **kw):
+    from needle_cy.grammar import compile_tools
+    model = ScriptedModel(tok, [script], **kw)
+    conv = Conversation(tok, None, render_tools_json(list(tools)))
+    model.prefill(conv.prefix_ids)
+    g = ValueGrounder({t["name"]: t["parameters"] for t in tools}, [query], index)
+    gen = run_turn(model, tok, compile_tools(list(tools)), conv.query_ids(query),
+                   DecodeSettings(ground_values=ground), tok.piece_table(size=tok.vocab_size),
+                   grounder=g)
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            return stop.value
+
+
+def test_turn_copies_a_said_label_instead_of_an_invented_one(tok, index):
+    query = "start a timer for the roast"
+    script = '<tool_call>[{"name":"set_timer","arguments":{"minutes":5,"label":"zebra crossing"}}]'
+    free = turn(tok, index, script, query, ground=False)
+    assert free.calls[0]["arguments"]["label"] == "zebra crossing"
+    grounded = turn(tok, index, script, query)
+    label = grounded.calls[0]["arguments"]["label"]
+    words = query.split()
+    spans = {" ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)}
+    assert label in spans
+    assert grounded.calls[0]["arguments"]["minutes"] == 5
+
+
+def test_turn_keeps_a_label_the_model_copies(tok, index):
+    query = "start a timer for the roast"
+    script = '<tool_call>[{"name":"set_timer","arguments":{"minutes":5,"label":"roast"}}]'
+    res = turn(tok, index, script, query)
+    assert res.calls == [{"name": "set_timer", "arguments": {"minutes": 5, "label": "roast"}}]
+
+
+def test_turn_picks_the_mentioned_room(tok, index):
+    script = '<tool_call>[{"name":"set_light","arguments":{"room":"bedroom","on":true}}]'
+    assert turn(tok, index, script, "kitchen lights on", ground=False).calls[0]["arguments"]["room"] == "bedroom"
+    assert turn(tok, index, script, "kitchen lights on").calls[0]["arguments"]["room"] == "kitchen"
+    # Not mentioned: the model's choice stands.
+    assert turn(tok, index, script, "lights on").calls[0]["arguments"]["room"] == "bedroom"
+
+
+def test_turn_falls_back_to_the_grammar_when_nothing_said_fits(tok, index):
+    # Every word of the request is longer than maxLength 3: no grounded value exists.  The
+    # copy goes as far as the schema lets it, then the grammar alone closes the string, so
+    # the turn never strands and the call stays schema-valid.
+    short = {"name": "note", "description": "Note.", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "maxLength": 3}},
+        "required": ["text"], "additionalProperties": False}}
+    script = '<tool_call>[{"name":"note","arguments":{"text":"ab"}}]'
+    res = turn(tok, index, script, "remember everything", tools=(short,))
+    assert res.success and res.n_backtracks == 0
+    text = res.calls[0]["arguments"]["text"]
+    assert 0 < len(text) <= 3 and "remember everything".find(text) >= 0
+
+
+def test_agent_grounds_by_default_and_can_be_switched_off(tok):
+    from needle_cy.agent import Needle
+    script = '<tool_call>[{"name":"set_timer","arguments":{"minutes":5,"label":"zebra"}}]'
+    labels = {}
+    for ground in (True, False):
+        agent = Needle(model=ScriptedModel(tok, [script]), tokenizer=tok, tools=[LIGHT, TIMER],
+                       ground_values=ground)
+        labels[ground] = agent.complete("a timer for the roast")["function_calls"][0]["arguments"]["label"]
+    assert labels[False] == "zebra"
+    assert labels[True] in "a timer for the roast" and labels[True] != "zebra"
