@@ -242,3 +242,28 @@ def test_agent_grounds_by_default_and_can_be_switched_off(tok):
         labels[ground] = agent.complete("a timer for the roast")["function_calls"][0]["arguments"]["label"]
     assert labels[False] == "zebra"
     assert labels[True] in "a timer for the roast" and labels[True] != "zebra"
+
+
+def test_sources_are_the_conversation_so_far(tok):
+    """A later turn may copy what an earlier user turn said; after reset() it may not."""
+    from needle_cy.agent import Needle
+    first = '<tool_call>[{"name":"set_light","arguments":{"room":"kitchen","on":true}}]'
+    second = '<tool_call>[{"name":"set_timer","arguments":{"minutes":5,"label":"roast"}}]'
+    agent = Needle(model=ScriptedModel(tok, [first, second]), tokenizer=tok, tools=[LIGHT, TIMER])
+    agent.complete("kitchen lights on, the roast is in")
+    label = agent.complete("and a five minute timer")["function_calls"][0]["arguments"]["label"]
+    assert label == "roast"
+    agent.reset()
+    agent.model.scripts = [agent.model.scripts[1]]
+    label = agent.complete("and a five minute timer")["function_calls"][0]["arguments"]["label"]
+    assert label != "roast" and label in "and a five minute timer"
+
+
+def test_tool_results_are_a_source(tok):
+    from needle_cy.agent import Needle
+    first = '<tool_call>[{"name":"set_light","arguments":{"room":"kitchen","on":true}}]'
+    second = '<tool_call>[{"name":"set_timer","arguments":{"minutes":5,"label":"Dishwasher done"}}]'
+    agent = Needle(model=ScriptedModel(tok, [first, second]), tokenizer=tok, tools=[LIGHT, TIMER])
+    agent.complete("kitchen lights on")
+    res = agent.complete([{"status": "Dishwasher done"}])
+    assert res["function_calls"][0]["arguments"]["label"] == "Dishwasher done"
