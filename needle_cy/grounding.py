@@ -135,7 +135,7 @@ class ValueGrounder:
         self.tools = tools
         self.index = index
         self.sources = [_json_bytes(s) for s in sources if s]
-        self._starts = [_word_starts(src) for src in self.sources]
+        self._starts = [frozenset(_word_starts(src)) for src in self.sources]
         self.sources_lower = "\n".join(s.lower() for s in sources if s)
         self._rules = {}
         self.reset()
@@ -279,6 +279,8 @@ class ValueGrounder:
         if rule is None or self.str_key:
             return True
         if rule[0] == "copy":
+            if final and not self.buf:
+                return False         # an empty copy says nothing; only the fallback writes ""
             return any(True for _ in self._copy_ends(final))
         avail = self._available(rule)
         if final:
@@ -290,9 +292,15 @@ class ValueGrounder:
         begin at a word start and, when ``final``, end at a word end."""
         buf, n = self.buf, len(self.buf)
         for src, starts in zip(self.sources, self._starts):
-            for p in starts:
-                if src.startswith(buf, p) and (not final or _ends_word(src, p + n)):
+            if not buf:
+                for p in starts:
+                    yield src, p
+                continue
+            p = src.find(buf)            # C-speed search; long tool results stay cheap
+            while p >= 0:
+                if p in starts and (not final or _ends_word(src, p + n)):
                     yield src, p + n
+                p = src.find(buf, p + 1)
 
     def _close_string(self):
         top = self.stack[-1] if self.stack else None
