@@ -177,3 +177,18 @@ def test_version_2_tool_results_are_rendered_as_the_agent_sends_them():
 def test_unknown_data_version_is_refused():
     with pytest.raises(ValueError, match="data version"):
         data.Generator(version=3)
+
+
+def test_eval_cases_are_scoreable_single_turn_cases(tmp_path):
+    from needle_cy.eval import load_cases
+    from needle_cy.training.data import eval_cases, main
+    cases = eval_cases(120, seed=4242)
+    assert cases and {c["category"] for c in cases} == {"single", "multi", "refuse"}
+    for c in cases:
+        assert c["answers"] == [] if c["category"] == "refuse" else c["answers"]
+        if "tools" in c:       # invented tools travel with their case
+            names = {t["name"] for t in c["tools"]}
+            assert {a["name"] for a in c["answers"]} <= names
+    path = tmp_path / "held_out.jsonl"
+    main(["--out", str(path), "-n", "120", "--seed", "4242", "--version", "2", "--eval-cases"])
+    assert load_cases(str(path)) == cases

@@ -1341,6 +1341,27 @@ def write_jsonl(path, n, seed=0, **kwargs):
             handle.write(json.dumps(ex, ensure_ascii=False) + "\n")
 
 
+_EVAL_CATEGORY = {"single": "single", "multi": "multi", "refuse": "refuse",
+                  "invented": "single", "invented_refuse": "refuse"}
+
+
+def eval_cases(n, seed, version=2):
+    """Single-turn examples as ``needle_cy.eval`` cases: a held-out synthetic test set
+    (use a seed no training run used).  Catalogue cases carry no tools (the evaluation
+    declares the whole catalogue and the agent retrieves, as at inference); cases on
+    invented tools carry the tool list the example was drawn with."""
+    out = []
+    for i, ex in enumerate(generate(n, seed=seed, version=version)):
+        if ex.get("history") or ex["kind"] not in _EVAL_CATEGORY:
+            continue
+        case = {"id": f"s{seed}-{i}", "category": _EVAL_CATEGORY[ex["kind"]],
+                "query": ex["query"], "answers": ex["answers"]}
+        if ex["kind"].startswith("invented"):
+            case["tools"] = ex["tools"]
+        out.append(case)
+    return out
+
+
 def main(argv=None):
     import argparse
     parser = argparse.ArgumentParser(description="Generate synthetic Needle training data (JSONL).")
@@ -1348,7 +1369,14 @@ def main(argv=None):
     parser.add_argument("-n", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--version", type=int, default=1, choices=(1, 2))
+    parser.add_argument("--eval-cases", action="store_true",
+                        help="write single-turn cases in the needle_cy.eval format instead")
     args = parser.parse_args(argv)
+    if args.eval_cases:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            for case in eval_cases(args.n, args.seed, args.version):
+                handle.write(json.dumps(case, ensure_ascii=False) + "\n")
+        return
     write_jsonl(args.out, args.n, seed=args.seed, version=args.version)
 
 
