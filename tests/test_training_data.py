@@ -11,7 +11,7 @@ jsonschema = pytest.importorskip("jsonschema")
 N = 1500
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["v1", "v2"])
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=["v1", "v2", "v3"])
 def examples(request):
     return data.generate(N, seed=7, version=request.param)
 
@@ -176,7 +176,7 @@ def test_version_2_tool_results_are_rendered_as_the_agent_sends_them():
 
 def test_unknown_data_version_is_refused():
     with pytest.raises(ValueError, match="data version"):
-        data.Generator(version=3)
+        data.Generator(version=4)
 
 
 def test_eval_cases_are_scoreable_single_turn_cases(tmp_path):
@@ -192,3 +192,62 @@ def test_eval_cases_are_scoreable_single_turn_cases(tmp_path):
     path = tmp_path / "held_out.jsonl"
     main(["--out", str(path), "-n", "120", "--seed", "4242", "--version", "2", "--eval-cases"])
     assert load_cases(str(path)) == cases
+
+
+def test_version_3_packs_follow_up_requests_on_the_rendered_tools():
+    exs = data.generate(400, seed=11, version=3)
+    v2 = data.generate(400, seed=11, version=2)
+    packed = [e for e in exs if e.get("packed")]
+    assert len(packed) > 300
+    assert {e["packed"] for e in packed} == {2, 3, 4}
+    # the stream starts as version 2 does: a conversation that already has a second turn
+    # (a tool result or a new request) is kept whole; otherwise its request comes first
+    i = next(i for i, e in enumerate(v2) if not e["history"])
+    assert exs[:i] == v2[:i]
+    assert exs[i]["history"][0]["query"] == v2[i]["query"]
+    assert exs[i]["history"][0]["answers"] == v2[i]["answers"]
+    for e in packed:
+        turns = e["history"] + [e]
+        assert len(turns) == e["packed"]
+        assert all(t.get("results") is None for t in e["history"])
+        prompt, target = data.render(e)
+        for t in e["history"]:
+            assert t["query"] + "<|im_end|>\n<|im_start|>assistant\n" in prompt
+        assert prompt.count("<|im_start|>assistant\n") == len(turns)
+    assert any(t["answers"] == [] for e in packed for t in e["history"][1:] + [e])
+
+
+def test_drop_last_turn_makes_the_previous_request_final():
+    e = next(e for e in data.generate(50, seed=11, version=3) if e.get("packed") == 3)
+    shorter = data.drop_last_turn(e)
+    assert shorter["query"] == e["history"][-1]["query"]
+    assert shorter["answers"] == e["history"][-1]["answers"]
+    assert shorter["history"] == e["history"][:-1]
+    assert data.drop_last_turn(data.drop_last_turn(shorter)) is None
+    single = data.generate(1, seed=1, version=2)[0]
+    assert single["history"] or data.drop_last_turn(single) is None
+
+
+def test_every_assistant_turn_is_a_target_in_the_token_mask(tmp_path):
+    """train._assistant_spans finds each answer; Batches weights them 1, the rest the
+    prompt weight; a token file without a mask keeps the one-target behaviour."""
+    import numpy as np
+    from needle_cy.training import train
+    header, im_end = [4, 460, 30], 5
+    seq = [2, 9, 9, 4, 460, 30, 77, 78, 5, 30, 4, 11, 5, 30, 4, 460, 30, 79, 5, 1]
+    assert train._assistant_spans(seq, header, im_end) == [(6, 9), (17, 19)]
+    mask = np.zeros(len(seq), np.uint8)
+    mask[6:9] = 1
+    mask[17:] = 1
+    np.savez(tmp_path / "tokens_m.npz", ids=np.asarray(seq, np.int32),
+             offsets=np.asarray([0, len(seq)], np.int64), prompt_lens=np.asarray([17], np.int32),
+             target_mask=mask)
+    np.savez(tmp_path / "tokens_p.npz", ids=np.asarray(seq, np.int32),
+             offsets=np.asarray([0, len(seq)], np.int64), prompt_lens=np.asarray([17], np.int32))
+    hyper = dict(train.HYPER, buckets=[32], tokens_per_batch=32)
+    ids, w, _ = train.Batches(str(tmp_path), hyper, "tokens_m.npz").batch(0)
+    assert list(ids[0, :len(seq)]) == seq
+    assert list(w[0, :len(seq)]) == [1.0 if m else hyper["prompt_weight"] for m in mask]
+    assert w[0, len(seq):].sum() == 0
+    _, w, _ = train.Batches(str(tmp_path), hyper, "tokens_p.npz").batch(0)
+    assert (w[0, :17] == hyper["prompt_weight"]).all() and (w[0, 17:len(seq)] == 1.0).all()

@@ -1152,9 +1152,10 @@ class Generator:
     def __init__(self, seed=0, catalogue=None, think_rate=0.5, typo_rate=0.04, version=1):
         """``version`` 1 is the shipped model's first data; 2 adds open-pool free-string
         values (half of them), retrieval-ranked distractors (half of the tool lists) and
-        tool results serialised as the agent sends them (``json.dumps`` defaults)."""
-        if version not in (1, 2):
-            raise ValueError(f"data version must be 1 or 2, got {version!r}")
+        tool results serialised as the agent sends them (``json.dumps`` defaults); 3 is
+        version 2 with follow-up requests packed after the first (``_pack``)."""
+        if version not in (1, 2, 3):
+            raise ValueError(f"data version must be 1, 2 or 3, got {version!r}")
         self.version = version
         if version == 1:
             self.rng = random.Random(seed)
@@ -1182,9 +1183,10 @@ class Generator:
         return json.dumps(results) if self.version >= 2 else results
 
     # one call / several calls on the catalogue
-    def _home_calls(self, n_calls):
+    def _home_calls(self, n_calls, names=None):
         rng = self.rng
-        names = rng.sample(list(GENERATORS), n_calls)
+        if names is None:
+            names = rng.sample(list(GENERATORS), n_calls)
         clauses, calls, notes = [], [], []
         for name in names:
             clause, call, note = GENERATORS[name](rng)
@@ -1204,6 +1206,44 @@ class Generator:
         return query, calls, notes
 
     def example(self):
+        example = self._example()
+        return self._pack(example) if self.version >= 3 else example
+
+    def _pack(self, example):
+        """Version 3: one to three more requests follow the first in the same conversation
+        (as a user does with a running agent: the prompt's tool list stays), each on the
+        rendered catalogue tools or a request no tool covers.  Every assistant turn is a
+        training target (the tokenizer weights them all and drops trailing turns that do
+        not fit the context), so the ~370 tokens of the tool list teach several answers
+        instead of one."""
+        rng = self.rng
+        if example.get("history"):
+            return example
+        names = [t["name"] for t in example["tools"]
+                 if t["name"] in GENERATORS and self.by_name.get(t["name"]) == t]
+        turns = [{"query": example["query"], "reasoning": example["reasoning"],
+                  "answers": example["answers"]}]
+        for _ in range(rng.choice([1, 2, 3, 3])):
+            r = rng.random()
+            if names and r < 0.55:
+                query, calls, notes = self._home_calls(1, [rng.choice(names)])
+            elif len(names) >= 2 and r < 0.7:
+                query, calls, notes = self._home_calls(2, rng.sample(names, 2))
+            else:
+                query, calls, notes = _wrap(rng, _pick(rng, CHITCHAT + REFUSAL_ACTIONS)), [], []
+            by_name = dict(self.by_name)
+            by_name.update({t["name"]: t for t in example["tools"]})
+            if self.typo_rate and rng.random() < 0.35:
+                query = _typos(rng, query, _free_strings(calls, by_name), self.typo_rate * 4)
+            query = _capitalise(rng, query)
+            reasoning = _reasoning(calls, notes) if calls else "no tool covers this request"
+            turns.append({"query": query, "answers": calls,
+                          "reasoning": reasoning if rng.random() < self.think_rate else ""})
+        packed = dict(example, history=turns[:-1], packed=len(turns))   # kind: the first turn's
+        packed.update(turns[-1])
+        return packed
+
+    def _example(self):
         rng = self.rng
         r = rng.random()
         tools_pool = self.catalogue
@@ -1297,6 +1337,18 @@ class Generator:
         return example
 
 
+def drop_last_turn(example):
+    """The conversation without its final request (its last history turn becomes the
+    final one), or None when it has a single turn."""
+    history = example.get("history") or []
+    if not history or history[-1].get("results") is not None:
+        return None
+    out = dict(example, history=history[:-1])
+    out.update({k: history[-1][k] for k in ("query", "reasoning", "answers")})
+    out.pop("is_result", None)
+    return out
+
+
 def generate(n, seed=0, **kwargs):
     """``n`` examples; keyword arguments go to ``Generator`` (e.g. ``version=2``)."""
     gen = Generator(seed=seed, **kwargs)
@@ -1368,7 +1420,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("-n", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--version", type=int, default=1, choices=(1, 2))
+    parser.add_argument("--version", type=int, default=1, choices=(1, 2, 3))
     parser.add_argument("--eval-cases", action="store_true",
                         help="write single-turn cases in the needle_cy.eval format instead")
     args = parser.parse_args(argv)

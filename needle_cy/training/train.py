@@ -107,6 +107,65 @@ def _tokenize(sp, data_path, out_path):
     return offsets
 
 
+def _assistant_spans(ids, header, im_end):
+    """[start, end) of each assistant turn's body in ``ids``: after every occurrence of
+    the ``<|im_start|>assistant\\n`` ids up to and including the next ``<|im_end|>``."""
+    spans, n, i = [], len(header), 0
+    while i + n <= len(ids):
+        if ids[i:i + n] == header:
+            j = i + n
+            while j < len(ids) and ids[j] != im_end:
+                j += 1
+            spans.append((i + n, min(j + 1, len(ids))))
+            i = j
+        else:
+            i += 1
+    return spans
+
+
+def _tokenize_turns(sp, data_path, out_path, max_len):
+    """Like ``_tokenize``, plus a ``target_mask``: every assistant turn of the conversation
+    (history included) is a target.  A conversation longer than ``max_len`` loses trailing
+    requests until it fits (data version 3 packs several)."""
+    im_start, im_end = sp.piece_to_id("<|im_start|>"), sp.piece_to_id("<|im_end|>")
+    ids, offsets, prompt_lens, mask, header = [], [0], [], [], None
+    with open(data_path, encoding="utf-8") as handle:
+        for line in handle:
+            example = json.loads(line)
+            while True:
+                prompt, target = data_mod.render(example)
+                p, t = sp.encode(prompt), sp.encode(target)
+                shorter = data_mod.drop_last_turn(example) if len(p) + len(t) + 2 > max_len else None
+                if shorter is None:
+                    break
+                example = shorter
+            if header is None:      # the prompt ends with the assistant header
+                header = p[len(p) - 1 - p[::-1].index(im_start):]
+            # A target encoded on its own starts with the dummy-prefix piece, so the model
+            # writes it first; the earlier answers of the conversation get it too, as the
+            # agent appends the generated ids as they were.
+            if t and t[0] not in (im_start, im_end) and sp.id_to_piece(t[0]) == "\u2581":
+                lead, p2, last = t[0], [], 0
+                for a, b in _assistant_spans(p, header, im_end):
+                    if a >= len(p):
+                        break                   # the final header: the target follows
+                    p2 += p[last:a] + ([lead] if p[a:a + 1] != [lead] else [])
+                    last = a
+                p = p2 + p[last:]
+            seq = [2] + p + t + [1]
+            m = np.zeros(len(seq), np.uint8)
+            for a, b in _assistant_spans(seq[:1 + len(p)], header, im_end):
+                m[a:b] = 1
+            m[1 + len(p):] = 1
+            ids.extend(seq)
+            mask.append(m)
+            offsets.append(len(ids))
+            prompt_lens.append(1 + len(p))
+    np.savez(out_path, ids=np.asarray(ids, np.int32), offsets=np.asarray(offsets, np.int64),
+             prompt_lens=np.asarray(prompt_lens, np.int32), target_mask=np.concatenate(mask))
+    return offsets
+
+
 def add_data(run_dir, name, examples, seed, version):
     """More training data for an existing run, tokenized with the run's own tokenizer:
     ``data_{name}.jsonl`` and ``tokens_{name}.npz``.  A run trains on it from the next
@@ -117,7 +176,12 @@ def add_data(run_dir, name, examples, seed, version):
     sp = spm.SentencePieceProcessor(model_file=os.path.join(run_dir, "tokenizer.model"))
     data_path = os.path.join(run_dir, f"data_{name}.jsonl")
     data_mod.write_jsonl(data_path, examples, seed=seed, version=version)
-    offsets = _tokenize(sp, data_path, os.path.join(run_dir, f"tokens_{name}.npz"))
+    out_path = os.path.join(run_dir, f"tokens_{name}.npz")
+    if version >= 3:
+        max_len = max(load_run(run_dir)["hyper"]["buckets"])
+        offsets = _tokenize_turns(sp, data_path, out_path, max_len)
+    else:
+        offsets = _tokenize(sp, data_path, out_path)
     lengths = np.diff(np.asarray(offsets))
     print(f"added {len(lengths)} examples (data version {version}, seed {seed}), "
           f"{int(lengths.sum())} tokens, mean {lengths.mean():.0f} in {time.time() - t0:.0f}s")
@@ -147,6 +211,9 @@ class Batches:
     def __init__(self, run_dir, hyper, tokens="tokens.npz"):
         z = np.load(os.path.join(run_dir, tokens))
         self.ids, self.offsets, self.prompt_lens = z["ids"], z["offsets"], z["prompt_lens"]
+        # per-token targets (every assistant turn) when the data has them, else the
+        # target is what follows the prompt
+        self.target_mask = z["target_mask"] if "target_mask" in z.files else None
         self.lengths = np.diff(self.offsets)
         self.buckets = sorted(hyper["buckets"])
         self.tokens_per_batch = hyper["tokens_per_batch"]
@@ -191,9 +258,13 @@ class Batches:
         for row, i in enumerate(members):
             seq = self.ids[self.offsets[i]:self.offsets[i + 1]]
             ids[row, :len(seq)] = seq
-            p = self.prompt_lens[i]
-            weights[row, :p] = self.prompt_weight
-            weights[row, p:len(seq)] = 1.0
+            if self.target_mask is not None:
+                m = self.target_mask[self.offsets[i]:self.offsets[i + 1]]
+                weights[row, :len(seq)] = np.where(m > 0, 1.0, self.prompt_weight)
+            else:
+                p = self.prompt_lens[i]
+                weights[row, :p] = self.prompt_weight
+                weights[row, p:len(seq)] = 1.0
         return ids, weights, epoch
 
 

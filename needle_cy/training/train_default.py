@@ -28,9 +28,12 @@ from . import confidence, train
 # control.json (the LR schedule's end and decay length, the token file) and trains until
 # its step: warmup over 50 steps to the peak LR, the peak, then a linear decay to
 # 0.1 × peak over the last ``decay`` steps before ``end``.  Phases 1–4 decay to their
-# own ends; phase 5 holds the peak; from phase 6 one long decay runs to the end (its
+# own ends; phase 5 holds the peak; phases 6–10 run one long decay to step 4300 (its
 # length was moved as the session's time allowed, keeping the LR continuous at the last
-# two changes), and from phase 7 the batches come from the version-2 data.
+# two changes), the batches coming from the version-2 data from phase 7.  Phase 11 (a
+# later session) restarts at the peak LR (a warm restart from 2e-4) and holds it; from
+# phase 12 the batches come from the version-3 data (follow-up requests packed after
+# the first, every answer a target) and the LR decays linearly over the last 2,000 steps.
 # (until_step, schedule_end, decay_steps, token file)
 SHIPPED_PHASES = (
     (460, 460, 120, "tokens.npz"),
@@ -43,8 +46,11 @@ SHIPPED_PHASES = (
     (2825, 3800, 2250, "tokens_v2.npz"),
     (3670, 4500, 3847, "tokens_v2.npz"),
     (4300, 4300, 2928, "tokens_v2.npz"),
+    (5000, 8200, 2000, "tokens_v2.npz"),
+    (8200, 8200, 2000, "tokens_v3.npz"),
 )
-V2_DATA = dict(name="v2", examples=60000, seed=1, version=2)
+EXTRA_DATA = {"tokens_v2.npz": dict(name="v2", examples=60000, seed=1, version=2),
+              "tokens_v3.npz": dict(name="v3", examples=30000, seed=3, version=3)}
 CONFIDENCE_DATA = dict(n=800, seed=99)
 CONFIDENCE_FIT = dict(steps=450, seed=0)
 
@@ -63,7 +69,7 @@ def main(argv=None):
         if state is not None and state["step"] >= until:
             continue
         if tokens != "tokens.npz" and not os.path.exists(os.path.join(args.run_dir, tokens)):
-            train.add_data(args.run_dir, **V2_DATA)
+            train.add_data(args.run_dir, **EXTRA_DATA[tokens])
         with open(control, "w") as handle:
             json.dump({"end": end, "decay_steps": decay, "tokens": tokens}, handle)
         train.fit(args.run_dir, until_step=until)
