@@ -30,6 +30,16 @@ FIXED = [
     ("What's the capital of France?", []),
     ("Turn on the TV", []),
     ("Tell me a joke", []),
+    ("Book me a flight to Rome", []),
+    # free strings and enum members come from the request (value grounding)
+    ("Add oat milk to the shopping list", [{"name": "add_to_shopping_list", "arguments": {"item": "oat milk"}}]),
+    ("Turn on the hallway lights", [{"name": "set_light", "arguments": {"room": "hallway", "on": True}}]),
+    ("Close the office blinds", [{"name": "set_blinds", "arguments": {"room": "office", "position": 0}}]),
+    ("Unlock the front door, code 4821",
+     [{"name": "unlock_door", "arguments": {"door": "front door", "code": "4821"}}]),
+    ("Lock the front door and turn off the kitchen lights",
+     [{"name": "lock_door", "arguments": {"door": "front door"}},
+      {"name": "set_light", "arguments": {"room": "kitchen", "on": False}}]),
 ]
 
 
