@@ -57,9 +57,14 @@ def _word_starts(src: bytes):
 
 
 def _ends_word(src: bytes, end: int) -> bool:
-    """A copied span may end before ``end``: the end of a word (or of a punctuation mark)."""
-    return end > 0 and src[end - 1] not in _WS and (end == len(src) or not _is_word_byte(src[end])
-                                                     or not _is_word_byte(src[end - 1]))
+    """A copied span may end before ``end``: after a word's last byte (or a closing
+    bracket or percent sign), never after sentence punctuation or a space."""
+    if end <= 0:
+        return False
+    last = src[end - 1]
+    if not (_is_word_byte(last) or last in (0x29, 0x5D, 0x25)):
+        return False
+    return end == len(src) or not _is_word_byte(src[end]) or not _is_word_byte(last)
 
 
 def mentioned_members(members, sources_lower: str):

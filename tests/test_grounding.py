@@ -89,6 +89,8 @@ def test_free_string_is_a_word_bounded_span(index):
     assert not g.accepts(b'roa"')                # does not end at a word end
     assert not g.accepts(b'lasagne"')            # never said
     assert not g.accepts(b' roast')              # spans begin at a word, not a space
+    g = at(index, "play Fleetwood Mac.", LABEL)
+    assert g.accepts(b'Fleetwood Mac"') and not g.accepts(b'Fleetwood Mac."')   # no full stop
     assert at(index, said, LABEL + "roast").accepts(b'"}}]')
 
 
