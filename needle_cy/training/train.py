@@ -88,25 +88,6 @@ def prepare(run_dir, examples=None, seed=None, vocab_size=None):
           f"mean {lengths.mean():.0f}, max {lengths.max()} in {time.time() - t0:.0f}s")
 
 
-def _tokenize(sp, data_path, out_path):
-    """[BOS] + prompt + target + [EOS] per example (prompt and target encoded separately,
-    spec §7.1) into one .npz; returns the example offsets."""
-    ids, offsets, prompt_lens = [], [0], []
-    with open(data_path, encoding="utf-8") as handle:
-        for line in handle:
-            example = json.loads(line)
-            prompt, target = data_mod.render(example)
-            p = sp.encode(prompt)
-            t = sp.encode(target)
-            seq = [2] + p + t + [1]
-            ids.extend(seq)
-            offsets.append(len(ids))
-            prompt_lens.append(1 + len(p))
-    np.savez(out_path, ids=np.asarray(ids, np.int32),
-             offsets=np.asarray(offsets, np.int64), prompt_lens=np.asarray(prompt_lens, np.int32))
-    return offsets
-
-
 def _assistant_spans(ids, header, im_end):
     """[start, end) of each assistant turn's body in ``ids``: after every occurrence of
     the ``<|im_start|>assistant\\n`` ids up to and including the next ``<|im_end|>``."""
@@ -123,10 +104,13 @@ def _assistant_spans(ids, header, im_end):
     return spans
 
 
-def _tokenize_turns(sp, data_path, out_path, max_len):
-    """Like ``_tokenize``, plus a ``target_mask``: every assistant turn of the conversation
-    (history included) is a target.  A conversation longer than ``max_len`` loses trailing
-    requests until it fits (data version 3 packs several)."""
+def _tokenize(sp, data_path, out_path, max_len=None):
+    """[BOS] + prompt + target + [EOS] per example (prompt and target encoded separately,
+    spec §7.1) into one .npz; returns the example offsets.
+
+    With ``max_len`` (data version 3) the file also holds a ``target_mask``: every
+    assistant turn of the conversation (history included) is a target, and a conversation
+    longer than ``max_len`` loses trailing requests until it fits."""
     im_start, im_end = sp.piece_to_id("<|im_start|>"), sp.piece_to_id("<|im_end|>")
     ids, offsets, prompt_lens, mask, header = [], [0], [], [], None
     with open(data_path, encoding="utf-8") as handle:
@@ -135,35 +119,45 @@ def _tokenize_turns(sp, data_path, out_path, max_len):
             while True:
                 prompt, target = data_mod.render(example)
                 p, t = sp.encode(prompt), sp.encode(target)
-                shorter = data_mod.drop_last_turn(example) if len(p) + len(t) + 2 > max_len else None
+                too_long = max_len is not None and len(p) + len(t) + 2 > max_len
+                shorter = data_mod.drop_last_turn(example) if too_long else None
                 if shorter is None:
                     break
                 example = shorter
-            if header is None:      # the prompt ends with the assistant header
-                header = p[len(p) - 1 - p[::-1].index(im_start):]
-            # A target encoded on its own starts with the dummy-prefix piece, so the model
-            # writes it first; the earlier answers of the conversation get it too, as the
-            # agent appends the generated ids as they were.
-            if t and t[0] not in (im_start, im_end) and sp.id_to_piece(t[0]) == "\u2581":
-                lead, p2, last = t[0], [], 0
-                for a, b in _assistant_spans(p, header, im_end):
-                    if a >= len(p):
-                        break                   # the final header: the target follows
-                    p2 += p[last:a] + ([lead] if p[a:a + 1] != [lead] else [])
-                    last = a
-                p = p2 + p[last:]
-            seq = [2] + p + t + [1]
-            m = np.zeros(len(seq), np.uint8)
-            for a, b in _assistant_spans(seq[:1 + len(p)], header, im_end):
-                m[a:b] = 1
-            m[1 + len(p):] = 1
-            ids.extend(seq)
-            mask.append(m)
+            if max_len is not None:
+                if header is None:      # the prompt ends with the assistant header
+                    header = p[len(p) - 1 - p[::-1].index(im_start):]
+                p, m = _mask_turns(sp, p, t, header, im_start, im_end)
+                mask.append(m)
+            ids.extend([2] + p + t + [1])
             offsets.append(len(ids))
             prompt_lens.append(1 + len(p))
-    np.savez(out_path, ids=np.asarray(ids, np.int32), offsets=np.asarray(offsets, np.int64),
-             prompt_lens=np.asarray(prompt_lens, np.int32), target_mask=np.concatenate(mask))
+    arrays = dict(ids=np.asarray(ids, np.int32), offsets=np.asarray(offsets, np.int64),
+                  prompt_lens=np.asarray(prompt_lens, np.int32))
+    if max_len is not None:
+        arrays["target_mask"] = np.concatenate(mask)
+    np.savez(out_path, **arrays)
     return offsets
+
+
+def _mask_turns(sp, p, t, header, im_start, im_end):
+    """(prompt ids, target mask of [BOS] + prompt + target + [EOS]) with every assistant
+    answer of the history a target.  A target encoded on its own starts with the
+    dummy-prefix piece, so the model writes it first; the history answers get it too, as
+    the agent appends the generated ids as they were."""
+    if t and t[0] not in (im_start, im_end) and sp.id_to_piece(t[0]) == "\u2581":
+        lead, p2, last = t[0], [], 0
+        for a, b in _assistant_spans(p, header, im_end):
+            if a >= len(p):
+                break                   # the final header: the target follows
+            p2 += p[last:a] + ([lead] if p[a:a + 1] != [lead] else [])
+            last = a
+        p = p2 + p[last:]
+    m = np.zeros(len(p) + len(t) + 2, np.uint8)
+    for a, b in _assistant_spans([2] + p, header, im_end):
+        m[a:b] = 1
+    m[1 + len(p):] = 1
+    return p, m
 
 
 def add_data(run_dir, name, examples, seed, version):
@@ -177,11 +171,8 @@ def add_data(run_dir, name, examples, seed, version):
     data_path = os.path.join(run_dir, f"data_{name}.jsonl")
     data_mod.write_jsonl(data_path, examples, seed=seed, version=version)
     out_path = os.path.join(run_dir, f"tokens_{name}.npz")
-    if version >= 3:
-        max_len = max(load_run(run_dir)["hyper"]["buckets"])
-        offsets = _tokenize_turns(sp, data_path, out_path, max_len)
-    else:
-        offsets = _tokenize(sp, data_path, out_path)
+    max_len = max(load_run(run_dir)["hyper"]["buckets"]) if version >= 3 else None
+    offsets = _tokenize(sp, data_path, out_path, max_len)
     lengths = np.diff(np.asarray(offsets))
     print(f"added {len(lengths)} examples (data version {version}, seed {seed}), "
           f"{int(lengths.sum())} tokens, mean {lengths.mean():.0f} in {time.time() - t0:.0f}s")
