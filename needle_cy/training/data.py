@@ -166,6 +166,26 @@ MESSAGES = ["dinner is ready", "I'll be home late", "the laundry is done",
             "walk the dog", "meeting ran long", "pizza is here", "call me back",
             "the heating is fixed", "it's raining so bring an umbrella",
             "practice is cancelled today", "I love you", "the plumber is here"]
+# Version 4: messages as people type them (contractions, no "that").
+MESSAGES_V4 = ["it's bath time", "the taxi's here", "I'm running late", "we're leaving soon",
+               "the food's getting cold", "the kettle's on", "tea's ready", "it's your turn to cook",
+               "the film's starting", "I've fed the cat", "don't wait up", "we're nearly home",
+               "the bins go out tonight", "your lift's outside", "breakfast's on the table"]
+# Version 4: what people say before the request (neutral, or a reason fitting the tool).
+PREFACES = ["quick one, ", "before I forget, ", "right, ", "ok so ", "hey, ", "one more thing, ",
+            "while you're at it, ", "oh and ", "actually, ", "so, "]
+REASONS = {
+    "set_light": ["it's too dark in here, ", "I can't see a thing, ", "it's way too bright, "],
+    "set_thermostat": ["it's chilly, ", "it's cold in here, ", "it's boiling in here, ",
+                       "I'm too warm, "],
+    "set_hvac_mode": ["it's stuffy in here, ", "I'm cold, "],
+    "stop_music": ["I'm on a call, ", "the baby is asleep, "],
+    "set_volume": ["I can't hear it, ", "it's too loud, "],
+    "stop_vacuum": ["I'm on the phone, ", "the noise is driving me mad, "],
+    "lock_door": ["we're going to bed, ", "I'm heading out, "],
+    "set_blinds": ["the sun is in my eyes, ", "it's getting dark, "],
+    "activate_scene": ["guests are arriving, ", "we're heading out, "],
+}
 LABELS = ["roast", "eggs", "pasta", "laundry", "tea", "pizza", "bread", "nap",
           "homework", "cake", "rice", "workout", "meditation", "gym", "school",
           "meeting", "medicine", "pickup", "yoga", "work", "flight", "dog walk"]
@@ -181,6 +201,13 @@ class _VersionedRandom(random.Random):
     """``random.Random`` carrying the data version's knobs.  Version 1 draws through a
     plain ``Random``: its stream (and so the shipped recipe's data) is unchanged."""
     diverse = 0.0
+    more_phrasings = False
+
+
+def _v4(rng):
+    """Data version 4's extra phrasings.  Every use is ``_v4(rng) and rng.random() < p``,
+    so earlier versions draw nothing more and their streams stay byte-identical."""
+    return getattr(rng, "more_phrasings", False)
 
 
 _WORDS = None
@@ -243,6 +270,8 @@ def gen_set_light(rng):
     room, said = _room(rng)
     lights = _pick(rng, ["lights", "light", "lamps", "lighting", "lights"])
     r = rng.random()
+    if _v4(rng) and r >= 0.78 and rng.random() < 0.45:
+        r = rng.random() * 0.44      # version 4: a colour only in ~12 %, not 22 %
     args = {"room": room}
     notes = [f'room = "{room}" from "{said}"']
     if r < 0.22:
@@ -251,6 +280,10 @@ def gen_set_light(rng):
                              f"{verb} {_the(rng, lights)} in the {said}",
                              f"{verb.split()[0]} the {said} {lights} {verb.split()[1]}",
                              f"lights on in the {said}"])
+        if _v4(rng) and rng.random() < 0.35:
+            clause = _pick(rng, [f"{said} {lights} on", f"can I have the {said} {lights} on",
+                                 f"get the {lights} on in the {said}",
+                                 f"{lights} on in the {said}"])
         args["on"] = True
         notes.append('on = true from "on"')
     elif r < 0.44:
@@ -258,6 +291,9 @@ def gen_set_light(rng):
         clause = _pick(rng, [f"{verb} {_the(rng, said)} {lights}",
                              f"{verb} {_the(rng, lights)} in the {said}",
                              f"lights off in the {said}"])
+        if _v4(rng) and rng.random() < 0.35:
+            clause = _pick(rng, [f"{said} {lights} off", f"get the {lights} off in the {said}",
+                                 f"nobody's in the {said}, {lights} off"])
         args["on"] = False
         notes.append('on = false from "off"')
     elif r < 0.66:
@@ -277,6 +313,10 @@ def gen_set_light(rng):
             clause = _pick(rng, [f"{_pick(rng, ['set', 'put', 'turn'])} the {said} {lights} to full brightness",
                                  f"turn the {said} {lights} up to full brightness",
                                  f"{said} {lights} on full brightness"])
+            if _v4(rng) and rng.random() < 0.5:
+                said_n = _pick(rng, ["full brightness", "max brightness", "maximum brightness"])
+                clause = _pick(rng, [f"{said} {lights} to {said_n}", f"{said_n} in the {said}",
+                                     f"{lights} in the {said} to {said_n}"])
         else:
             said_n = _pct(rng, n)
             verb = _pick(rng, ["brighten", "brighten", "turn up", "raise"])
@@ -284,6 +324,8 @@ def gen_set_light(rng):
                                  f"{verb} the {said} to {said_n}",
                                  f"set the {said} {lights} to {said_n} brightness",
                                  f"set the {said} {lights} to {said_n}"])
+            if _v4(rng) and rng.random() < 0.3:
+                clause = _pick(rng, [f"{said} {lights} to {said_n}", f"{said} {lights} at {said_n}"])
         args["on"] = True
         args["brightness"] = n
         notes += ['on = true (brightness set)', f'brightness = {n} from "{said_n}"']
@@ -333,6 +375,9 @@ def gen_set_thermostat(rng):
                              f"set the temperature in the {said} to {said_t}",
                              f"set the heating in the {said} to {said_t}",
                              f"warm the {said} up to {said_t}"])
+        if _v4(rng) and rng.random() < 0.35:
+            clause = _pick(rng, [f"set the {said} to {said_t}", f"turn the {said} heating up to {said_t}",
+                                 f"{said} to {said_t}", f"get the {said} to {said_t}"])
         args["room"] = room
         notes.append(f'room = "{room}" from "{said}"')
     else:
@@ -378,6 +423,10 @@ def gen_lock_door(rng):
     door, said = _door(rng)
     clause = _pick(rng, [f"lock the {said}", f"lock up the {said}", f"make sure the {said} is locked",
                          f"secure the {said}", f"lock the {said} please", f"{said}, lock it"])
+    if _v4(rng) and rng.random() < 0.3:
+        clause = _pick(rng, [f"I left the {said} unlocked, lock it",
+                             f"the {said} is still unlocked, can you lock it",
+                             f"is the {said} locked? if not, lock it"])
     return clause, {"name": "lock_door", "arguments": {"door": door}}, [f'door = "{door}" from "{said}"']
 
 
@@ -448,6 +497,9 @@ def gen_play_music(rng):
     notes = [f'query = "{q}" from "{said}"']
     verb = _pick(rng, ["play", "play", "put on", "start playing", "queue up", "stream"])
     clause = f"{verb} {said}"
+    if _v4(rng) and rng.random() < 0.35:
+        verb = _pick(rng, ["put", "I want to hear", "throw on", "can you play", "let's hear"])
+        clause = f"{verb} {said}" + (" on" if verb == "put" else "")
     if rng.random() < 0.35:
         room, rsaid = _room(rng)
         clause += _pick(rng, [f" in the {rsaid}", f" in the {rsaid}", f" on the {rsaid} speaker"])
@@ -492,6 +544,13 @@ def gen_set_volume(rng):
                              f"change the speaker volume to {said}", f"put the volume at {said}"])
         notes.append(f'level = {level} from "{said}"')
     args["level"] = level
+    if _v4(rng) and level and rng.random() < 0.3:
+        room, rsaid = _room(rng)
+        clause = _pick(rng, [f"set the {rsaid} volume to {said}", f"{rsaid} volume to {said}",
+                             f"turn the {rsaid} speaker to {said}"])
+        args["room"] = room
+        notes.append(f'room = "{room}" from "{rsaid}"')
+        return clause, {"name": "set_volume", "arguments": args}, notes
     if rng.random() < 0.35:
         room, rsaid = _room(rng)
         clause += f" in the {rsaid}"
@@ -532,6 +591,20 @@ def gen_set_timer(rng):
     clause = _pick(rng, [f"set a timer for {said}", f"start a {said} timer",
                          f"timer for {said}", f"start a timer for {said}",
                          f"count down {said}", f"set a {said} timer"])
+    if _v4(rng) and rng.random() < 0.4:
+        # "a two hour timer", "a 25 minute pasta timer": the duration as an adjective
+        adj = _adjectival(said)
+        a = "" if adj.startswith(("a ", "an ")) else "a "
+        if rng.random() < 0.5:
+            label = _value(rng, LABELS, "label")
+            clause = _pick(rng, [f"start {a}{adj} {label} timer", f"set {a}{adj} {label} timer",
+                                 f"set a {label} timer for {said}", f"{label} timer for {said}",
+                                 f"{a}{adj} timer for the {label}"])
+            args["label"] = label
+            notes.append(f'label = "{label}"')
+        else:
+            clause = _pick(rng, [f"set {a}{adj} timer", f"start {a}{adj} timer", f"{a}{adj} timer please"])
+        return clause, {"name": "set_timer", "arguments": args}, notes
     if rng.random() < 0.4:
         label = _value(rng, LABELS, "label")
         clause += _pick(rng, [f" for the {label}", f" called {label}", f" labelled {label}",
@@ -541,8 +614,17 @@ def gen_set_timer(rng):
     return clause, {"name": "set_timer", "arguments": args}, notes
 
 
+def _adjectival(said):
+    """A duration as it stands before a noun: "two hours" → "two hour", "an hour" → "one hour"."""
+    if said == "an hour":
+        return "one hour"
+    return said.replace(" minutes", " minute").replace(" hours", " hour").replace(" mins", " min")
+
+
 def _clock(rng):
     """A spoken time of day and its 24-hour HH:MM form."""
+    if _v4(rng) and rng.random() < 0.25:
+        return _clock_relative(rng)
     r = rng.random()
     hour12 = rng.randint(1, 12)
     minute = rng.choice([0, 0, 0, 15, 30, 45, 5, 10, 20, 40, 50, rng.randint(0, 59)])
@@ -569,6 +651,25 @@ def _clock(rng):
         else:
             said = f"{hour12}:{minute:02d} {'pm' if pm else 'am'}"
     return f"{h24:02d}:{minute:02d}", said
+
+
+def _clock_relative(rng):
+    """Version 4: "quarter to eight in the morning", "ten past six pm" (minutes to or past
+    the hour, so "to" counts back from the hour said)."""
+    hour12 = rng.randint(1, 12)
+    pm = rng.random() < 0.4
+    h24 = (hour12 % 12) + (12 if pm else 0)
+    how, offset = _pick(rng, [("quarter to", -15), ("quarter past", 15), ("half past", 30),
+                              ("ten to", -10), ("twenty to", -20), ("five to", -5),
+                              ("ten past", 10), ("twenty past", 20), ("five past", 5),
+                              ("twenty-five past", 25)])
+    total = (h24 * 60 + offset) % 1440
+    if pm:
+        part = _pick(rng, ["in the evening" if h24 >= 17 else "in the afternoon", "pm", "p.m."])
+    else:
+        part = _pick(rng, ["in the morning", "am", "a.m."])
+    said = f"{how} {number_words(hour12) if rng.random() < 0.7 else hour12} {part}"
+    return f"{total // 60:02d}:{total % 60:02d}", said
 
 
 def gen_set_alarm(rng):
@@ -627,6 +728,11 @@ def gen_stop_vacuum(rng):
                          "stop the robot vacuum", "dock the vacuum", "stop vacuuming",
                          "tell the vacuum to go home", "stop the hoover",
                          "send the vacuum cleaner back to the dock"])
+    if _v4(rng) and rng.random() < 0.3:
+        vac = _pick(rng, ["vacuum", "hoover", "robot vacuum", "vacuum cleaner"])
+        clause = _pick(rng, [f"the {vac} is too noisy, stop it",
+                             f"the {vac} keeps bumping into things, send it back to the dock",
+                             f"the {vac} is stuck, stop it"])
     return clause, {"name": "stop_vacuum", "arguments": {}}, ["no arguments"]
 
 
@@ -719,7 +825,10 @@ def gen_add_to_shopping_list(rng):
 
 
 def gen_send_notification(rng):
-    message = _value(rng, MESSAGES, "message")
+    if _v4(rng) and rng.random() < 0.25:
+        message = _pick(rng, MESSAGES_V4)
+    else:
+        message = _value(rng, MESSAGES, "message")
     args = {"message": message}
     notes = [f'message = "{message}"']
     r = rng.random()
@@ -738,6 +847,9 @@ def gen_send_notification(rng):
                                  f"send a message to {who_said} saying {message}",
                                  f"let {who_said} know that {message}",
                                  f"message {who_said}: {message}"])
+            if _v4(rng) and rng.random() < 0.4:
+                clause = _pick(rng, [f"let {who_said} know {message}", f"tell {who_said} {message}",
+                                     f"text {who_said}: {message}", f"ping {who_said} that {message}"])
         args["recipient"] = recipient
         notes.append(f'recipient = "{recipient}" from "{who_said}"')
     else:
@@ -1153,15 +1265,19 @@ class Generator:
         """``version`` 1 is the shipped model's first data; 2 adds open-pool free-string
         values (half of them), retrieval-ranked distractors (half of the tool lists) and
         tool results serialised as the agent sends them (``json.dumps`` defaults); 3 is
-        version 2 with follow-up requests packed after the first (``_pack``)."""
-        if version not in (1, 2, 3):
-            raise ValueError(f"data version must be 1, 2 or 3, got {version!r}")
+        version 2 with follow-up requests packed after the first (``_pack``); 4 is
+        version 3 with more phrasings (``_v4``: durations as adjectives, labels before
+        "timer", "quarter to eight", verbless and pronoun requests, prefaces, messages
+        with contractions, fewer unasked light colours) and more three-call requests."""
+        if version not in (1, 2, 3, 4):
+            raise ValueError(f"data version must be 1, 2, 3 or 4, got {version!r}")
         self.version = version
         if version == 1:
             self.rng = random.Random(seed)
         else:
             self.rng = _VersionedRandom(seed)
             self.rng.diverse = 0.5
+            self.rng.more_phrasings = version >= 4
         self.catalogue = catalogue or load_catalogue()
         self.by_name = {t["name"]: t for t in self.catalogue}
         self.think_rate = think_rate
@@ -1195,6 +1311,10 @@ class Generator:
             notes.append(note)
         if n_calls == 1:
             query = _wrap(rng, clauses[0])
+            if _v4(rng) and rng.random() < 0.15:
+                reasons = REASONS.get(names[0], [])
+                lead = _pick(rng, reasons) if reasons and rng.random() < 0.5 else _pick(rng, PREFACES)
+                query = lead + query
         else:
             text = clauses[0]
             for c in clauses[1:]:
@@ -1251,7 +1371,7 @@ class Generator:
             query, calls, notes = self._home_calls(1)
             kind = "single"
         elif r < 0.68:
-            query, calls, notes = self._home_calls(rng.choice([2, 2, 3]))
+            query, calls, notes = self._home_calls(rng.choice([2, 2, 3] if self.version < 4 else [2, 2, 3, 3]))
             kind = "multi"
         elif r < 0.84:
             kind = "refuse"
@@ -1420,7 +1540,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("-n", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--version", type=int, default=1, choices=(1, 2, 3))
+    parser.add_argument("--version", type=int, default=1, choices=(1, 2, 3, 4))
     parser.add_argument("--eval-cases", action="store_true",
                         help="write single-turn cases in the needle_cy.eval format instead")
     args = parser.parse_args(argv)
