@@ -192,6 +192,13 @@ cdef class EngineState:
     cdef public cnp.ndarray tokens       # [max(order)-1] last tokens
     cdef public list pools               # per head: (max [R,k], denom [R,k], weighted [R,k,d])
 
+    @property
+    def nbytes(self):
+        """Bytes its arrays hold (a snapshot holds only the KV slots in use)."""
+        arrays = [self.k_cache, self.v_cache, self.conv_q, self.conv_k, self.conv_v,
+                  self.value_hist, self.tokens] + [a for pool in self.pools for a in pool]
+        return sum(a.nbytes for a in arrays if a is not None)
+
 
 cdef class CythonEngine:
     """Fast Needle 3 engine; interface of ``needle_cy.reference.model.ReferenceEngine``."""

@@ -12,6 +12,10 @@
 A conversation is the trained template (``needle_cy.prompt``): the BOS + system + tools
 prefix is prefilled once per tool selection and kept as a model snapshot (prefix KV
 caching); every turn prefills only its new tokens, and ``reset()`` rewinds to the prefix.
+A new tool selection starts from the longest already-prefilled run of its tokens
+(``_PrefixCheckpoints``): the tools are rendered in catalogue order, so selections share
+their leading tools, and about half of the prefix tokens of a stream of requests have been
+prefilled before.
 Which tools the prefix holds is decided at the first turn of a conversation by
 ``needle_cy.retrieval`` and stays fixed for that conversation.
 """
@@ -37,6 +41,7 @@ __all__ = ["Needle", "extract", "DEFAULT_MODEL_PATH"]
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "models" / "default.cact"
 _PREFIX_CACHE_SIZE = 4
+_PREFILL_CHUNK = 64       # prefix tokens per prefill call; checkpoints sit at its multiples
 
 
 def _peak_ram_mb():
@@ -53,6 +58,43 @@ class _Prefix:
         self.conversation = conversation
         self.grammar = grammar
         self.snapshot = None
+        self.reused = 0          # prefix tokens the last restore took from a snapshot
+
+
+class _PrefixCheckpoints:
+    """Model snapshots taken at every ``_PREFILL_CHUNK`` boundary of the prefixes prefilled
+    so far, keyed by the token ids before the boundary; the least recently used go first
+    beyond ``max_bytes``.  Restoring one and prefilling the rest in the same aligned chunks
+    computes exactly what a prefill from position 0 computes."""
+
+    def __init__(self, max_bytes):
+        self.max_bytes = int(max_bytes)
+        self.bytes = 0
+        self._snaps = OrderedDict()      # ids tuple → (snapshot, bytes)
+
+    def __len__(self):
+        return len(self._snaps)
+
+    def longest(self, ids):
+        """(n, snapshot) for the longest cached run ``ids[:n]``, or (0, None)."""
+        for n in range(len(ids) // _PREFILL_CHUNK * _PREFILL_CHUNK, 0, -_PREFILL_CHUNK):
+            key = tuple(ids[:n])
+            hit = self._snaps.get(key)
+            if hit is not None:
+                self._snaps.move_to_end(key)
+                return n, hit[0]
+        return 0, None
+
+    def add(self, ids, snap):
+        key = tuple(ids)
+        size = int(getattr(snap, "nbytes", 0))
+        if key in self._snaps or not 0 < size <= self.max_bytes:
+            return
+        self._snaps[key] = (snap, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, old) = self._snaps.popitem(last=False)
+            self.bytes -= old
 
 
 class Needle:
@@ -78,6 +120,9 @@ class Needle:
     escalate_below: with a confidence head, a turn whose ``confidence`` is below this
         returns ``escalate: true`` and its calls in ``suppressed_calls`` (not executed by
         ``run``); ``None`` turns escalation off.
+    prefix_checkpoint_mb: memory for model snapshots along prefilled prefixes, from which
+        a new tool selection resumes at its longest already-prefilled run of tokens
+        (``_PrefixCheckpoints``); 0 turns this off.
     """
 
     def __init__(self, model=None, tools=(), system=None, max_calls_per_turn=4,
@@ -85,7 +130,7 @@ class Needle:
                  reasoning_limit=256, constrained=True, threads=None, backend="cython",
                  max_new_tokens=512, string_token_cap=64, tool_index_path=None,
                  tokenizer=None, stateless=False, force_call=False, auto_date=False,
-                 escalate_below=0.1, ground_values=True):
+                 escalate_below=0.1, ground_values=True, prefix_checkpoint_mb=32):
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -112,6 +157,9 @@ class Needle:
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self._prefixes = OrderedDict()
+        if float(prefix_checkpoint_mb) < 0:
+            raise ValueError(f"prefix_checkpoint_mb must be >= 0, got {prefix_checkpoint_mb!r}")
+        self._checkpoints = _PrefixCheckpoints(float(prefix_checkpoint_mb) * 2 ** 20)
         self._active = None            # the _Prefix of the conversation in progress
         self._tool_tokens = None
         self._ranker = None
@@ -307,22 +355,35 @@ class Needle:
         t0 = time.perf_counter()
         if entry.snapshot is not None:
             model.restore(entry.snapshot)
+            entry.reused = len(entry.conversation.prefix_ids)
             return 0.0
-        model.reset()
-        ids = entry.conversation.prefix_ids
-        self._pin_prefix(len(ids))
+        ids = list(entry.conversation.prefix_ids)
         max_seq = int(getattr(model.config, "max_seq_len", 1 << 30))
         if len(ids) + 8 > max_seq:
             from .errors import ContextOverflowError
             raise ContextOverflowError(
                 f"the system text and tools take {len(ids)} tokens but the model's context is "
                 f"{max_seq}; pass fewer tools, a tool_token_budget, or a shorter system text")
-        for i in range(0, len(ids), 64):
+        # A prefix longer than the KV window wraps it under its own sink count, so its
+        # states depend on more than its tokens: no checkpoints there.
+        window = getattr(model, "kv_window", None)
+        checkpoints = window is None or len(ids) < int(window)
+        start, snap = self._checkpoints.longest(ids) if checkpoints else (0, None)
+        if snap is not None:
+            model.restore(snap)
+        else:
+            model.reset()
+        self._pin_prefix(len(ids))
+        for i in range(start, len(ids), _PREFILL_CHUNK):
             if self._cancel.is_set():
                 model.reset()
                 raise Cancelled("prefill")
-            model.prefill(list(ids[i:i + 64]))
+            end = min(i + _PREFILL_CHUNK, len(ids))
+            model.prefill(ids[i:end])
+            if checkpoints and end % _PREFILL_CHUNK == 0 and end < len(ids):
+                self._checkpoints.add(ids[:end], model.snapshot())
         entry.snapshot = model.snapshot()
+        entry.reused = start
         return time.perf_counter() - t0
         yield  # pragma: no cover  (makes this a generator)
 
@@ -364,7 +425,8 @@ class Needle:
         escalate = bool(calls and self.escalate_below is not None and res.head_confidence is not None
                         and res.confidence is not None and res.confidence < self.escalate_below)
         prefill_s = res.prefill_s + prefix_s
-        n_prefill = res.n_prefill + (len(entry.conversation.prefix_ids) if prefix_s > 0 else 0)
+        n_prefix = len(entry.conversation.prefix_ids) - entry.reused if prefix_s > 0 else 0
+        n_prefill = res.n_prefill + n_prefix
         decode_s = res.reasoning_s + res.constrained_s
         return {
             "type": "call",
@@ -386,7 +448,7 @@ class Needle:
                         "grammar_s": res.grammar_s, "n_backtracks": res.n_backtracks,
                         "n_prefill": res.n_prefill,
                         "n_reasoning": res.n_reasoning, "n_constrained": res.n_constrained,
-                        "n_prefix": len(entry.conversation.prefix_ids) if prefix_s > 0 else 0},
+                        "n_prefix": n_prefix, "n_prefix_reused": entry.reused if prefix_s > 0 else 0},
         }
 
     def complete(self, text, max_new_tokens=None):

@@ -469,3 +469,39 @@ def test_tool_token_budget_takes_the_best_prefix_that_fits(tok):
     assert len(chosen) == 2 and "tool_2" in chosen
     agent.tool_token_budget = sum(costs)
     assert len(agent.select_tools("anything")) == 4
+
+
+class _Snap:
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+
+def test_prefix_checkpoints_find_the_longest_run_and_keep_to_their_budget():
+    chunk = agent_mod._PREFILL_CHUNK
+    ids = list(range(3 * chunk + 5))
+    cp = agent_mod._PrefixCheckpoints(max_bytes=250)
+    assert cp.longest(ids) == (0, None)
+    a, b = _Snap(100), _Snap(100)
+    cp.add(ids[:chunk], a)
+    cp.add(ids[:2 * chunk], b)
+    assert cp.longest(ids) == (2 * chunk, b)
+    assert cp.longest(ids[:2 * chunk - 1]) == (chunk, a)           # only whole chunks count
+    assert cp.longest([7] + ids[1:]) == (0, None)                  # the tokens, not the length
+    cp.add(ids[:chunk], _Snap(100))                                 # already there: kept as is
+    assert cp.longest(ids[:chunk]) == (chunk, a) and cp.bytes == 200
+    c = _Snap(100)
+    cp.add(ids[:3 * chunk], c)              # over budget: the least recently used (b) goes
+    assert cp.bytes == 200 and len(cp) == 2
+    assert cp.longest(ids) == (3 * chunk, c)
+    assert cp.longest(ids[:2 * chunk]) == (chunk, a)
+    cp.add(list(range(1000, 1000 + chunk)), _Snap(251))             # bigger than the budget
+    cp.add(list(range(2000, 2000 + chunk)), _Snap(0))               # size unknown
+    assert len(cp) == 2
+    off = agent_mod._PrefixCheckpoints(max_bytes=0)
+    off.add(ids[:chunk], _Snap(1))
+    assert len(off) == 0
+
+
+def test_prefix_checkpoint_budget_must_not_be_negative(tok):
+    with pytest.raises(ValueError, match="prefix_checkpoint_mb"):
+        make_agent(tok, [], prefix_checkpoint_mb=-1)

@@ -75,3 +75,28 @@ def test_fixed_requests(agent, request_text, expected):
     got = predicted_calls(response)
     assert calls_equal(expected, got), f"{request_text!r}: got {got}"
     assert response["escalate"] is False and 0.1 <= response["confidence"] <= 1.0
+
+
+def test_a_new_tool_selection_resumes_from_a_prefix_checkpoint_exactly(catalogue):
+    """Tools render in catalogue order, so selections share leading tools: the second
+    request restores the checkpoint at the longest shared 64-token run and prefills the
+    rest; what it computes is bit-identical to a prefill from position 0."""
+    import numpy as np
+    from needle_cy.agent import Needle
+
+    first, second = "Play some jazz in the office", "What is the humidity in the bathroom?"
+    cached = Needle(model=None, tools=catalogue)
+    fresh = Needle(model=None, tools=catalogue, prefix_checkpoint_mb=0)
+    assert cached.select_tools(first) != cached.select_tools(second)
+    cached.complete(first)
+    cached.reset()
+    got = cached.complete(second)
+    want = fresh.complete(second)
+    reused = got["timings"]["n_prefix_reused"]
+    assert reused > 0 and reused % 64 == 0
+    assert got["timings"]["n_prefix"] + reused == len(cached._active.conversation.prefix_ids)
+    assert want["timings"]["n_prefix_reused"] == 0 and len(fresh._checkpoints) == 0
+    for key in ("function_calls", "confidence", "reasoning"):
+        assert got[key] == want[key]
+    token = cached.tokenizer.encode("ok", dummy_prefix=False)[0]
+    assert np.array_equal(cached.model.step(token), fresh.model.step(token))

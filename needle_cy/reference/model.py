@@ -74,6 +74,16 @@ class EngineState:
     def copy(self):
         return copy.deepcopy(self)
 
+    @property
+    def nbytes(self):
+        """Bytes its arrays hold."""
+        arrays = [self.tokens] + list(self.value_history)
+        for layer in self.layers:
+            arrays += [layer.conv_q, layer.conv_k, layer.conv_v, layer.k_cache, layer.v_cache, layer.kv_pos]
+        for pool in self.pools.values():
+            arrays += [pool.max, pool.denom, pool.weighted]
+        return sum(a.nbytes for a in arrays if a is not None)
+
 
 class ReferenceEngine:
     """Readable NumPy Needle 3 engine; see the module docstring for the interface."""
