@@ -213,7 +213,7 @@ def predicted_calls(response, include_suppressed=False):
 
 
 def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
-              backend=None, ground_values=True):
+              backend=None, ground_values=True, prefix_checkpoint_mb=None):
     from needle_cy.agent import Needle
 
     agents = {}
@@ -225,6 +225,8 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
         agent = agents.get(key)
         if agent is None:
             kwargs = {"model": model, "tools": case_tools, "ground_values": ground_values}
+            if prefix_checkpoint_mb is not None:
+                kwargs["prefix_checkpoint_mb"] = prefix_checkpoint_mb
             if threads:
                 kwargs["threads"] = threads
             if backend:
@@ -261,6 +263,9 @@ def main(argv=None):
                         help="count suppressed (escalated) calls as predictions")
     parser.add_argument("--no-grounding", action="store_true",
                         help="decode string values without value grounding (for comparison)")
+    parser.add_argument("--prefix-checkpoint-mb", type=float,
+                        help="the agent's prefix checkpoint memory (0: every new tool selection "
+                             "prefills its whole prefix, the cold latency)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each wrong case")
     args = parser.parse_args(argv)
 
@@ -277,9 +282,11 @@ def main(argv=None):
                   + (f"\n  error {rec['error']}" if rec["error"] else ""), file=sys.stderr)
 
     records = run_cases(cases, tools, args.model, args.threads, args.include_suppressed, progress,
-                        args.backend, ground_values=not args.no_grounding)
+                        args.backend, ground_values=not args.no_grounding,
+                        prefix_checkpoint_mb=args.prefix_checkpoint_mb)
     summary = summarize(records)
     summary["grounding"] = not args.no_grounding
+    summary["prefix_checkpoint_mb"] = args.prefix_checkpoint_mb
     summary["model"] = args.model or "default"
     summary["data"] = args.data
     if args.out:

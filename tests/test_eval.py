@@ -144,3 +144,23 @@ def test_default_catalogue_is_the_shared_one():
     shared = json.loads(shared_path("eval", "home_tools.json").read_text())
     packaged = json.loads(ev.DEFAULT_TOOLS.read_text())
     assert packaged == shared
+
+
+def test_main_runs_the_default_model_cold_or_with_prefix_checkpoints(tmp_path, capsys):
+    """The command line scores the packaged model; ``--prefix-checkpoint-mb 0`` turns the
+    agent's prefix checkpoints off (the cold latency) and changes no prediction."""
+    cases = [{"id": f"c{i}", "category": "single", "query": q,
+              "answers": [call("set_light", room="kitchen", on=True)]}
+             for i, q in enumerate(["turn on the kitchen lights", "kitchen lights on please",
+                                    "switch the kitchen light on"])]
+    data = tmp_path / "cases.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    runs = []
+    for extra in ([], ["--prefix-checkpoint-mb", "0"]):
+        out = tmp_path / f"records{len(runs)}.jsonl"
+        assert ev.main(["--data", str(data), "--json", "--out", str(out)] + extra) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["cases"] == 3 and summary["schema_valid"] == 1.0
+        assert summary["prefix_checkpoint_mb"] == (0 if extra else None)
+        runs.append([json.loads(line)["predicted"] for line in out.read_text().splitlines()])
+    assert runs[0] == runs[1]
