@@ -254,65 +254,100 @@ cdef extern from *:
         return nc_cq_hsum(total);
     }
 
-    /* One row · NT rotated activations (matmul), ADDED to y[t·y_stride]: each step is
-       decoded once and scaled by the lane norms, then used by NT independent
-       accumulators. */
-    NC_CQ_INLINE void nc_cq_row_tokens_fb(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                          const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
-                                          int g, const float* table, float* y, ptrdiff_t y_stride,
-                                          const int fb, const int NT) {
+    /* The matmul's weights, decoded: chunks c0 … c0 + nc − 1 of one row into float32
+       in the lane order of the rotated activation (xp), every codeword times its
+       group norm.  These are exactly the scaled steps the per-row loop of earlier
+       versions multiplied with; decoding them once per row and block of up to
+       64 tokens (instead of once per 8 tokens) takes the shuffles out of the
+       token loop.  c is the absolute chunk index (norms and packed bytes are
+       addressed from the row start), so a slice need not start at a group. */
+    NC_CQ_INLINE void nc_cq_decode_scaled_fb(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                             ptrdiff_t c0, ptrdiff_t nc, int g, const float* table,
+                                             float* out, const int fb) {
         const int F = (fb == 3) ? 8 : 32 / fb;
         const int C = 8 * F;
         const int CB = (fb == 3) ? 24 : 32;
         const __m256 tlo = _mm256_loadu_ps(table), thi = _mm256_loadu_ps(table + 8);
         const int g_shift = __builtin_ctz((unsigned)g);
         const __m256i lane_groups = nc_cq_lane_groups(F, g);
-        __m256 acc[8];
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
         if (fb == 4) {
             __m256i T[4];
             nc_cq_byte_planes(table, T);
             const __m256i low4 = _mm256_set1_epi8(0x0f);
-            for (ptrdiff_t c = 0; c < n_chunks; c++) {
+            for (ptrdiff_t c = c0; c < c0 + nc; c++) {
                 const __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
                 const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
-                const float* xc = xp + c * C;
+                float* oc = out + (c - c0) * C;
                 __m256 w[8];
                 nc_cq_decode4_bytes(_mm256_and_si256(v, low4), T, w);
                 nc_cq_decode4_bytes(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), T, w + 4);
-                for (int s = 0; s < 8; s++) {
-                    const __m256 ws = _mm256_mul_ps(w[s], nv);
-                    for (int t = 0; t < NT; t++)
-                        acc[t] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
-                }
+                for (int s = 0; s < 8; s++) _mm256_storeu_ps(oc + 8 * s, _mm256_mul_ps(w[s], nv));
             }
-            for (int t = 0; t < NT; t++) y[t * y_stride] += nc_cq_hsum(acc[t]);
             return;
         }
-        for (ptrdiff_t c = 0; c < n_chunks; c++) {
+        for (ptrdiff_t c = c0; c < c0 + nc; c++) {
             __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
             const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
-            const float* xc = xp + c * C;
+            float* oc = out + (c - c0) * C;
             if (g >= C) {
-                /* one norm for the whole chunk: scale the register codebook once
-                   instead of every decoded step */
+                /* one norm for the whole chunk: scale the register codebook once */
                 const __m256 tl = _mm256_mul_ps(tlo, nv), th = _mm256_mul_ps(thi, nv);
                 for (int s = 0; s < F; s++) {
-                    const __m256 w = nc_cq_decode(v, tl, th, fb);
-                    for (int t = 0; t < NT; t++)
-                        acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
+                    _mm256_storeu_ps(oc + 8 * s, nc_cq_decode(v, tl, th, fb));
                     v = _mm256_srli_epi32(v, fb);
                 }
             } else {
                 for (int s = 0; s < F; s++) {
-                    const __m256 w = _mm256_mul_ps(nc_cq_decode(v, tlo, thi, fb), nv);
-                    for (int t = 0; t < NT; t++)
-                        acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
+                    _mm256_storeu_ps(oc + 8 * s, _mm256_mul_ps(nc_cq_decode(v, tlo, thi, fb), nv));
                     v = _mm256_srli_epi32(v, fb);
                 }
             }
         }
-        for (int t = 0; t < NT; t++) y[t * y_stride] += nc_cq_hsum(acc[t]);
+    }
+
+    /* tile[t·ts] += Σ_k wd[k] · x[t·xs + k] for one decoded row and TT ≤ 8 tokens, k over
+       n_vec steps of 8: one weight load feeds TT FMAs.  Each lane accumulates its
+       products in the same order as the single-row loop of earlier versions, then
+       one horizontal sum, so a matmul gives the same bits as before.  (1 row × 8
+       tokens measured faster on Zen 3 than 2×4, 2×6, 3×3 or 4×3 register tiles:
+       ~14 MAC/cycle, close to the two-FMA-per-cycle peak.) */
+    NC_CQ_INLINE void nc_cq_dot_row(const float* wd, const float* x, ptrdiff_t xs, ptrdiff_t n_vec,
+                                    float* tile, ptrdiff_t ts, const int TT) {
+        __m256 acc[8];
+        for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
+        for (ptrdiff_t k = 0; k < 8 * n_vec; k += 8) {
+            const __m256 wv = _mm256_loadu_ps(wd + k);
+            for (int t = 0; t < TT; t++)
+                acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * xs + k), acc[t]);
+        }
+        for (int t = 0; t < TT; t++) tile[t * ts] += nc_cq_hsum(acc[t]);
+    }
+
+    NC_CQ_INLINE void nc_cq_dot_rows(const float* wd, ptrdiff_t ws, int nr, const float* x, ptrdiff_t xs,
+                                     ptrdiff_t n_vec, float* tile, ptrdiff_t ts, const int TT) {
+        for (int r = 0; r < nr; r++)
+            nc_cq_dot_row(wd + r * ws, x, xs, n_vec, tile + r, ts, TT);
+    }
+
+    /* tile[t·ts + r] += decoded row r · token t for nr rows (row stride ws) and nt tokens
+       (row stride xs), eight tokens at a time: their slice of x stays in L1 while
+       every decoded row passes over it. */
+    static NC_CQ_TARGET void nc_cq_dot_tiles(const float* wd, ptrdiff_t ws, int nr, const float* x,
+                                             ptrdiff_t xs, int nt, ptrdiff_t n_vec, float* tile,
+                                             ptrdiff_t ts) {
+        int t = 0;
+        for (; t + 8 <= nt; t += 8)
+            nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 8);
+        switch (nt - t) {  /* the remaining tokens, as a compile-time count each */
+        case 7: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 7); break;
+        case 6: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 6); break;
+        case 5: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 5); break;
+        case 4: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 4); break;
+        case 3: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 3); break;
+        case 2: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 2); break;
+        case 1: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 1); break;
+        default: break;
+        }
     }
 
     #define NC_CQ_SPECIALISE(FB)                                                               \\
@@ -323,21 +358,9 @@ cdef extern from *:
             y[r] = nc_cq_row_dot_fb(packed + r * row_bytes, end, norms + r * norm_stride,      \\
                                     xp, n_chunks, g, table, FB);                               \\
     }                                                                                          \\
-    static NC_CQ_TARGET void nc_cq_row_tokens_##FB(const uint8_t* row, const uint8_t* end,     \\
-            const float* nrow, const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks, int g, \\
-            const float* table, int nt, float* y, ptrdiff_t y_stride) {                        \\
-        for (; nt >= 8; nt -= 8, xp += 8 * xp_stride, y += 8 * y_stride)                      \\
-            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 8); \\
-        if (nt >= 4) {                                                                         \\
-            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 4); \\
-            nt -= 4; xp += 4 * xp_stride; y += 4 * y_stride;                                   \\
-        }                                                                                      \\
-        if (nt >= 2) {                                                                         \\
-            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 2); \\
-            nt -= 2; xp += 2 * xp_stride; y += 2 * y_stride;                                   \\
-        }                                                                                      \\
-        if (nt)                                                                                \\
-            y[0] += nc_cq_row_dot_fb(row, end, nrow, xp, n_chunks, g, table, FB);              \\
+    static NC_CQ_TARGET void nc_cq_decode_scaled_##FB(const uint8_t* row, const uint8_t* end,  \\
+            const float* nrow, ptrdiff_t c0, ptrdiff_t nc, int g, const float* table, float* out) { \\
+        nc_cq_decode_scaled_fb(row, end, nrow, c0, nc, g, table, out, FB);                     \\
     }
     NC_CQ_SPECIALISE(1)
     NC_CQ_SPECIALISE(2)
@@ -357,15 +380,14 @@ cdef extern from *:
         }
     }
 
-    static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                      const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
-                                      int fb, int g, const float* table, int nt,
-                                      float* y, ptrdiff_t y_stride) {
+    static void nc_cq_avx2_decode_scaled(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                         ptrdiff_t c0, ptrdiff_t nc, int fb, int g, const float* table,
+                                         float* out) {
         switch (fb) {
-        case 1: nc_cq_row_tokens_1(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
-        case 2: nc_cq_row_tokens_2(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
-        case 3: nc_cq_row_tokens_3(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
-        default: nc_cq_row_tokens_4(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
+        case 1: nc_cq_decode_scaled_1(row, end, nrow, c0, nc, g, table, out); break;
+        case 2: nc_cq_decode_scaled_2(row, end, nrow, c0, nc, g, table, out); break;
+        case 3: nc_cq_decode_scaled_3(row, end, nrow, c0, nc, g, table, out); break;
+        default: nc_cq_decode_scaled_4(row, end, nrow, c0, nc, g, table, out); break;
         }
     }
     /* In-place Walsh–Hadamard transform of n = 2^k ≥ 8 floats, times scale.  Blocks of
@@ -441,10 +463,11 @@ cdef extern from *:
 
     #else
     static int nc_cq_cpu_has_avx2(void) { return 0; }
-    static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                      const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
-                                      int fb, int g, const float* table, int nt,
-                                      float* y, ptrdiff_t y_stride) {}
+    static void nc_cq_avx2_decode_scaled(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                         ptrdiff_t c0, ptrdiff_t nc, int fb, int g, const float* table,
+                                         float* out) {}
+    static void nc_cq_dot_tiles(const float* wd, ptrdiff_t ws, int nr, const float* x,
+                                ptrdiff_t xs, int nt, ptrdiff_t n_vec, float* tile, ptrdiff_t ts) {}
     static void nc_cq_fwht_avx2(float* v, ptrdiff_t n, float scale) {}
     static void nc_cq_avx2_rows_dot(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
                                     const float* norms, ptrdiff_t norm_stride, const float* xp,
@@ -471,18 +494,20 @@ cdef extern from *:
                              const float* norms, Py_ssize_t norm_stride, const float* xp,
                              Py_ssize_t n_chunks, int fb, int g, const float* table,
                              Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
-    void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
-                               const float* xp, Py_ssize_t xp_stride, Py_ssize_t n_chunks,
-                               int fb, int g, const float* table, int nt,
-                               float* y, Py_ssize_t y_stride) noexcept nogil
+    void nc_cq_avx2_decode_scaled(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                  Py_ssize_t c0, Py_ssize_t nc, int fb, int g, const float* table,
+                                  float* out) noexcept nogil
+    void nc_cq_dot_tiles(const float* wd, Py_ssize_t ws, int nr, const float* x, Py_ssize_t xs,
+                         int nt, Py_ssize_t n_vec, float* tile, Py_ssize_t ts) noexcept nogil
 
 
 TERNARY_BITS = 5
 # Below this many multiply–adds per thread an OpenMP fork costs more than it saves.
 cdef Py_ssize_t MIN_MACS_PER_THREAD = 65536
 # Matmul blocking: rows that share one block of rotated tokens while it is in L1/L2.
-cdef Py_ssize_t ROW_BLOCK = 16     # the tile in _matmul_rows_simd holds TOKEN_BLOCK × ROW_BLOCK
-cdef Py_ssize_t TOKEN_BLOCK = 8
+cdef Py_ssize_t ROW_BLOCK = 16     # the tile in _matmul_rows_simd holds TOKEN_TILE × ROW_BLOCK
+DEF TOKEN_TILE = 64                # tokens per pass over a block of decoded rows (one prefill chunk)
+DEF DECODE_FLOATS = 12288          # decoded-weight buffer: 16 rows × 768 fields (48 KB, on the stack)
 cdef Py_ssize_t MATVEC_ROW_BLOCK = 32  # rows per parallel task of the matvec
 cdef Py_ssize_t SLICE_FIELDS = 768   # matmul column slice (see _matmul_rows_simd)
 cdef Py_ssize_t SCALAR_PIECE = 1024  # stack buffer of the scalar matmul (vals in _matmul_row_scalar)
@@ -684,17 +709,22 @@ cdef void cq_matvec(const CQView* w, const float* x, float* y, float* work,
 
 cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const float* xp,
                             Py_ssize_t n_tokens, float* Y, Py_ssize_t y_stride) noexcept nogil:
-    """Rows r0..r1 (≤ ROW_BLOCK) for every token, TOKEN_BLOCK tokens at a time.
+    """Rows r0..r1 (≤ ROW_BLOCK) for every token, TOKEN_TILE tokens at a time.
 
-    Results are summed in a small tile first: written straight into Y, the outputs
-    of one row for 8 tokens would be y_stride apart (64 KB for the head), all in
-    the same L1 set.  Long rows go in column slices of about SLICE_FIELDS so that
-    the slice of 8 rotated tokens (8 × 768 × 4 B = 24 KB) stays in L1 while the
-    16 rows use it."""
-    cdef Py_ssize_t t0, t, r, P = w.padded_len, nr = r1 - r0
+    For each column slice the rows are decoded once into float32 (codeword × norm,
+    in the lane order of xp), then each decoded row is multiplied with every
+    token of the tile, eight tokens per pass (nc_cq_dot_tiles).  Decoding costs about as
+    much as 8 FMAs per weight vector, so doing it once per 64 tokens instead of
+    once per 8 is most of the gain.  Long rows go in column slices of about
+    SLICE_FIELDS (16 decoded rows of 768 fields: 48 KB, mostly L1/L2 resident);
+    the partial sums of the slices are added in a small tile, which also keeps
+    the outputs of a row for several tokens (y_stride apart) out of one L1 set."""
+    cdef Py_ssize_t t0, t, r, ra, P = w.padded_len, nr = r1 - r0
     cdef Py_ssize_t C = w.chunk_fields, g = w.group_size, c0, nc, slice_chunks, unit
+    cdef Py_ssize_t rows_per_decode, n_dec
     cdef int nt
-    cdef float tile[8 * 16]  # TOKEN_BLOCK × ROW_BLOCK
+    cdef float tile[TOKEN_TILE * 16]  # TOKEN_TILE × ROW_BLOCK
+    cdef float wdec[DECODE_FLOATS]
     if nr > ROW_BLOCK:  # never for the callers below; keeps the tile in bounds regardless
         r = r0
         while r < r1:
@@ -702,26 +732,35 @@ cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const
                               n_tokens, Y, y_stride)
             r += ROW_BLOCK
         return
-    # slices start at whole groups and whole chunks (both powers of two)
+    # slices start at whole groups and whole chunks (both powers of two), and a
+    # slice of one row always fits the decode buffer (C ≤ 256 divides DECODE_FLOATS)
     unit = g if g > C else C
     slice_chunks = (SLICE_FIELDS + unit - 1) // unit * unit // C
+    if slice_chunks * C > DECODE_FLOATS:
+        slice_chunks = DECODE_FLOATS // C
     t0 = 0
     while t0 < n_tokens:
-        nt = <int>(n_tokens - t0 if n_tokens - t0 < TOKEN_BLOCK else TOKEN_BLOCK)
+        nt = <int>(n_tokens - t0 if n_tokens - t0 < TOKEN_TILE else TOKEN_TILE)
         memset(tile, 0, sizeof(tile))
         c0 = 0
         while c0 < w.n_chunks:
             nc = w.n_chunks - c0 if w.n_chunks - c0 < slice_chunks else slice_chunks
-            for r in range(r0, r1):
-                nc_cq_avx2_row_tokens(w.packed + r * w.row_bytes + c0 * w.chunk_bytes, w.packed_end,
-                                      w.norms + r * w.norm_stride + (c0 * C) // g,
-                                      xp + t0 * P + c0 * C, P, nc,
-                                      w.field_bits, w.group_size, w.simd_table, nt,
-                                      tile + (r - r0), ROW_BLOCK)
+            rows_per_decode = DECODE_FLOATS // (nc * C)
+            ra = r0
+            while ra < r1:
+                n_dec = r1 - ra if r1 - ra < rows_per_decode else rows_per_decode
+                for r in range(ra, ra + n_dec):
+                    nc_cq_avx2_decode_scaled(w.packed + r * w.row_bytes, w.packed_end,
+                                             w.norms + r * w.norm_stride, c0, nc,
+                                             w.field_bits, w.group_size, w.simd_table,
+                                             wdec + (r - ra) * nc * C)
+                nc_cq_dot_tiles(wdec, nc * C, <int>n_dec, xp + t0 * P + c0 * C, P, nt,
+                                nc * C // 8, tile + (ra - r0), ROW_BLOCK)
+                ra += n_dec
             c0 += nc
         for t in range(nt):
             memcpy(Y + (t0 + t) * y_stride + r0, tile + t * ROW_BLOCK, nr * sizeof(float))
-        t0 += TOKEN_BLOCK
+        t0 += nt
 
 
 cdef void _matmul_row_scalar(const CQView* w, Py_ssize_t r, const float* xt, Py_ssize_t n_tokens,
