@@ -95,32 +95,82 @@ cdef extern from *:
         for (; i < n; i++) { x[i] = expf(x[i] * scale - sub); s += x[i]; }
         return s;
     }
-    /* out = flatten(Aᵀ·Z·B), Z = z as [ba, bb]; bb a multiple of 8 up to 64:
-       each output row is accumulated in registers. */
+    /* out = flatten(Aᵀ·Z·B), Z = z as [ba, bb]; bb a multiple of 8 up to 64: each
+       output row is accumulated in registers.  Four output rows are built side by
+       side (KB, a compile-time count): with one row at a time the FMAs of a row
+       form a chain (4-cycle latency each) that left the FMA units mostly idle at
+       bb = 16, and the rows share their loads of Z or B.  Every accumulator still
+       sums in the same order, so the result is unchanged. */
+    static inline __attribute__((always_inline)) void nc_kron_rows(
+            const float* M, Py_ssize_t m_stride, Py_ssize_t m_step, const float* R,
+            Py_ssize_t n_in, Py_ssize_t bb, Py_ssize_t k0, const int KB, const int NV, float* out) {
+        /* out[k0 + kk, :] = Σ_i M[i·m_stride + (k0 + kk)·m_step] · R[i, :] */
+        __m256 acc[4][8];
+        int kk, v;
+        for (kk = 0; kk < KB; kk++)
+            for (v = 0; v < NV; v++) acc[kk][v] = _mm256_setzero_ps();
+        for (Py_ssize_t i = 0; i < n_in; i++) {
+            __m256 r[8];
+            for (v = 0; v < NV; v++) r[v] = _mm256_loadu_ps(R + i * bb + 8 * v);
+            for (kk = 0; kk < KB; kk++) {
+                const __m256 a = _mm256_set1_ps(M[i * m_stride + (k0 + kk) * m_step]);
+                for (v = 0; v < NV; v++) acc[kk][v] = _mm256_fmadd_ps(a, r[v], acc[kk][v]);
+            }
+        }
+        for (kk = 0; kk < KB; kk++)
+            for (v = 0; v < NV; v++) _mm256_storeu_ps(out + (k0 + kk) * bb + 8 * v, acc[kk][v]);
+    }
+    static inline void nc_kron_half(const float* M, Py_ssize_t m_stride, Py_ssize_t m_step,
+                                    const float* R, Py_ssize_t n_in, Py_ssize_t n_out,
+                                    Py_ssize_t bb, float* out) {
+        Py_ssize_t k = 0;
+        if (bb == 16) {             /* the shipped geometry: 4 rows × 2 vectors = 8 chains */
+            for (; k + 4 <= n_out; k += 4) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 4, 2, out);
+            for (; k < n_out; k++) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 1, 2, out);
+            return;
+        }
+        switch (bb / 8) {
+    #define NC_KR(NN) case NN: for (; k < n_out; k++) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 1, NN, out); break;
+        NC_KR(1) NC_KR(2) NC_KR(3) NC_KR(4) NC_KR(5) NC_KR(6) NC_KR(7) NC_KR(8)
+    #undef NC_KR
+        }
+    }
     static inline int nc_kron_avx2(const float* z, const float* A, const float* B,
                                    Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) {
         if (bb % 8 || bb > 64) return 0;
-        Py_ssize_t nv = bb / 8, i, j, k, v;
-        __m256 acc[8];
-        for (k = 0; k < ba; k++) {              /* tmp[k,:] = Σ_i A[i,k]·z[i,:] */
-            for (v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
-            for (i = 0; i < ba; i++) {
-                __m256 a = _mm256_set1_ps(A[i * ba + k]);
-                for (v = 0; v < nv; v++)
-                    acc[v] = _mm256_fmadd_ps(a, _mm256_loadu_ps(z + i * bb + 8 * v), acc[v]);
-            }
-            for (v = 0; v < nv; v++) _mm256_storeu_ps(tmp + k * bb + 8 * v, acc[v]);
-        }
-        for (k = 0; k < ba; k++) {              /* out[k,:] = Σ_j tmp[k,j]·B[j,:] */
-            for (v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
-            for (j = 0; j < bb; j++) {
-                __m256 t = _mm256_set1_ps(tmp[k * bb + j]);
-                for (v = 0; v < nv; v++)
-                    acc[v] = _mm256_fmadd_ps(t, _mm256_loadu_ps(B + j * bb + 8 * v), acc[v]);
-            }
-            for (v = 0; v < nv; v++) _mm256_storeu_ps(out + k * bb + 8 * v, acc[v]);
-        }
+        nc_kron_half(A, ba, 1, z, ba, ba, bb, tmp);     /* tmp[k,:] = Σ_i A[i,k]·z[i,:] */
+        nc_kron_half(tmp, 1, bb, B, bb, ba, bb, out);   /* out[k,:] = Σ_j tmp[k,j]·B[j,:] */
         return 1;
+    }
+    /* logit[r] = Σ_i m[i]·cond_v[i·R + r] for R a multiple of 8 up to 32, the R sums in
+       registers (the plain loop kept them in memory: a store-to-load chain per i).
+       Same FMA per term and order as the plain loop, so the same bits. */
+    static inline int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v,
+                                     Py_ssize_t R, float* logit) {
+        if (R % 8 || R > 32 || R < 8) return 0;
+        __m256 acc[4];
+        Py_ssize_t i, nv = R / 8, v;
+        for (v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
+        for (i = 0; i < d; i++) {
+            const __m256 mi = _mm256_set1_ps(m[i]);
+            for (v = 0; v < nv; v++)
+                acc[v] = _mm256_fmadd_ps(mi, _mm256_loadu_ps(cond_v + i * R + 8 * v), acc[v]);
+        }
+        for (v = 0; v < nv; v++) _mm256_storeu_ps(logit + 8 * v, acc[v]);
+        return 1;
+    }
+    /* max |x[i]| (0 for n = 0; NaNs ignored, as the scalar comparison does) */
+    static inline float nc_absmax(const float* x, Py_ssize_t n) {
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 m = _mm256_setzero_ps();
+        Py_ssize_t i = 0;
+        float lanes[8], amax = 0.f;
+        /* maxps returns its second operand when either is NaN: keep the running max there */
+        for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
+        _mm256_storeu_ps(lanes, m);
+        for (int l = 0; l < 8; l++) if (lanes[l] > amax) amax = lanes[l];
+        for (; i < n; i++) if (fabsf(x[i]) > amax) amax = fabsf(x[i]);
+        return amax;
     }
     /* Scores of 8 consecutive slots for G query heads (G a compile-time constant
        after inlining, so the accumulators stay in registers). */
@@ -230,6 +280,15 @@ cdef extern from *:
                                    Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) {
         return 0;
     }
+    static inline int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v,
+                                     Py_ssize_t R, float* logit) {
+        return 0;
+    }
+    static inline float nc_absmax(const float* x, Py_ssize_t n) {
+        float amax = 0.f;
+        for (Py_ssize_t i = 0; i < n; i++) if (fabsf(x[i]) > amax) amax = fabsf(x[i]);
+        return amax;
+    }
     /* portable: 4 independent accumulators so the adds pipeline */
     static inline float nc_dot(const float* a, const float* b, Py_ssize_t n) {
         float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
@@ -244,6 +303,8 @@ cdef extern from *:
     #endif
     """
     float nc_dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
+    float nc_absmax(const float* x, Py_ssize_t n) noexcept nogil
+    int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v, Py_ssize_t R, float* logit) noexcept nogil
     float nc_exp_sum(float* x, Py_ssize_t n, float scale, float sub) noexcept nogil
     void nc_mul_sigmoid(float* o, const float* g, Py_ssize_t n) noexcept nogil
     void nc_silu(float* x, Py_ssize_t n) noexcept nogil
@@ -275,10 +336,7 @@ cdef float a8_inplace(float* x, Py_ssize_t n, float qmax) noexcept nogil:
     ``rintf`` rounds half to even in the default rounding mode, like
     ``np.round``.  Returns the scale s."""
     cdef Py_ssize_t j
-    cdef float amax = 0.0, s, k, lo = -qmax - 1.0
-    for j in range(n):
-        if fabsf(x[j]) > amax:
-            amax = fabsf(x[j])
+    cdef float amax = nc_absmax(x, n), s, k, lo = -qmax - 1.0
     s = amax / qmax if amax > 0 else <float>1.0
     for j in range(n):
         k = rintf(x[j] / s)
@@ -653,12 +711,13 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
     cdef Py_ssize_t i, r
     cdef float mx, den, v, w
     # conditioning: c = 1 + softmax(m · cond_v) · cond_u
-    for r in range(R):
-        logit[r] = 0.0
-    for i in range(d):
-        v = m[i]
+    if not nc_cond_logits(m, d, cond_v, R, logit):
         for r in range(R):
-            logit[r] = logit[r] + v * cond_v[i * R + r]
+            logit[r] = 0.0
+        for i in range(d):
+            v = m[i]
+            for r in range(R):
+                logit[r] = logit[r] + v * cond_v[i * R + r]
     mx = logit[0]
     for r in range(1, R):
         if logit[r] > mx:
