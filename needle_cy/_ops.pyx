@@ -187,6 +187,46 @@ cdef extern from *:
         }
         for (g = 0; g < G; g++) _mm256_storeu_ps(scores + g * score_stride + j, acc[g]);
     }
+    /* Scores of 32 consecutive slots for G ≤ 2 heads: with 8 slots and G = 2 there are
+       only two dependent FMA chains of dq links (latency-bound); four slot vectors give
+       4·G chains and share the q broadcasts.  Each score sums in the same order. */
+    static inline __attribute__((always_inline)) void nc_scores32(
+            const float* q, Py_ssize_t q_stride, const int G, const float* kt, Py_ssize_t k_stride,
+            Py_ssize_t j, Py_ssize_t dq, float* scores, Py_ssize_t score_stride) {
+        __m256 acc[2][4];
+        int g, v;
+        for (g = 0; g < G; g++)
+            for (v = 0; v < 4; v++) acc[g][v] = _mm256_setzero_ps();
+        for (Py_ssize_t i = 0; i < dq; i++) {
+            const float* krow = kt + i * k_stride + j;
+            const __m256 k0 = _mm256_loadu_ps(krow), k1 = _mm256_loadu_ps(krow + 8);
+            const __m256 k2 = _mm256_loadu_ps(krow + 16), k3 = _mm256_loadu_ps(krow + 24);
+            for (g = 0; g < G; g++) {
+                const __m256 qi = _mm256_broadcast_ss(q + g * q_stride + i);
+                acc[g][0] = _mm256_fmadd_ps(qi, k0, acc[g][0]);
+                acc[g][1] = _mm256_fmadd_ps(qi, k1, acc[g][1]);
+                acc[g][2] = _mm256_fmadd_ps(qi, k2, acc[g][2]);
+                acc[g][3] = _mm256_fmadd_ps(qi, k3, acc[g][3]);
+            }
+        }
+        for (g = 0; g < G; g++)
+            for (v = 0; v < 4; v++) _mm256_storeu_ps(scores + g * score_stride + j + 8 * v, acc[g][v]);
+    }
+    /* max(mx, x[0], …, x[n−1]), NaNs ignored like the scalar comparison (maxps returns
+       its second operand when either is NaN).  The scalar loop was a vmaxss chain:
+       about a seventh of the attention time in prefill. */
+    static inline float nc_max_from(const float* x, Py_ssize_t n, float mx) {
+        Py_ssize_t i = 0;
+        if (n >= 8) {
+            __m256 m = _mm256_set1_ps(mx);
+            float lanes[8];
+            for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+            _mm256_storeu_ps(lanes, m);
+            for (int l = 0; l < 8; l++) if (lanes[l] > mx) mx = lanes[l];
+        }
+        for (; i < n; i++) if (x[i] > mx) mx = x[i];
+        return mx;
+    }
     /* out[0:8·NV] = Σ_j p_j · v_j over slots [a, b), the row held in registers. */
     static inline __attribute__((always_inline)) void nc_pv(
             const float* sc, const float* vc, Py_ssize_t a, Py_ssize_t b, Py_ssize_t dv,
@@ -218,6 +258,8 @@ cdef extern from *:
         for (r = 0; r < n_ranges; r++) {
             Py_ssize_t a = ranges[2 * r], b = ranges[2 * r + 1];
             j = a;
+            if (G == 1) for (; j + 32 <= b; j += 32) nc_scores32(q, q_stride, 1, kt, k_stride, j, dq, scores, score_stride);
+            if (G == 2) for (; j + 32 <= b; j += 32) nc_scores32(q, q_stride, 2, kt, k_stride, j, dq, scores, score_stride);
             switch (G) {
     #define NC_SC(GG) case GG: for (; j + 8 <= b; j += 8) \
                 nc_scores8(q, q_stride, GG, kt, k_stride, j, dq, scores, score_stride); break;
@@ -237,8 +279,7 @@ cdef extern from *:
             float* o = out + g * out_stride;
             float mx = -INFINITY, den = 0.f;
             for (r = 0; r < n_ranges; r++)
-                for (j = ranges[2 * r]; j < ranges[2 * r + 1]; j++)
-                    if (sc[j] > mx) mx = sc[j];
+                mx = nc_max_from(sc + ranges[2 * r], ranges[2 * r + 1] - ranges[2 * r], mx);
             for (r = 0; r < n_ranges; r++)
                 den += nc_exp_sum(sc + ranges[2 * r], ranges[2 * r + 1] - ranges[2 * r], scale, mx * scale);
             for (v = 0; v < dv; v++) o[v] = 0.f;
