@@ -254,6 +254,69 @@ cdef extern from *:
         return nc_cq_hsum(total);
     }
 
+    /* One row · NT rotated activations (matmul), ADDED to y[t·y_stride]: each step is
+       decoded once and scaled by the lane norms, then used by NT independent
+       accumulators.  The matmul's path for wide slices at 1–2 bits (see
+       _matmul_rows_simd): there decoding is cheap, and reading the packed row
+       beats streaming a decoded float32 copy through L1 next to the tokens. */
+    NC_CQ_INLINE void nc_cq_row_tokens_fb(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                          const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
+                                          int g, const float* table, float* y, ptrdiff_t y_stride,
+                                          const int fb, const int NT) {
+        const int F = (fb == 3) ? 8 : 32 / fb;
+        const int C = 8 * F;
+        const int CB = (fb == 3) ? 24 : 32;
+        const __m256 tlo = _mm256_loadu_ps(table), thi = _mm256_loadu_ps(table + 8);
+        const int g_shift = __builtin_ctz((unsigned)g);
+        const __m256i lane_groups = nc_cq_lane_groups(F, g);
+        __m256 acc[8];
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+        if (fb == 4) {
+            __m256i T[4];
+            nc_cq_byte_planes(table, T);
+            const __m256i low4 = _mm256_set1_epi8(0x0f);
+            for (ptrdiff_t c = 0; c < n_chunks; c++) {
+                const __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
+                const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
+                const float* xc = xp + c * C;
+                __m256 w[8];
+                nc_cq_decode4_bytes(_mm256_and_si256(v, low4), T, w);
+                nc_cq_decode4_bytes(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), T, w + 4);
+                for (int s = 0; s < 8; s++) {
+                    const __m256 ws = _mm256_mul_ps(w[s], nv);
+                    for (int t = 0; t < NT; t++)
+                        acc[t] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
+                }
+            }
+            for (int t = 0; t < NT; t++) y[t * y_stride] += nc_cq_hsum(acc[t]);
+            return;
+        }
+        for (ptrdiff_t c = 0; c < n_chunks; c++) {
+            __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
+            const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
+            const float* xc = xp + c * C;
+            if (g >= C) {
+                /* one norm for the whole chunk: scale the register codebook once
+                   instead of every decoded step */
+                const __m256 tl = _mm256_mul_ps(tlo, nv), th = _mm256_mul_ps(thi, nv);
+                for (int s = 0; s < F; s++) {
+                    const __m256 w = nc_cq_decode(v, tl, th, fb);
+                    for (int t = 0; t < NT; t++)
+                        acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
+                    v = _mm256_srli_epi32(v, fb);
+                }
+            } else {
+                for (int s = 0; s < F; s++) {
+                    const __m256 w = _mm256_mul_ps(nc_cq_decode(v, tlo, thi, fb), nv);
+                    for (int t = 0; t < NT; t++)
+                        acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
+                    v = _mm256_srli_epi32(v, fb);
+                }
+            }
+        }
+        for (int t = 0; t < NT; t++) y[t * y_stride] += nc_cq_hsum(acc[t]);
+    }
+
     /* The matmul's weights, decoded: chunks c0 … c0 + nc − 1 of one row into float32
        in the lane order of the rotated activation (xp), every codeword times its
        group norm.  These are exactly the scaled steps the per-row loop of earlier
@@ -361,6 +424,22 @@ cdef extern from *:
     static NC_CQ_TARGET void nc_cq_decode_scaled_##FB(const uint8_t* row, const uint8_t* end,  \\
             const float* nrow, ptrdiff_t c0, ptrdiff_t nc, int g, const float* table, float* out) { \\
         nc_cq_decode_scaled_fb(row, end, nrow, c0, nc, g, table, out, FB);                     \\
+    }                                                                                          \\
+    static NC_CQ_TARGET void nc_cq_row_tokens_##FB(const uint8_t* row, const uint8_t* end,     \\
+            const float* nrow, const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks, int g, \\
+            const float* table, int nt, float* y, ptrdiff_t y_stride) {                        \\
+        for (; nt >= 8; nt -= 8, xp += 8 * xp_stride, y += 8 * y_stride)                      \\
+            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 8); \\
+        if (nt >= 4) {                                                                         \\
+            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 4); \\
+            nt -= 4; xp += 4 * xp_stride; y += 4 * y_stride;                                   \\
+        }                                                                                      \\
+        if (nt >= 2) {                                                                         \\
+            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 2); \\
+            nt -= 2; xp += 2 * xp_stride; y += 2 * y_stride;                                   \\
+        }                                                                                      \\
+        if (nt)                                                                                \\
+            y[0] += nc_cq_row_dot_fb(row, end, nrow, xp, n_chunks, g, table, FB);              \\
     }
     NC_CQ_SPECIALISE(1)
     NC_CQ_SPECIALISE(2)
@@ -380,6 +459,17 @@ cdef extern from *:
         }
     }
 
+    static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                      const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
+                                      int fb, int g, const float* table, int nt,
+                                      float* y, ptrdiff_t y_stride) {
+        switch (fb) {
+        case 1: nc_cq_row_tokens_1(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
+        case 2: nc_cq_row_tokens_2(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
+        case 3: nc_cq_row_tokens_3(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
+        default: nc_cq_row_tokens_4(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
+        }
+    }
     static void nc_cq_avx2_decode_scaled(const uint8_t* row, const uint8_t* end, const float* nrow,
                                          ptrdiff_t c0, ptrdiff_t nc, int fb, int g, const float* table,
                                          float* out) {
@@ -463,6 +553,10 @@ cdef extern from *:
 
     #else
     static int nc_cq_cpu_has_avx2(void) { return 0; }
+    static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
+                                      const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
+                                      int fb, int g, const float* table, int nt,
+                                      float* y, ptrdiff_t y_stride) {}
     static void nc_cq_avx2_decode_scaled(const uint8_t* row, const uint8_t* end, const float* nrow,
                                          ptrdiff_t c0, ptrdiff_t nc, int fb, int g, const float* table,
                                          float* out) {}
@@ -494,6 +588,10 @@ cdef extern from *:
                              const float* norms, Py_ssize_t norm_stride, const float* xp,
                              Py_ssize_t n_chunks, int fb, int g, const float* table,
                              Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
+    void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
+                               const float* xp, Py_ssize_t xp_stride, Py_ssize_t n_chunks,
+                               int fb, int g, const float* table, int nt,
+                               float* y, Py_ssize_t y_stride) noexcept nogil
     void nc_cq_avx2_decode_scaled(const uint8_t* row, const uint8_t* end, const float* nrow,
                                   Py_ssize_t c0, Py_ssize_t nc, int fb, int g, const float* table,
                                   float* out) noexcept nogil
@@ -510,6 +608,7 @@ DEF TOKEN_TILE = 64                # tokens per pass over a block of decoded row
 DEF DECODE_FLOATS = 12288          # decoded-weight buffer: 16 rows × 768 fields (48 KB, on the stack)
 cdef Py_ssize_t MATVEC_ROW_BLOCK = 32  # rows per parallel task of the matvec
 cdef Py_ssize_t SLICE_FIELDS = 768   # matmul column slice (see _matmul_rows_simd)
+cdef Py_ssize_t LOW_BIT_DECODE_FIELDS = 384  # widest slice decoded once at 1–2 bits (_decode_once)
 cdef Py_ssize_t SCALAR_PIECE = 1024  # stack buffer of the scalar matmul (vals in _matmul_row_scalar)
 
 
@@ -707,22 +806,49 @@ cdef void cq_matvec(const CQView* w, const float* x, float* y, float* work,
     cq_matvec_rotated(w, work, y, threads)
 
 
+cdef inline bint _decode_once(const CQView* w, Py_ssize_t nc) noexcept nogil:
+    """Whether _matmul_rows_simd decodes a slice of nc chunks once per token tile
+    (True) or multiplies straight from the packed bytes, once per 8 tokens (False).
+
+    Decoding once costs a store and a reload of every weight vector: one extra load
+    per 8 FMAs (9 loads, near the two-vector-loads-per-cycle limit of Zen 3).  At
+    3–4 bits decoding inside the token loop costs more than that (4 bits: ~3
+    shuffle µops per vector), so the decoded copy wins at every width (128x768
+    0.87, 16384x768 0.84, 320x3072 0.87 of the old time).  At 1–2 bits the
+    in-loop decode is one shuffle + one shift, which run beside the FMAs, and the
+    copy only wins on short rows (256x256 0.90, 384x384 0.95, 1024x256 0.95) but
+    loses on wide slices (128x768 1.02–1.06, 256x1024 1.06–1.11, 80x3072 and
+    320x3072 1.11–1.18; 64 tokens, 1 thread, in-process A/B on Zen 3)."""
+    cdef Py_ssize_t fields = nc * w.chunk_fields
+    # a slice wider than the decode buffer (only with groups > DECODE_FLOATS fields,
+    # slices being whole groups) always takes the packed path
+    return fields <= DECODE_FLOATS and (w.field_bits >= 3 or fields <= LOW_BIT_DECODE_FIELDS)
+
+
 cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const float* xp,
                             Py_ssize_t n_tokens, float* Y, Py_ssize_t y_stride) noexcept nogil:
     """Rows r0..r1 (≤ ROW_BLOCK) for every token, TOKEN_TILE tokens at a time.
 
-    For each column slice the rows are decoded once into float32 (codeword × norm,
-    in the lane order of xp), then each decoded row is multiplied with every
-    token of the tile, eight tokens per pass (nc_cq_dot_tiles).  Decoding costs about as
-    much as 8 FMAs per weight vector, so doing it once per 64 tokens instead of
-    once per 8 is most of the gain.  Long rows go in column slices of about
-    SLICE_FIELDS (16 decoded rows of 768 fields: 48 KB, mostly L1/L2 resident);
-    the partial sums of the slices are added in a small tile, which also keeps
-    the outputs of a row for several tokens (y_stride apart) out of one L1 set."""
-    cdef Py_ssize_t t0, t, r, ra, P = w.padded_len, nr = r1 - r0
+    Where _decode_once says so, for each column slice the rows are decoded once
+    into float32 (codeword × norm, in the lane order of xp), then each decoded row
+    is multiplied with every token of the tile, eight tokens per pass
+    (nc_cq_dot_tiles).  Decoding costs about as much as 8 FMAs per weight vector at
+    4 bits, so doing it once per 64 tokens instead of once per 8 is most of the
+    gain.  Otherwise every row is multiplied from its packed bytes with 8 tokens at
+    a time (nc_cq_avx2_row_tokens), all rows of the block per 8 tokens, so the
+    8 tokens' slice stays in L1 while the rows use it.  Both sum each lane in the
+    same order and reduce it with the same hsum per slice, so which path a slice
+    takes does not change the result (except a lone trailing token of an odd-sized
+    block: nc_cq_avx2_row_tokens sends it through the matvec formula).
+
+    Long rows go in column slices of about SLICE_FIELDS (8 tokens × 768 fields =
+    24 KB; 16 decoded rows of 768 fields: 48 KB, mostly L1/L2 resident); the
+    partial sums of the slices are added in a small tile, which also keeps the
+    outputs of a row for several tokens (y_stride apart) out of one L1 set."""
+    cdef Py_ssize_t t0, t, t8, r, ra, P = w.padded_len, nr = r1 - r0
     cdef Py_ssize_t C = w.chunk_fields, g = w.group_size, c0, nc, slice_chunks, unit
     cdef Py_ssize_t rows_per_decode, n_dec
-    cdef int nt
+    cdef int nt, n8
     cdef float tile[TOKEN_TILE * 16]  # TOKEN_TILE × ROW_BLOCK
     cdef float wdec[DECODE_FLOATS]
     if nr > ROW_BLOCK:  # never for the callers below; keeps the tile in bounds regardless
@@ -732,12 +858,10 @@ cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const
                               n_tokens, Y, y_stride)
             r += ROW_BLOCK
         return
-    # slices start at whole groups and whole chunks (both powers of two), and a
-    # slice of one row always fits the decode buffer (C ≤ 256 divides DECODE_FLOATS)
+    # slices start at whole groups and whole chunks (both powers of two): the packed
+    # path addresses a slice's norms from its first group
     unit = g if g > C else C
     slice_chunks = (SLICE_FIELDS + unit - 1) // unit * unit // C
-    if slice_chunks * C > DECODE_FLOATS:
-        slice_chunks = DECODE_FLOATS // C
     t0 = 0
     while t0 < n_tokens:
         nt = <int>(n_tokens - t0 if n_tokens - t0 < TOKEN_TILE else TOKEN_TILE)
@@ -745,18 +869,30 @@ cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const
         c0 = 0
         while c0 < w.n_chunks:
             nc = w.n_chunks - c0 if w.n_chunks - c0 < slice_chunks else slice_chunks
-            rows_per_decode = DECODE_FLOATS // (nc * C)
-            ra = r0
-            while ra < r1:
-                n_dec = r1 - ra if r1 - ra < rows_per_decode else rows_per_decode
-                for r in range(ra, ra + n_dec):
-                    nc_cq_avx2_decode_scaled(w.packed + r * w.row_bytes, w.packed_end,
-                                             w.norms + r * w.norm_stride, c0, nc,
-                                             w.field_bits, w.group_size, w.simd_table,
-                                             wdec + (r - ra) * nc * C)
-                nc_cq_dot_tiles(wdec, nc * C, <int>n_dec, xp + t0 * P + c0 * C, P, nt,
-                                nc * C // 8, tile + (ra - r0), ROW_BLOCK)
-                ra += n_dec
+            if _decode_once(w, nc):
+                rows_per_decode = DECODE_FLOATS // (nc * C)
+                ra = r0
+                while ra < r1:
+                    n_dec = r1 - ra if r1 - ra < rows_per_decode else rows_per_decode
+                    for r in range(ra, ra + n_dec):
+                        nc_cq_avx2_decode_scaled(w.packed + r * w.row_bytes, w.packed_end,
+                                                 w.norms + r * w.norm_stride, c0, nc,
+                                                 w.field_bits, w.group_size, w.simd_table,
+                                                 wdec + (r - ra) * nc * C)
+                    nc_cq_dot_tiles(wdec, nc * C, <int>n_dec, xp + t0 * P + c0 * C, P, nt,
+                                    nc * C // 8, tile + (ra - r0), ROW_BLOCK)
+                    ra += n_dec
+            else:
+                t8 = 0
+                while t8 < nt:
+                    n8 = <int>(nt - t8 if nt - t8 < 8 else 8)
+                    for r in range(r0, r1):
+                        nc_cq_avx2_row_tokens(w.packed + r * w.row_bytes + c0 * w.chunk_bytes,
+                                              w.packed_end, w.norms + r * w.norm_stride + (c0 * C) // g,
+                                              xp + (t0 + t8) * P + c0 * C, P, nc,
+                                              w.field_bits, w.group_size, w.simd_table, n8,
+                                              tile + t8 * ROW_BLOCK + (r - r0), ROW_BLOCK)
+                    t8 += 8
             c0 += nc
         for t in range(nt):
             memcpy(Y + (t0 + t) * y_stride + r0, tile + t * ROW_BLOCK, nr * sizeof(float))

@@ -263,3 +263,20 @@ def test_every_cq_tensor_of_the_official_archives(name):
         assert rel_err(_cq.dequantize_rows(W, ids), ref.dequantize_rows(W, ids)) <= 1e-5, rec.index
         checked += 1
     assert checked >= 10
+
+
+@pytest.mark.parametrize("bits", WIDTHS)
+def test_matmul_token_tiles_wide_rows_and_huge_groups(kernel, bits):
+    # the AVX2 matmul works in tiles of 64 tokens and column slices of ~768 fields,
+    # each slice either decoded once per tile or multiplied from the packed bytes
+    # (by width and slice size); 150 tokens = two full tiles + an odd remainder
+    rng = np.random.default_rng(50 + bits)
+    W = random_cq(rng, 19, 1800, bits, 128)
+    X = rng.standard_normal((150, 1800)).astype(np.float32)
+    Y_ref = ref.matmul(W, X)
+    for threads in (1, 2):
+        assert rel_err(_cq.matmul(W, X, threads=threads), Y_ref) <= 1e-5, threads
+    # a group wider than the decode buffer (12288 floats): slices must stay whole groups
+    W = random_cq(rng, 3, 20000, bits, 16384)
+    X = rng.standard_normal((9, 20000)).astype(np.float32)
+    assert rel_err(_cq.matmul(W, X), ref.matmul(W, X)) <= 1e-5
