@@ -604,8 +604,10 @@ TERNARY_BITS = 5
 cdef Py_ssize_t MIN_MACS_PER_THREAD = 65536
 # Matmul blocking: rows that share one block of rotated tokens while it is in L1/L2.
 cdef Py_ssize_t ROW_BLOCK = 16     # the tile in _matmul_rows_simd holds TOKEN_TILE × ROW_BLOCK
-DEF TOKEN_TILE = 64                # tokens per pass over a block of decoded rows (one prefill chunk)
-DEF DECODE_FLOATS = 12288          # decoded-weight buffer: 16 rows × 768 fields (48 KB, per thread on the heap)
+cdef enum:
+    # compile-time sizes (an enum, not DEF, which Cython 3 deprecates)
+    TOKEN_TILE = 64                # tokens per pass over a block of decoded rows (one prefill chunk)
+    DECODE_FLOATS = 12288          # decoded-weight buffer: 16 rows × 768 fields (48 KB, per thread on the heap)
 cdef Py_ssize_t MATVEC_ROW_BLOCK = 32  # rows per parallel task of the matvec
 cdef Py_ssize_t SLICE_FIELDS = 768   # matmul column slice (see _matmul_rows_simd)
 cdef Py_ssize_t LOW_BIT_DECODE_FIELDS = 384  # widest slice decoded once at 1–2 bits (_decode_once)
