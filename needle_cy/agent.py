@@ -14,8 +14,8 @@ prefix is prefilled once per tool selection and kept as a model snapshot (prefix
 caching); every turn prefills only its new tokens, and ``reset()`` rewinds to the prefix.
 A new tool selection starts from the longest already-prefilled run of its tokens
 (``_PrefixCheckpoints``): the tools are rendered in catalogue order, so selections share
-their leading tools, and about half of the prefix tokens of a stream of requests have been
-prefilled before.
+their leading tools (on the dev set's 120 requests about a third of the prefix tokens come
+from a checkpoint with the default 32 MB; 18 % with 8 MB, 44 % with 128 MB).
 Which tools the prefix holds is decided at the first turn of a conversation by
 ``needle_cy.retrieval`` and stays fixed for that conversation.
 """
