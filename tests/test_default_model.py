@@ -32,7 +32,11 @@ FIXED = [
     ("Tell me a joke", []),
     ("Book me a flight to Rome", []),
     # free strings and enum members come from the request (value grounding)
-    ("Add oat milk to the shopping list", [{"name": "add_to_shopping_list", "arguments": {"item": "oat milk"}}]),
+    ("Add milk to the shopping list", [{"name": "add_to_shopping_list", "arguments": {"item": "milk"}}]),
+    ("Tell everyone the taxi is here",
+     [{"name": "send_notification", "arguments": {"message": "the taxi is here", "recipient": "everyone"}}]),
+    ("Set a 15 minute timer called tea", [{"name": "set_timer", "arguments": {"minutes": 15, "label": "tea"}}]),
+    ("Stop the music", [{"name": "stop_music", "arguments": {}}]),
     ("Turn on the hallway lights", [{"name": "set_light", "arguments": {"room": "hallway", "on": True}}]),
     ("Close the office blinds", [{"name": "set_blinds", "arguments": {"room": "office", "position": 0}}]),
     ("Unlock the front door, code 4821",

@@ -6,7 +6,7 @@
 Generates the data (version 1, seed 0), trains the tokenizer, trains the model through
 the phases the shipped archive was trained with (``SHIPPED_PHASES``; see
 ``needle_cy/models/MODEL_CARD.md``), adding the version-2 data (seed 1, tokenized with
-the same tokenizer) where the recipe switched to it, exports it with the official
+the same tokenizer) where the recipe switched to it (and versions 3 and 4 likewise), exports it with the official
 exporter (CQ 4-bit) and fits and attaches the confidence head
 (``needle_cy.training.confidence``). Needs ``pip install "cactus-needle[train]==3.2.8"`` (jax, flax,
 optax, sentencepiece). A run folder that already holds a state resumes where it stopped.
@@ -34,6 +34,9 @@ from . import confidence, train
 # later session) restarts at the peak LR (a warm restart from 2e-4) and holds it; from
 # phase 12 the batches come from the version-3 data (follow-up requests packed after
 # the first, every answer a target) and the LR decays linearly over the last 2,000 steps.
+# Phases 13–14 (the session after) fine-tune on the version-4 data (more phrasings): a
+# mild restart to 6.5e-4 decaying linearly (the decay's end moved from 10,200 to 10,000
+# at step 9045, keeping the LR continuous).
 # (until_step, schedule_end, decay_steps, token file)
 SHIPPED_PHASES = (
     (460, 460, 120, "tokens.npz"),
@@ -48,9 +51,12 @@ SHIPPED_PHASES = (
     (4300, 4300, 2928, "tokens_v2.npz"),
     (5000, 8200, 2000, "tokens_v2.npz"),
     (8200, 8200, 2000, "tokens_v3.npz"),
+    (9045, 10200, 8000, "tokens_v4.npz"),
+    (10000, 10000, 6627, "tokens_v4.npz"),
 )
 EXTRA_DATA = {"tokens_v2.npz": dict(name="v2", examples=60000, seed=1, version=2),
-              "tokens_v3.npz": dict(name="v3", examples=30000, seed=3, version=3)}
+              "tokens_v3.npz": dict(name="v3", examples=30000, seed=3, version=3),
+              "tokens_v4.npz": dict(name="v4", examples=20000, seed=6, version=4)}
 CONFIDENCE_DATA = dict(n=800, seed=99)
 CONFIDENCE_FIT = dict(steps=450, seed=0)
 
