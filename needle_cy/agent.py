@@ -58,7 +58,7 @@ class _Prefix:
         self.conversation = conversation
         self.grammar = grammar
         self.snapshot = None
-        self.reused = 0          # prefix tokens the last restore took from a snapshot
+        self.reused = 0          # prefix tokens its last prefill resumed from a checkpoint
 
 
 class _PrefixCheckpoints:
@@ -355,7 +355,6 @@ class Needle:
         t0 = time.perf_counter()
         if entry.snapshot is not None:
             model.restore(entry.snapshot)
-            entry.reused = len(entry.conversation.prefix_ids)
             return 0.0
         ids = list(entry.conversation.prefix_ids)
         max_seq = int(getattr(model.config, "max_seq_len", 1 << 30))

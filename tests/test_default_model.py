@@ -104,3 +104,20 @@ def test_a_new_tool_selection_resumes_from_a_prefix_checkpoint_exactly(catalogue
         assert got[key] == want[key]
     token = cached.tokenizer.encode("ok", dummy_prefix=False)[0]
     assert np.array_equal(cached.model.step(token), fresh.model.step(token))
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_snapshot_sizes_follow_the_positions_in_use(backend):
+    """Prefix checkpoints are budgeted by ``snapshot().nbytes``: both engines report the
+    bytes their state arrays hold, growing with the KV slots in use."""
+    from needle_cy.model import Model
+
+    model = Model.load(DEFAULT, backend=backend)
+    model.prefill(list(range(20, 40)))
+    short = model.snapshot().nbytes
+    model.prefill(list(range(40, 80)))
+    long = model.snapshot().nbytes
+    cfg = model.config
+    kv_per_token = cfg.num_layers * cfg.num_kv_heads * (cfg.qk_head_dim + cfg.v_head_dim) * 4
+    assert 0 < short < long
+    assert long - short >= 40 * kv_per_token
