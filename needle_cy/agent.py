@@ -14,8 +14,8 @@ prefix is prefilled once per tool selection and kept as a model snapshot (prefix
 caching); every turn prefills only its new tokens, and ``reset()`` rewinds to the prefix.
 A new tool selection starts from the longest already-prefilled run of its tokens
 (``_PrefixCheckpoints``): the tools are rendered in catalogue order, so selections share
-their leading tools (on the dev set's 120 requests about a third of the prefix tokens come
-from a checkpoint with the default 32 MB; 18 % with 8 MB, 44 % with 128 MB).
+their leading tools (on the dev set's 120 requests 38 % of the prefix tokens come from a
+checkpoint with the default 32 MB; 28 % with 8 MB, 47 % with 128 MB).
 Which tools the prefix holds is decided at the first turn of a conversation by
 ``needle_cy.retrieval`` and stays fixed for that conversation.
 """
@@ -63,9 +63,14 @@ class _Prefix:
 
 class _PrefixCheckpoints:
     """Model snapshots taken at every ``_PREFILL_CHUNK`` boundary of the prefixes prefilled
-    so far, keyed by the token ids before the boundary; the least recently used go first
-    beyond ``max_bytes``.  Restoring one and prefilling the rest in the same aligned chunks
-    computes exactly what a prefill from position 0 computes."""
+    so far, keyed by the token ids before the boundary.  Restoring one and prefilling the
+    rest in the same aligned chunks computes exactly what a prefill from position 0
+    computes.
+
+    Beyond ``max_bytes`` the deepest checkpoint goes first (the least recently used among
+    equally deep ones): shallow runs are shared by many tool selections and cost less, so
+    keeping them serves more tokens per byte (dev stream at 32 MB: 38 % of prefix tokens
+    against 32 % for plain LRU; at 8 MB 28 % against 18 %)."""
 
     def __init__(self, max_bytes):
         self.max_bytes = int(max_bytes)
@@ -93,8 +98,8 @@ class _PrefixCheckpoints:
         self._snaps[key] = (snap, size)
         self.bytes += size
         while self.bytes > self.max_bytes:
-            _, (_, old) = self._snaps.popitem(last=False)
-            self.bytes -= old
+            victim = max(self._snaps, key=len)    # ties: the first, least recently used
+            self.bytes -= self._snaps.pop(victim)[1]
 
 
 class Needle:

@@ -490,10 +490,17 @@ def test_prefix_checkpoints_find_the_longest_run_and_keep_to_their_budget():
     cp.add(ids[:chunk], _Snap(100))                                 # already there: kept as is
     assert cp.longest(ids[:chunk]) == (chunk, a) and cp.bytes == 200
     c = _Snap(100)
-    cp.add(ids[:3 * chunk], c)              # over budget: the least recently used (b) goes
+    cp.add(ids[:3 * chunk], c)              # over budget: the deepest (c itself) goes
     assert cp.bytes == 200 and len(cp) == 2
-    assert cp.longest(ids) == (3 * chunk, c)
-    assert cp.longest(ids[:2 * chunk]) == (chunk, a)
+    assert cp.longest(ids) == (2 * chunk, b)
+    other = [9] + ids[1:]
+    d = _Snap(100)
+    cp.add(other[:chunk], d)                # equally deep as a: the least recently used of
+    assert cp.bytes == 200                  # the deepest (b, at 2 chunks) goes first
+    assert cp.longest(ids) == (chunk, a) and cp.longest(other) == (chunk, d)
+    e = _Snap(100)
+    cp.add([5] * chunk, e)                  # three one-chunk runs: a is the oldest of them
+    assert cp.longest(ids) == (0, None) and cp.longest(other) == (chunk, d)
     cp.add(list(range(1000, 1000 + chunk)), _Snap(251))             # bigger than the budget
     cp.add(list(range(2000, 2000 + chunk)), _Snap(0))               # size unknown
     assert len(cp) == 2
