@@ -204,10 +204,11 @@ class _VersionedRandom(random.Random):
     more_phrasings = False
 
 
-def _v4(rng):
-    """Data version 4's extra phrasings.  Every use is ``_v4(rng) and rng.random() < p``,
-    so earlier versions draw nothing more and their streams stay byte-identical."""
-    return getattr(rng, "more_phrasings", False)
+def _v4(rng, p):
+    """Whether to use one of data version 4's extra phrasings (probability ``p``).  The
+    draw happens only when the version-4 knob is on, so earlier versions draw nothing
+    more and their streams stay byte-identical."""
+    return getattr(rng, "more_phrasings", False) and rng.random() < p
 
 
 _WORDS = None
@@ -270,7 +271,7 @@ def gen_set_light(rng):
     room, said = _room(rng)
     lights = _pick(rng, ["lights", "light", "lamps", "lighting", "lights"])
     r = rng.random()
-    if _v4(rng) and r >= 0.78 and rng.random() < 0.45:
+    if r >= 0.78 and _v4(rng, 0.45):
         r = rng.random() * 0.44      # version 4: a colour only in ~12 %, not 22 %
     args = {"room": room}
     notes = [f'room = "{room}" from "{said}"']
@@ -280,7 +281,7 @@ def gen_set_light(rng):
                              f"{verb} {_the(rng, lights)} in the {said}",
                              f"{verb.split()[0]} the {said} {lights} {verb.split()[1]}",
                              f"lights on in the {said}"])
-        if _v4(rng) and rng.random() < 0.35:
+        if _v4(rng, 0.35):
             clause = _pick(rng, [f"{said} {lights} on", f"can I have the {said} {lights} on",
                                  f"get the {lights} on in the {said}",
                                  f"{lights} on in the {said}"])
@@ -291,7 +292,7 @@ def gen_set_light(rng):
         clause = _pick(rng, [f"{verb} {_the(rng, said)} {lights}",
                              f"{verb} {_the(rng, lights)} in the {said}",
                              f"lights off in the {said}"])
-        if _v4(rng) and rng.random() < 0.35:
+        if _v4(rng, 0.35):
             clause = _pick(rng, [f"{said} {lights} off", f"get the {lights} off in the {said}",
                                  f"nobody's in the {said}, {lights} off"])
         args["on"] = False
@@ -313,7 +314,7 @@ def gen_set_light(rng):
             clause = _pick(rng, [f"{_pick(rng, ['set', 'put', 'turn'])} the {said} {lights} to full brightness",
                                  f"turn the {said} {lights} up to full brightness",
                                  f"{said} {lights} on full brightness"])
-            if _v4(rng) and rng.random() < 0.5:
+            if _v4(rng, 0.5):
                 said_n = _pick(rng, ["full brightness", "max brightness", "maximum brightness"])
                 clause = _pick(rng, [f"{said} {lights} to {said_n}", f"{said_n} in the {said}",
                                      f"{lights} in the {said} to {said_n}"])
@@ -324,7 +325,7 @@ def gen_set_light(rng):
                                  f"{verb} the {said} to {said_n}",
                                  f"set the {said} {lights} to {said_n} brightness",
                                  f"set the {said} {lights} to {said_n}"])
-            if _v4(rng) and rng.random() < 0.3:
+            if _v4(rng, 0.3):
                 clause = _pick(rng, [f"{said} {lights} to {said_n}", f"{said} {lights} at {said_n}"])
         args["on"] = True
         args["brightness"] = n
@@ -375,7 +376,7 @@ def gen_set_thermostat(rng):
                              f"set the temperature in the {said} to {said_t}",
                              f"set the heating in the {said} to {said_t}",
                              f"warm the {said} up to {said_t}"])
-        if _v4(rng) and rng.random() < 0.35:
+        if _v4(rng, 0.35):
             clause = _pick(rng, [f"set the {said} to {said_t}", f"turn the {said} heating up to {said_t}",
                                  f"{said} to {said_t}", f"get the {said} to {said_t}"])
         args["room"] = room
@@ -423,7 +424,7 @@ def gen_lock_door(rng):
     door, said = _door(rng)
     clause = _pick(rng, [f"lock the {said}", f"lock up the {said}", f"make sure the {said} is locked",
                          f"secure the {said}", f"lock the {said} please", f"{said}, lock it"])
-    if _v4(rng) and rng.random() < 0.3:
+    if _v4(rng, 0.3):
         clause = _pick(rng, [f"I left the {said} unlocked, lock it",
                              f"the {said} is still unlocked, can you lock it",
                              f"is the {said} locked? if not, lock it"])
@@ -497,7 +498,7 @@ def gen_play_music(rng):
     notes = [f'query = "{q}" from "{said}"']
     verb = _pick(rng, ["play", "play", "put on", "start playing", "queue up", "stream"])
     clause = f"{verb} {said}"
-    if _v4(rng) and rng.random() < 0.35:
+    if _v4(rng, 0.35):
         verb = _pick(rng, ["put", "I want to hear", "throw on", "can you play", "let's hear"])
         clause = f"{verb} {said}" + (" on" if verb == "put" else "")
     if rng.random() < 0.35:
@@ -544,7 +545,7 @@ def gen_set_volume(rng):
                              f"change the speaker volume to {said}", f"put the volume at {said}"])
         notes.append(f'level = {level} from "{said}"')
     args["level"] = level
-    if _v4(rng) and level and rng.random() < 0.3:
+    if level and _v4(rng, 0.3):
         room, rsaid = _room(rng)
         clause = _pick(rng, [f"set the {rsaid} volume to {said}", f"{rsaid} volume to {said}",
                              f"turn the {rsaid} speaker to {said}"])
@@ -591,7 +592,7 @@ def gen_set_timer(rng):
     clause = _pick(rng, [f"set a timer for {said}", f"start a {said} timer",
                          f"timer for {said}", f"start a timer for {said}",
                          f"count down {said}", f"set a {said} timer"])
-    if _v4(rng) and rng.random() < 0.4:
+    if _v4(rng, 0.4):
         # "a two hour timer", "a 25 minute pasta timer": the duration as an adjective
         adj = _adjectival(said)
         a = "" if adj.startswith(("a ", "an ")) else "a "
@@ -623,7 +624,7 @@ def _adjectival(said):
 
 def _clock(rng):
     """A spoken time of day and its 24-hour HH:MM form."""
-    if _v4(rng) and rng.random() < 0.25:
+    if _v4(rng, 0.25):
         return _clock_relative(rng)
     r = rng.random()
     hour12 = rng.randint(1, 12)
@@ -728,7 +729,7 @@ def gen_stop_vacuum(rng):
                          "stop the robot vacuum", "dock the vacuum", "stop vacuuming",
                          "tell the vacuum to go home", "stop the hoover",
                          "send the vacuum cleaner back to the dock"])
-    if _v4(rng) and rng.random() < 0.3:
+    if _v4(rng, 0.3):
         vac = _pick(rng, ["vacuum", "hoover", "robot vacuum", "vacuum cleaner"])
         clause = _pick(rng, [f"the {vac} is too noisy, stop it",
                              f"the {vac} keeps bumping into things, send it back to the dock",
@@ -825,7 +826,7 @@ def gen_add_to_shopping_list(rng):
 
 
 def gen_send_notification(rng):
-    if _v4(rng) and rng.random() < 0.25:
+    if _v4(rng, 0.25):
         message = _pick(rng, MESSAGES_V4)
     else:
         message = _value(rng, MESSAGES, "message")
@@ -847,7 +848,7 @@ def gen_send_notification(rng):
                                  f"send a message to {who_said} saying {message}",
                                  f"let {who_said} know that {message}",
                                  f"message {who_said}: {message}"])
-            if _v4(rng) and rng.random() < 0.4:
+            if _v4(rng, 0.4):
                 clause = _pick(rng, [f"let {who_said} know {message}", f"tell {who_said} {message}",
                                      f"text {who_said}: {message}", f"ping {who_said} that {message}"])
         args["recipient"] = recipient
@@ -1311,7 +1312,7 @@ class Generator:
             notes.append(note)
         if n_calls == 1:
             query = _wrap(rng, clauses[0])
-            if _v4(rng) and rng.random() < 0.15:
+            if _v4(rng, 0.15):
                 reasons = REASONS.get(names[0], [])
                 lead = _pick(rng, reasons) if reasons and rng.random() < 0.5 else _pick(rng, PREFACES)
                 query = lead + query
