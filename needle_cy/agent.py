@@ -34,7 +34,8 @@ from .errors import ModelNotAvailableError, NeedleError, SchemaError
 from .generate import Cancelled, DecodeSettings, run_turn
 from .grounding import GroundingIndex, ValueGrounder
 from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
-from .retrieval import EmbeddingRanker, file_fingerprint, rank_bm25, select_prefix
+from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
+                        rank_bm25, select_prefix)
 from .toolspec import normalize_tool, normalize_tools
 
 __all__ = ["Needle", "extract", "DEFAULT_MODEL_PATH"]
@@ -116,6 +117,10 @@ class Needle:
     max_calls_per_turn: the grammar allows at most this many calls in one turn.
     tool_token_budget / max_retrieved_tools / retrieval: tool selection (``bm25``,
         ``embedding`` or ``auto``), see ``needle_cy.retrieval``.
+    query_expansion: with BM25 retrieval, words requests use for tools their schemas do
+        not hold ("dim", "mute"): ``"default"`` (the shipped table, learned from the
+        default model's training data), a path to such a table, a ``QueryExpansion``, or
+        ``None`` (the request's own words only).
     reasoning_limit: tokens of free reasoning before a turn declines with ``[]``.
     constrained: ``False`` decodes the call freely and validates it afterwards.
     force_call: enter the call block even when the model stops or hits the reasoning cap
@@ -135,7 +140,8 @@ class Needle:
                  reasoning_limit=256, constrained=True, threads=None, backend="cython",
                  max_new_tokens=512, string_token_cap=64, tool_index_path=None,
                  tokenizer=None, stateless=False, force_call=False, auto_date=False,
-                 escalate_below=0.1, ground_values=True, prefix_checkpoint_mb=32):
+                 escalate_below=0.1, ground_values=True, prefix_checkpoint_mb=32,
+                 query_expansion="default"):
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -150,6 +156,14 @@ class Needle:
         self.tool_token_budget = tool_token_budget
         self.max_retrieved_tools = max_retrieved_tools
         self.retrieval = retrieval
+        if isinstance(query_expansion, str) and query_expansion == "default":
+            query_expansion = default_query_expansion()
+        elif isinstance(query_expansion, (str, os.PathLike)):
+            query_expansion = QueryExpansion.load(query_expansion)
+        elif query_expansion is not None and not isinstance(query_expansion, QueryExpansion):
+            raise ValueError(f"query_expansion must be 'default', a path, a QueryExpansion or None, "
+                             f"got {type(query_expansion).__name__}")
+        self.query_expansion = query_expansion
         self.settings = DecodeSettings(max_new_tokens=int(max_new_tokens),
                                        reasoning_limit=int(reasoning_limit),
                                        string_token_cap=int(string_token_cap),
@@ -215,7 +229,7 @@ class Needle:
                 fp = file_fingerprint(self.model_path) if self.model_path else "model"
                 self._ranker = EmbeddingRanker(self._embed, fp, self.tool_index_path)
             return self._ranker.rank(query, [s.compact_json() for s in self.specs])
-        return rank_bm25(query, self.specs)
+        return rank_bm25(query, self.specs, expansion=self.query_expansion)
 
     def select_tools(self, query):
         """The tools the prompt will hold for a conversation starting with ``query``."""

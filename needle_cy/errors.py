@@ -55,3 +55,7 @@ class UnknownMarkerError(TokenizerError, KeyError):
 
     def __str__(self):  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class QueryExpansionError(NeedleError, ValueError):
+    """A query-expansion table (retrieval) is unreadable or malformed."""

@@ -213,7 +213,8 @@ def predicted_calls(response, include_suppressed=False):
 
 
 def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
-              backend=None, ground_values=True, prefix_checkpoint_mb=None):
+              backend=None, ground_values=True, prefix_checkpoint_mb=None,
+              query_expansion="default"):
     from needle_cy.agent import Needle
 
     agents = {}
@@ -224,7 +225,8 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
         key = json.dumps(case_tools, sort_keys=True)
         agent = agents.get(key)
         if agent is None:
-            kwargs = {"model": model, "tools": case_tools, "ground_values": ground_values}
+            kwargs = {"model": model, "tools": case_tools, "ground_values": ground_values,
+                      "query_expansion": query_expansion}
             if prefix_checkpoint_mb is not None:
                 kwargs["prefix_checkpoint_mb"] = prefix_checkpoint_mb
             if threads:
@@ -266,6 +268,8 @@ def main(argv=None):
     parser.add_argument("--prefix-checkpoint-mb", type=float,
                         help="the agent's prefix checkpoint memory (0: every new tool selection "
                              "prefills its whole prefix, the cold latency)")
+    parser.add_argument("--no-query-expansion", action="store_true",
+                        help="BM25 retrieval on the request's own words (no learned expansion)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each wrong case")
     args = parser.parse_args(argv)
 
@@ -283,10 +287,12 @@ def main(argv=None):
 
     records = run_cases(cases, tools, args.model, args.threads, args.include_suppressed, progress,
                         args.backend, ground_values=not args.no_grounding,
-                        prefix_checkpoint_mb=args.prefix_checkpoint_mb)
+                        prefix_checkpoint_mb=args.prefix_checkpoint_mb,
+                        query_expansion=None if args.no_query_expansion else "default")
     summary = summarize(records)
     summary["grounding"] = not args.no_grounding
     summary["prefix_checkpoint_mb"] = args.prefix_checkpoint_mb
+    summary["query_expansion"] = not args.no_query_expansion
     summary["model"] = args.model or "default"
     summary["data"] = args.data
     if args.out:

@@ -18,6 +18,17 @@ Rankers:
   and start the vacuum") puts each clause's best tool first, in clause order, before
   the ranking of the whole request: every intent of a multi-call request then reaches
   the top ``max_tools`` even when one intent's words dominate the scores.
+* ``QueryExpansion`` (with ``bm25``) — words a request uses for a tool that its schema
+  does not ("dim" for ``set_light``, "mute" for ``set_volume``, "humid" for a humidity
+  sensor): a table of request word → tool-name words with a share in [0, 1], learned
+  from the training data (``needle_cy.training.query_expansion``: the share of
+  single-call requests holding the word that call a tool with that word in its name).
+  A request's words score with weight 1, each expansion word with ``weight × share``
+  (summed into the same BM25 sum), so an expansion ranks a tool only where its own
+  words are silent.  A request word no tool and no table knows, of five letters or
+  more, also counts as its known neighbours one edit away (a typo: "voluem",
+  "alrm" is too short to guess safely).  The shipped table
+  (``needle_cy/models/query_expansion.json``) is the agent's default.
 * ``embedding`` — cosine similarity of the model's embedding-head vectors (already L2
   normalised, so a dot product) of the query and of each tool's compact JSON.  Tool
   vectors are cached in memory and, with ``cache_path``, on disk in an ``.npz`` keyed by a
@@ -28,6 +39,7 @@ Rankers:
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
@@ -35,8 +47,10 @@ from collections import Counter
 
 import numpy as np
 
+from .errors import QueryExpansionError
+
 __all__ = ["bm25_tokens", "BM25", "bm25_index", "rank_bm25", "select_prefix", "EmbeddingRanker",
-           "file_fingerprint"]
+           "file_fingerprint", "QueryExpansion", "default_query_expansion"]
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -108,17 +122,104 @@ class BM25:
         self.idf = {t: math.log(1.0 + (n - c + 0.5) / (c + 0.5)) for t, c in df.items()}
 
     def scores(self, query_terms) -> np.ndarray:
+        """BM25 of each document; ``query_terms`` is a list of words (each distinct word
+        counts once) or a ``{word: weight}`` mapping (each word's sum scaled)."""
+        weights = query_terms if isinstance(query_terms, dict) else dict.fromkeys(query_terms, 1.0)
         out = np.zeros(len(self.tf), dtype=np.float64)
-        for term in set(query_terms):
+        for term, weight in weights.items():
             idf = self.idf.get(term)
-            if idf is None:
+            if idf is None or not weight:
                 continue
             for i, tf in enumerate(self.tf):
                 f = tf.get(term, 0)
                 if f:
                     norm = self.k1 * (1.0 - self.b + self.b * self.lengths[i] / self.avg_len)
-                    out[i] += idf * f * (self.k1 + 1.0) / (f + norm)
+                    out[i] += weight * idf * f * (self.k1 + 1.0) / (f + norm)
         return out
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    """Damerau–Levenshtein distance exactly 1 (one insertion, deletion, substitution
+    or swap of neighbours)."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    if len(a) < len(b):
+        return a[i:] == b[i + 1:]
+    return a[i + 1:] == b[i + 1:] or (i + 1 < len(a) and a[i] == b[i + 1] and a[i + 1] == b[i]
+                                      and a[i + 2:] == b[i + 2:])
+
+
+class QueryExpansion:
+    """Request word → ``{tool-name word: share}``, applied as extra weighted BM25 terms."""
+
+    FORMAT = "needle_cy.query_expansion/1"
+    MIN_TYPO_LENGTH = 5
+
+    def __init__(self, terms, weight=1.0, source=None):
+        if not isinstance(terms, dict):
+            raise QueryExpansionError(f"query expansion: 'terms' must be an object of word -> "
+                              f"{{word: share}}, got {type(terms).__name__}")
+        for word, targets in terms.items():
+            if not isinstance(word, str) or not isinstance(targets, dict) or not all(
+                    isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and 0.0 <= v <= 1.0 for k, v in targets.items()):
+                raise QueryExpansionError(f"query expansion: entry {word!r} must map words to shares "
+                                  f"in [0, 1], got {targets!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+            raise QueryExpansionError(f"query expansion: 'weight' must be a number >= 0, got {weight!r}")
+        self.terms = {w: dict(t) for w, t in terms.items()}
+        self.weight = float(weight)
+        self.source = source or {}
+
+    @classmethod
+    def load(cls, path):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise QueryExpansionError(f"query expansion {os.fspath(path)!r}: cannot read it as JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("format") != cls.FORMAT:
+            raise QueryExpansionError(f"query expansion {os.fspath(path)!r}: expected an object with "
+                              f"\"format\": {cls.FORMAT!r}")
+        return cls(data.get("terms"), data.get("weight", 1.0), data.get("source"))
+
+    def to_json(self) -> dict:
+        return {"format": self.FORMAT, "weight": self.weight, "source": self.source,
+                "terms": {w: dict(sorted(t.items())) for w, t in sorted(self.terms.items())}}
+
+    def weighted_terms(self, terms, vocabulary=()) -> dict:
+        """``{word: weight}`` for a request's stemmed words: each word 1, plus its
+        expansions; an unknown word of MIN_TYPO_LENGTH letters or more stands for the
+        known words one edit away (``vocabulary``: the index's words)."""
+        out = {}
+        known = None
+        for term in dict.fromkeys(terms):
+            forms = [term]
+            if term not in self.terms and term not in vocabulary and len(term) >= self.MIN_TYPO_LENGTH:
+                if known is None:
+                    known = sorted(set(vocabulary) | set(self.terms))
+                forms = [w for w in known if _one_edit_apart(term, w)] or forms
+            for form in forms:
+                out[form] = out.get(form, 0.0) + 1.0
+                for word, share in self.terms.get(form, {}).items():
+                    out[word] = out.get(word, 0.0) + self.weight * share
+        return out
+
+
+_DEFAULT_EXPANSION = os.path.join(os.path.dirname(__file__), "models", "query_expansion.json")
+_default_cache = []
+
+
+def default_query_expansion() -> QueryExpansion:
+    """The shipped table (learned from the default model's training data), loaded once."""
+    if not _default_cache:
+        _default_cache.append(QueryExpansion.load(_DEFAULT_EXPANSION))
+    return _default_cache[0]
 
 
 def _order(scores) -> list:
@@ -130,15 +231,21 @@ def bm25_index(specs) -> BM25:
     return BM25([tool_document(s) for s in specs])
 
 
-def rank_bm25(query: str, specs, index=None) -> list:
-    """Catalogue indices, best first; ``index`` = ``bm25_index(specs)`` when reused."""
+def rank_bm25(query: str, specs, index=None, expansion=None) -> list:
+    """Catalogue indices, best first; ``index`` = ``bm25_index(specs)`` when reused;
+    ``expansion``: a ``QueryExpansion`` (None: the request's words alone)."""
     index = index or bm25_index(specs)
-    whole = _order(index.scores(query_terms(query)))
+
+    def terms(text):
+        words = query_terms(text)
+        return expansion.weighted_terms(words, index.idf) if expansion is not None else words
+
+    whole = _order(index.scores(terms(query)))
     first = []
     clauses = request_clauses(query)
     if len(clauses) > 1:
         for clause in clauses:
-            scores = index.scores(query_terms(clause))
+            scores = index.scores(terms(clause))
             best = _order(scores)[0] if len(scores) else None
             if best is not None and scores[best] > 0 and best not in first:
                 first.append(best)

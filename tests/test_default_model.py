@@ -88,7 +88,7 @@ def test_a_new_tool_selection_resumes_from_a_prefix_checkpoint_exactly(catalogue
     import numpy as np
     from needle_cy.agent import Needle
 
-    first, second = "Play some jazz in the office", "What is the humidity in the bathroom?"
+    first, second = "Set the kitchen lights to 50", "Turn on the bathroom light"
     cached = Needle(model=None, tools=catalogue)
     fresh = Needle(model=None, tools=catalogue, prefix_checkpoint_mb=0)
     assert cached.select_tools(first) != cached.select_tools(second)

@@ -222,7 +222,26 @@ def test_version_2_tool_results_are_rendered_as_the_agent_sends_them():
 
 def test_unknown_data_version_is_refused():
     with pytest.raises(ValueError, match="data version"):
-        data.Generator(version=5)
+        data.Generator(version=6)
+
+
+def test_version_5_values_start_with_tokenizer_word_pieces_said_in_the_request():
+    """Version 5 draws most open-pool words from the tokenizer's word pieces, so
+    string values start with pieces the earlier pools never wrote there."""
+    words = json.load(open(data.WORDS_PATH, encoding="utf-8"))
+    vocab, pool = set(words["vocab_words"]), set(words["words"])
+    assert len(vocab) > 1000
+    firsts = []
+    for ex in data.generate(2000, seed=12, version=5):
+        for turn in ex["history"] + [ex]:
+            for call in turn["answers"]:
+                if call["name"] in ("add_to_shopping_list", "send_notification"):
+                    value = call["arguments"].get("item") or call["arguments"]["message"]
+                    assert value.lower() in turn["query"].lower(), (value, turn["query"])
+                    firsts.append(value.split()[0])
+    from_vocab = [w for w in firsts if w in vocab and w not in pool]
+    assert len(from_vocab) > 0.15 * len(firsts), (len(from_vocab), len(firsts))
+    assert len(set(from_vocab)) > 400
 
 
 def test_eval_cases_are_scoreable_single_turn_cases(tmp_path):

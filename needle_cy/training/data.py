@@ -202,6 +202,7 @@ class _VersionedRandom(random.Random):
     plain ``Random``: its stream (and so the shipped recipe's data) is unchanged."""
     diverse = 0.0
     more_phrasings = False
+    vocab_values = False
 
 
 def _v4(rng, p):
@@ -222,22 +223,34 @@ def _value_words():
     return _WORDS
 
 
+def _word(rng, words):
+    """One open-pool word; with data version 5, 60 % of them come from the tokenizer's
+    word pieces (``vocab_words``).  A value's first word is written without the space
+    it has in the request ("classical" after ``"query":"``, "▁classical" in "play some
+    classical"), so the model must learn each piece's two forms apart: a piece it never
+    wrote at a string's start it cannot copy there (measured: 25 % of random vocabulary
+    words copied into a shopping-list item, 80 % of the open pool's words)."""
+    if getattr(rng, "vocab_values", False) and rng.random() < 0.6:
+        return rng.choice(_value_words()["vocab_words"])
+    return rng.choice(words)
+
+
 def _diverse_value(rng, kind):
-    """A free-string value from a large open pool (~950 words, 1,690 names), so that the
-    model can only get it right by copying it from the request, never by recalling a
-    short list."""
+    """A free-string value from a large open pool (~950 words, 1,690 names; version 5
+    adds ~1,750 tokenizer word pieces), so that the model can only get it right by
+    copying it from the request, never by recalling a short list."""
     w = _value_words()
     words, first, last = w["words"], w["first_names"], w["last_names"]
     if kind == "item":
-        return " ".join(rng.choice(words) for _ in range(rng.choice([1, 1, 2])))
+        return " ".join(_word(rng, words) for _ in range(rng.choice([1, 1, 2])))
     if kind == "message":
-        return " ".join(rng.choice(words) for _ in range(rng.randint(2, 6)))
+        return " ".join(_word(rng, words) for _ in range(rng.randint(2, 6)))
     if kind == "artist":
         return rng.choice(first) + " " + rng.choice(last) if rng.random() < 0.7 else \
-            "The " + rng.choice(words).capitalize() + "s"
+            "The " + _word(rng, words).capitalize() + "s"
     if kind == "title":
-        return " ".join(rng.choice(words).capitalize() for _ in range(rng.randint(1, 3)))
-    return rng.choice(words)          # "label", "genre", "playlist"
+        return " ".join(_word(rng, words).capitalize() for _ in range(rng.randint(1, 3)))
+    return _word(rng, words)          # "label", "genre", "playlist"
 
 
 def _value(rng, pool, kind):
@@ -882,6 +895,8 @@ GENERATORS = {
     "add_to_shopping_list": gen_add_to_shopping_list,
     "send_notification": gen_send_notification, "water_garden": gen_water_garden,
 }
+# Tools whose free strings are copied from the request (data version 5 draws them more).
+COPY_TOOLS = ("add_to_shopping_list", "send_notification", "play_music")
 
 # ------------------------------------------------------------- refusals ---
 
@@ -1269,16 +1284,20 @@ class Generator:
         version 2 with follow-up requests packed after the first (``_pack``); 4 is
         version 3 with more phrasings (``_v4``: durations as adjectives, labels before
         "timer", "quarter to eight", verbless and pronoun requests, prefaces, messages
-        with contractions, fewer unasked light colours) and more three-call requests."""
-        if version not in (1, 2, 3, 4):
-            raise ValueError(f"data version must be 1, 2, 3 or 4, got {version!r}")
+        with contractions, fewer unasked light colours) and more three-call requests;
+        5 is version 4 with more open-pool values (80 %), 60 % of their words drawn from
+        the tokenizer's word pieces (``_word``), and more requests for the tools whose
+        strings are copied (``COPY_TOOLS``)."""
+        if version not in (1, 2, 3, 4, 5):
+            raise ValueError(f"data version must be 1, 2, 3, 4 or 5, got {version!r}")
         self.version = version
         if version == 1:
             self.rng = random.Random(seed)
         else:
             self.rng = _VersionedRandom(seed)
-            self.rng.diverse = 0.5
+            self.rng.diverse = 0.8 if version >= 5 else 0.5
             self.rng.more_phrasings = version >= 4
+            self.rng.vocab_values = version >= 5
         self.catalogue = catalogue or load_catalogue()
         self.by_name = {t["name"]: t for t in self.catalogue}
         self.think_rate = think_rate
@@ -1304,6 +1323,10 @@ class Generator:
         rng = self.rng
         if names is None:
             names = rng.sample(list(GENERATORS), n_calls)
+            if getattr(rng, "vocab_values", False) and rng.random() < 0.5:
+                copy = _pick(rng, COPY_TOOLS)       # version 5: more strings to copy
+                if copy not in names:
+                    names[rng.randrange(n_calls)] = copy
         clauses, calls, notes = [], [], []
         for name in names:
             clause, call, note = GENERATORS[name](rng)
@@ -1347,7 +1370,11 @@ class Generator:
         for _ in range(rng.choice([1, 2, 3, 3])):
             r = rng.random()
             if names and r < 0.55:
-                query, calls, notes = self._home_calls(1, [rng.choice(names)])
+                copy = [n for n in names if n in COPY_TOOLS]
+                if copy and getattr(rng, "vocab_values", False) and rng.random() < 0.5:
+                    query, calls, notes = self._home_calls(1, [rng.choice(copy)])
+                else:
+                    query, calls, notes = self._home_calls(1, [rng.choice(names)])
             elif len(names) >= 2 and r < 0.7:
                 query, calls, notes = self._home_calls(2, rng.sample(names, 2))
             else:
