@@ -316,3 +316,22 @@ def test_every_assistant_turn_is_a_target_in_the_token_mask(tmp_path):
     assert w[0, len(seq):].sum() == 0
     _, w, _ = train.Batches(str(tmp_path), hyper, "tokens_p.npz").batch(0)
     assert (w[0, :17] == hyper["prompt_weight"]).all() and (w[0, 17:len(seq)] == 1.0).all()
+
+
+def test_copy_probe_cases_are_valid_calls_on_said_words(tmp_path):
+    from needle_cy.eval import load_cases
+    cases = data.copy_probe_cases(12, seed=5)
+    assert cases == data.copy_probe_cases(12, seed=5) != data.copy_probe_cases(12, seed=6)
+    assert len(cases) == 2 * 12 * len(data.COPY_PROBE_TEMPLATES)
+    assert {c["category"] for c in cases} == {"copy_pool", "copy_piece"}
+    by_name = {t["name"]: t for t in data.load_catalogue()}
+    words = json.load(open(data.WORDS_PATH, encoding="utf-8"))
+    for case in cases:
+        (call,) = case["answers"]
+        jsonschema.Draft202012Validator(by_name[call["name"]]["parameters"]).validate(call["arguments"])
+        word = case["id"].rsplit("-", 1)[1]
+        assert word in case["query"].split() and word in call["arguments"].values()
+        assert (word in words["words"]) == (case["category"] == "copy_pool")
+    path = str(tmp_path / "probe.jsonl")
+    data.main(["--copy-probe", "-n", "12", "--seed", "5", "--out", path])
+    assert [c["id"] for c in load_cases(path)] == [c["id"] for c in cases]

@@ -1562,16 +1562,50 @@ def eval_cases(n, seed, version=2):
     return out
 
 
+COPY_PROBE_TEMPLATES = (("Add {} to the shopping list", "add_to_shopping_list", "item"),
+                        ("Play some {}", "play_music", "query"),
+                        ("Set a 10 minute timer called {}", "set_timer", "label"))
+
+
+def copy_probe_cases(n_words=40, seed=5):
+    """A probe of copying one word into a free string: ``n_words`` lower-case words of
+    the open pool and ``n_words`` of the tokenizer's word pieces outside it, each in
+    every template of ``COPY_PROBE_TEMPLATES`` (categories ``copy_pool`` and
+    ``copy_piece``).  A word that is one piece is written at a string's start as a
+    piece the request never shows (no leading space), which a model learns per piece."""
+    words = _value_words()
+    rng = random.Random(seed)
+    pool = sorted(w for w in words["words"] if w.isalpha() and w.islower())
+    pieces = sorted(w for w in words["vocab_words"] if w.islower() and w not in set(words["words"]))
+    out = []
+    for group, sample in (("pool", rng.sample(pool, n_words)), ("piece", rng.sample(pieces, n_words))):
+        for template, tool, key in COPY_PROBE_TEMPLATES:
+            for word in sample:
+                call = {"name": tool, "arguments": {key: word}}
+                if tool == "set_timer":
+                    call["arguments"] = {"minutes": 10, key: word}
+                out.append({"id": f"copy-{group}-{tool}-{word}", "category": f"copy_{group}",
+                            "query": template.format(word), "answers": [call]})
+    return out
+
+
 def main(argv=None):
     import argparse
     parser = argparse.ArgumentParser(description="Generate synthetic Needle training data (JSONL).")
     parser.add_argument("--out", required=True)
     parser.add_argument("-n", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--version", type=int, default=1, choices=(1, 2, 3, 4))
+    parser.add_argument("--version", type=int, default=1, choices=(1, 2, 3, 4, 5))
     parser.add_argument("--eval-cases", action="store_true",
                         help="write single-turn cases in the needle_cy.eval format instead")
+    parser.add_argument("--copy-probe", action="store_true",
+                        help="write the copy probe's cases (copy_probe_cases; -n words per group)")
     args = parser.parse_args(argv)
+    if args.copy_probe:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            for case in copy_probe_cases(args.n, args.seed):
+                handle.write(json.dumps(case, ensure_ascii=False) + "\n")
+        return
     if args.eval_cases:
         with open(args.out, "w", encoding="utf-8") as handle:
             for case in eval_cases(args.n, args.seed, args.version):

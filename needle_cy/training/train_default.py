@@ -8,7 +8,8 @@ the phases the shipped archive was trained with (``SHIPPED_PHASES``; see
 ``needle_cy/models/MODEL_CARD.md``), adding the version-2 data (seed 1, tokenized with
 the same tokenizer) where the recipe switched to it (and versions 3 and 4 likewise), exports it with the official
 exporter (CQ 4-bit) and fits and attaches the confidence head
-(``needle_cy.training.confidence``). Needs ``pip install "cactus-needle[train]==3.2.8"`` (jax, flax,
+(``needle_cy.training.confidence``), and writes the retrieval's query-expansion table
+(``needle_cy.training.query_expansion``) beside the archive. Needs ``pip install "cactus-needle[train]==3.2.8"`` (jax, flax,
 optax, sentencepiece). A run folder that already holds a state resumes where it stopped.
 On 2 shared CPU cores this takes hours; the card records the measured time.
 
@@ -22,7 +23,7 @@ import json
 import os
 import time
 
-from . import confidence, train
+from . import confidence, query_expansion, train
 
 # The schedule behind the shipped archive, batches of 4 × 512 tokens.  Each phase writes
 # control.json (the LR schedule's end and decay length, the token file) and trains until
@@ -87,6 +88,10 @@ def main(argv=None):
     confidence.collect(bare, cells, **CONFIDENCE_DATA)
     confidence.fit(cells, head, **CONFIDENCE_FIT)
     confidence.attach(bare, head, args.out)
+    # the retrieval's query-expansion table ships beside the archive (counted from the
+    # data generator alone, so it does not depend on the run)
+    query_expansion.write(query_expansion.learn(),
+                          os.path.join(os.path.dirname(os.path.abspath(args.out)), "query_expansion.json"))
     print(f"done in {(time.time() - t0) / 3600:.2f} h")
 
 
