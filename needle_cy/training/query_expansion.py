@@ -5,9 +5,11 @@
 BM25 finds a tool only through words its schema holds; people ask with others ("dim the
 kitchen", "mute it", "how humid is it").  The generator's single-call requests say which
 words people use for which tool, so the table is counted from them: for each (stemmed)
-request word (letters only) seen in at least ``min_count`` such requests, every tool called by at least
-``min_share`` of them, and ``min_lift`` times more often than tools are called on
-average, lends the words of its *name* with that share.  Name words, not tool ids: the
+request word (letters only) seen in at least ``min_count`` such requests whose most
+frequent tool is called by at least ``min_top_share`` of them (a word that points
+somewhere), every tool called by at least ``min_share`` of them, and ``min_lift`` times
+more often than tools are called on average, lends the words of its *name* with that
+share.  Name words, not tool ids: the
 table then helps any catalogue whose tools are named the usual way (``set_volume``,
 ``get_sensor_reading``), not only the one it was counted on.
 
@@ -24,8 +26,8 @@ from needle_cy.retrieval import QueryExpansion, bm25_tokens, query_terms, stem
 
 from .data import Generator, load_catalogue
 
-DEFAULTS = dict(examples=20000, seed=11, version=4, min_count=10, min_share=0.25, min_lift=3.0,
-                weight=1.0)
+DEFAULTS = dict(examples=20000, seed=11, version=4, min_count=10, min_top_share=0.5, min_share=0.25,
+                min_lift=3.0, weight=1.0)
 
 
 def single_call_requests(examples, seed, version):
@@ -44,7 +46,8 @@ def single_call_requests(examples, seed, version):
 
 
 def learn(examples=DEFAULTS["examples"], seed=DEFAULTS["seed"], version=DEFAULTS["version"],
-          min_count=DEFAULTS["min_count"], min_share=DEFAULTS["min_share"],
+          min_count=DEFAULTS["min_count"], min_top_share=DEFAULTS["min_top_share"],
+          min_share=DEFAULTS["min_share"],
           min_lift=DEFAULTS["min_lift"], weight=DEFAULTS["weight"]) -> QueryExpansion:
     word_count, tool_count = Counter(), Counter()
     word_tool = defaultdict(Counter)
@@ -59,6 +62,8 @@ def learn(examples=DEFAULTS["examples"], seed=DEFAULTS["seed"], version=DEFAULTS
     for word, count in word_count.items():
         if count < min_count or not word.isalpha():
             continue    # numbers tie to this catalogue's ranges, not to language
+        if max(word_tool[word].values()) < min_top_share * count:
+            continue    # a word spread over many tools ("a", "for", "open") points nowhere
         expansion = {}
         for tool, together in word_tool[word].items():
             share = together / count
@@ -69,7 +74,8 @@ def learn(examples=DEFAULTS["examples"], seed=DEFAULTS["seed"], version=DEFAULTS
         if expansion:
             terms[word] = expansion
     source = dict(generator_version=version, seed=seed, examples=examples, requests=requests,
-                  min_count=min_count, min_share=min_share, min_lift=min_lift)
+                  min_count=min_count, min_top_share=min_top_share, min_share=min_share,
+                  min_lift=min_lift)
     return QueryExpansion(terms, weight=weight, source=source)
 
 
