@@ -229,7 +229,9 @@ def _word(rng, words):
     it has in the request ("classical" after ``"query":"``, "▁classical" in "play some
     classical"), so the model must learn each piece's two forms apart: a piece it never
     wrote at a string's start it cannot copy there (measured: 25 % of random vocabulary
-    words copied into a shopping-list item, 80 % of the open pool's words)."""
+    words copied into a shopping-list item, 80 % of the open pool's words).  The pieces
+    exclude the generator's own request words: drawn as values, "Please" or "some" made
+    the model copy them (an earlier cut of version 5)."""
     if getattr(rng, "vocab_values", False) and rng.random() < 0.6:
         return rng.choice(_value_words()["vocab_words"])
     return rng.choice(words)
@@ -237,7 +239,7 @@ def _word(rng, words):
 
 def _diverse_value(rng, kind):
     """A free-string value from a large open pool (~950 words, 1,690 names; version 5
-    adds ~1,750 tokenizer word pieces), so that the model can only get it right by
+    adds 1,226 tokenizer word pieces), so that the model can only get it right by
     copying it from the request, never by recalling a short list."""
     w = _value_words()
     words, first, last = w["words"], w["first_names"], w["last_names"]
