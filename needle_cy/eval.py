@@ -214,7 +214,7 @@ def predicted_calls(response, include_suppressed=False):
 
 def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
               backend=None, ground_values=True, prefix_checkpoint_mb=None,
-              query_expansion="default"):
+              query_expansion="default", max_retrieved_tools=None):
     from needle_cy.agent import Needle
 
     agents = {}
@@ -229,6 +229,8 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
                       "query_expansion": query_expansion}
             if prefix_checkpoint_mb is not None:
                 kwargs["prefix_checkpoint_mb"] = prefix_checkpoint_mb
+            if max_retrieved_tools is not None:
+                kwargs["max_retrieved_tools"] = max_retrieved_tools
             if threads:
                 kwargs["threads"] = threads
             if backend:
@@ -268,6 +270,8 @@ def main(argv=None):
     parser.add_argument("--prefix-checkpoint-mb", type=float,
                         help="the agent's prefix checkpoint memory (0: every new tool selection "
                              "prefills its whole prefix, the cold latency)")
+    parser.add_argument("--max-retrieved-tools", type=int,
+                        help="tools the agent keeps in the prompt (default: the agent's, 5)")
     parser.add_argument("--no-query-expansion", action="store_true",
                         help="BM25 retrieval on the request's own words (no learned expansion)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each wrong case")
@@ -288,11 +292,13 @@ def main(argv=None):
     records = run_cases(cases, tools, args.model, args.threads, args.include_suppressed, progress,
                         args.backend, ground_values=not args.no_grounding,
                         prefix_checkpoint_mb=args.prefix_checkpoint_mb,
-                        query_expansion=None if args.no_query_expansion else "default")
+                        query_expansion=None if args.no_query_expansion else "default",
+                        max_retrieved_tools=args.max_retrieved_tools)
     summary = summarize(records)
     summary["grounding"] = not args.no_grounding
     summary["prefix_checkpoint_mb"] = args.prefix_checkpoint_mb
     summary["query_expansion"] = not args.no_query_expansion
+    summary["max_retrieved_tools"] = args.max_retrieved_tools
     summary["model"] = args.model or "default"
     summary["data"] = args.data
     if args.out:

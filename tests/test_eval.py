@@ -164,3 +164,21 @@ def test_main_runs_the_default_model_cold_or_with_prefix_checkpoints(tmp_path, c
         assert summary["prefix_checkpoint_mb"] == (0 if extra else None)
         runs.append([json.loads(line)["predicted"] for line in out.read_text().splitlines()])
     assert runs[0] == runs[1]
+
+
+def test_main_passes_tool_count_and_query_expansion_to_the_agent(tmp_path, capsys):
+    """With one retrieved tool the grammar can call only that one: the expansion picks
+    set_light for "dim", plain BM25 another tool."""
+    case = {"id": "d", "category": "single", "query": "dim the kitchen to 30",
+            "answers": [call("set_light", room="kitchen", on=True, brightness=30)]}
+    data = tmp_path / "cases.jsonl"
+    data.write_text(json.dumps(case) + "\n")
+    names = {}
+    for extra in ([], ["--no-query-expansion"]):
+        out = tmp_path / "records.jsonl"
+        assert ev.main(["--data", str(data), "--json", "--out", str(out), "--max-retrieved-tools", "1"]
+                       + extra) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["max_retrieved_tools"] == 1 and summary["query_expansion"] is not bool(extra)
+        names[bool(extra)] = {c["name"] for c in json.loads(out.read_text())["predicted"] or []}
+    assert names[False] <= {"set_light"} and "set_light" not in names[True]
