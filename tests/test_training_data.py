@@ -257,6 +257,12 @@ def test_eval_cases_are_scoreable_single_turn_cases(tmp_path):
     path = tmp_path / "held_out.jsonl"
     main(["--out", str(path), "-n", "120", "--seed", "4242", "--version", "2", "--eval-cases"])
     assert load_cases(str(path)) == cases
+    # packed versions (3+) give their conversations' first requests
+    packed = data.generate(60, seed=4243, version=5)
+    v5 = eval_cases(60, seed=4243, version=5)
+    assert len(v5) > 40 and {c["category"] for c in v5} == {"single", "multi", "refuse"}
+    firsts = {(e["history"][0]["query"], json.dumps(e["history"][0]["answers"])) for e in packed if e.get("packed")}
+    assert sum((c["query"], json.dumps(c["answers"])) in firsts for c in v5) > 30
 
 
 def test_version_3_packs_follow_up_requests_on_the_rendered_tools():

@@ -1549,11 +1549,13 @@ _EVAL_CATEGORY = {"single": "single", "multi": "multi", "refuse": "refuse",
 
 def eval_cases(n, seed, version=2):
     """Single-turn examples as ``needle_cy.eval`` cases: a held-out synthetic test set
-    (use a seed no training run used).  Catalogue cases carry no tools (the evaluation
+    (use a seed no training run used; from a packed conversation, its first request).  Catalogue cases carry no tools (the evaluation
     declares the whole catalogue and the agent retrieves, as at inference); cases on
     invented tools carry the tool list the example was drawn with."""
     out = []
     for i, ex in enumerate(generate(n, seed=seed, version=version)):
+        if ex.get("packed"):     # versions 3+: the first request of the packed conversation
+            ex = dict(ex, history=[], query=ex["history"][0]["query"], answers=ex["history"][0]["answers"])
         if ex.get("history") or ex["kind"] not in _EVAL_CATEGORY:
             continue
         case = {"id": f"s{seed}-{i}", "category": _EVAL_CATEGORY[ex["kind"]],
