@@ -32,7 +32,7 @@ FIXED = [
     ("Tell me a joke", []),
     ("Book me a flight to Rome", []),
     # free strings and enum members come from the request (value grounding)
-    ("Add milk to the shopping list", [{"name": "add_to_shopping_list", "arguments": {"item": "milk"}}]),
+    ("Add oat milk to the shopping list", [{"name": "add_to_shopping_list", "arguments": {"item": "oat milk"}}]),
     ("Tell everyone the taxi is here",
      [{"name": "send_notification", "arguments": {"message": "the taxi is here", "recipient": "everyone"}}]),
     ("Set a 15 minute timer called tea", [{"name": "set_timer", "arguments": {"minutes": 15, "label": "tea"}}]),
@@ -41,6 +41,10 @@ FIXED = [
     ("Close the office blinds", [{"name": "set_blinds", "arguments": {"room": "office", "position": 0}}]),
     ("Unlock the front door, code 4821",
      [{"name": "unlock_door", "arguments": {"door": "front door", "code": "4821"}}]),
+    # "dim" reaches set_light through the retrieval's query expansion
+    ("dim the kitchen to 30 and lock the front door",
+     [{"name": "set_light", "arguments": {"room": "kitchen", "on": True, "brightness": 30}},
+      {"name": "lock_door", "arguments": {"door": "front door"}}]),
     ("Lock the front door and turn off the kitchen lights",
      [{"name": "lock_door", "arguments": {"door": "front door"}},
       {"name": "set_light", "arguments": {"room": "kitchen", "on": False}}]),

@@ -6,7 +6,7 @@
 Generates the data (version 1, seed 0), trains the tokenizer, trains the model through
 the phases the shipped archive was trained with (``SHIPPED_PHASES``; see
 ``needle_cy/models/MODEL_CARD.md``), adding the version-2 data (seed 1, tokenized with
-the same tokenizer) where the recipe switched to it (and versions 3 and 4 likewise), exports it with the official
+the same tokenizer) where the recipe switched to it (and versions 3, 4 and 5 likewise), exports it with the official
 exporter (CQ 4-bit) and fits and attaches the confidence head
 (``needle_cy.training.confidence``), and writes the retrieval's query-expansion table
 (``needle_cy.training.query_expansion``) beside the archive. Needs ``pip install "cactus-needle[train]==3.2.8"`` (jax, flax,
@@ -37,7 +37,10 @@ from . import confidence, query_expansion, train
 # the first, every answer a target) and the LR decays linearly over the last 2,000 steps.
 # Phases 13–14 (the session after) fine-tune on the version-4 data (more phrasings): a
 # mild restart to 6.5e-4 decaying linearly (the decay's end moved from 10,200 to 10,000
-# at step 9045, keeping the LR continuous).
+# at step 9045, keeping the LR continuous).  Phases 15–17 (the sessions after): a restart
+# to 5e-4 decaying slowly on version-4 data (its end moved at step 10500), then from step
+# 10675 version-5 data (more copied strings, words from the tokenizer's pieces) with the
+# decay reaching 2e-4 at step 12000, the LR continuous at each change.
 # (until_step, schedule_end, decay_steps, token file)
 SHIPPED_PHASES = (
     (460, 460, 120, "tokens.npz"),
@@ -54,10 +57,14 @@ SHIPPED_PHASES = (
     (8200, 8200, 2000, "tokens_v3.npz"),
     (9045, 10200, 8000, "tokens_v4.npz"),
     (10000, 10000, 6627, "tokens_v4.npz"),
+    (10500, 14000, 24000, "tokens_v4.npz"),
+    (10675, 12800, 15750, "tokens_v4.npz"),
+    (12000, 12000, 9815, "tokens_v5.npz"),
 )
 EXTRA_DATA = {"tokens_v2.npz": dict(name="v2", examples=60000, seed=1, version=2),
               "tokens_v3.npz": dict(name="v3", examples=30000, seed=3, version=3),
-              "tokens_v4.npz": dict(name="v4", examples=20000, seed=6, version=4)}
+              "tokens_v4.npz": dict(name="v4", examples=20000, seed=6, version=4),
+              "tokens_v5.npz": dict(name="v5", examples=20000, seed=7, version=5)}
 CONFIDENCE_DATA = dict(n=800, seed=99)
 CONFIDENCE_FIT = dict(steps=450, seed=0)
 
