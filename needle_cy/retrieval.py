@@ -24,8 +24,7 @@ Rankers:
   from the training data (``needle_cy.training.query_expansion``: the share of
   single-call requests holding the word that call a tool with that word in its name).
   A request's words score with weight 1, each expansion word with ``weight × share``
-  (summed into the same BM25 sum), so an expansion ranks a tool only where its own
-  words are silent.  A request word no tool and no table knows, of five letters or
+  (summed into the same BM25 sum, shares ≤ 1), so the words said still count most.  A request word no tool and no table knows, of five letters or
   more, also counts as its known neighbours one edit away (a typo: "voluem",
   "alrm" is too short to guess safely).  The shipped table
   (``needle_cy/models/query_expansion.json``) is the agent's default.
@@ -38,6 +37,7 @@ Rankers:
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -163,13 +163,13 @@ class QueryExpansion:
     def __init__(self, terms, weight=1.0, source=None):
         if not isinstance(terms, dict):
             raise QueryExpansionError(f"query expansion: 'terms' must be an object of word -> "
-                              f"{{word: share}}, got {type(terms).__name__}")
+                                      f"{{word: share}}, got {type(terms).__name__}")
         for word, targets in terms.items():
             if not isinstance(word, str) or not isinstance(targets, dict) or not all(
                     isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
                     and 0.0 <= v <= 1.0 for k, v in targets.items()):
                 raise QueryExpansionError(f"query expansion: entry {word!r} must map words to shares "
-                                  f"in [0, 1], got {targets!r}")
+                                          f"in [0, 1], got {targets!r}")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
             raise QueryExpansionError(f"query expansion: 'weight' must be a number >= 0, got {weight!r}")
         self.terms = {w: dict(t) for w, t in terms.items()}
@@ -182,10 +182,11 @@ class QueryExpansion:
             with open(path, encoding="utf-8") as handle:
                 data = json.load(handle)
         except (OSError, ValueError) as exc:
-            raise QueryExpansionError(f"query expansion {os.fspath(path)!r}: cannot read it as JSON ({exc})") from None
+            raise QueryExpansionError(f"query expansion {os.fspath(path)!r}: cannot read it as JSON "
+                                      f"({exc})") from None
         if not isinstance(data, dict) or data.get("format") != cls.FORMAT:
             raise QueryExpansionError(f"query expansion {os.fspath(path)!r}: expected an object with "
-                              f"\"format\": {cls.FORMAT!r}")
+                                      f"\"format\": {cls.FORMAT!r}")
         return cls(data.get("terms"), data.get("weight", 1.0), data.get("source"))
 
     def to_json(self) -> dict:
@@ -212,14 +213,12 @@ class QueryExpansion:
 
 
 _DEFAULT_EXPANSION = os.path.join(os.path.dirname(__file__), "models", "query_expansion.json")
-_default_cache = []
 
 
+@functools.lru_cache(maxsize=1)
 def default_query_expansion() -> QueryExpansion:
     """The shipped table (learned from the default model's training data), loaded once."""
-    if not _default_cache:
-        _default_cache.append(QueryExpansion.load(_DEFAULT_EXPANSION))
-    return _default_cache[0]
+    return QueryExpansion.load(_DEFAULT_EXPANSION)
 
 
 def _order(scores) -> list:
