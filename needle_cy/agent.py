@@ -30,7 +30,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from .errors import ModelNotAvailableError, NeedleError, SchemaError
+from .errors import ModelNotAvailableError, NeedleError
 from .generate import Cancelled, DecodeSettings, run_turn
 from .grounding import GroundingIndex, ValueGrounder
 from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
