@@ -212,6 +212,12 @@ def _v4(rng, p):
     return getattr(rng, "more_phrasings", False) and rng.random() < p
 
 
+def _v5(rng, p):
+    """Data version 5's knob, drawn the same way as ``_v4``: more copied strings, words
+    from the tokenizer's pieces."""
+    return getattr(rng, "vocab_values", False) and rng.random() < p
+
+
 _WORDS = None
 
 
@@ -232,7 +238,7 @@ def _word(rng, words):
     words copied into a shopping-list item, 80 % of the open pool's words).  The pieces
     exclude the generator's own request words: drawn as values, "Please" or "some" made
     the model copy them (an earlier cut of version 5)."""
-    if getattr(rng, "vocab_values", False) and rng.random() < 0.6:
+    if _v5(rng, 0.6):
         return rng.choice(_value_words()["vocab_words"])
     return rng.choice(words)
 
@@ -1325,7 +1331,7 @@ class Generator:
         rng = self.rng
         if names is None:
             names = rng.sample(list(GENERATORS), n_calls)
-            if getattr(rng, "vocab_values", False) and rng.random() < 0.5:
+            if _v5(rng, 0.5):
                 copy = _pick(rng, COPY_TOOLS)       # version 5: more strings to copy
                 if copy not in names:
                     names[rng.randrange(n_calls)] = copy
@@ -1369,11 +1375,11 @@ class Generator:
                  if t["name"] in GENERATORS and self.by_name.get(t["name"]) == t]
         turns = [{"query": example["query"], "reasoning": example["reasoning"],
                   "answers": example["answers"]}]
+        copy = [n for n in names if n in COPY_TOOLS]
         for _ in range(rng.choice([1, 2, 3, 3])):
             r = rng.random()
             if names and r < 0.55:
-                copy = [n for n in names if n in COPY_TOOLS]
-                if copy and getattr(rng, "vocab_values", False) and rng.random() < 0.5:
+                if copy and _v5(rng, 0.5):
                     query, calls, notes = self._home_calls(1, [rng.choice(copy)])
                 else:
                     query, calls, notes = self._home_calls(1, [rng.choice(names)])
@@ -1549,9 +1555,10 @@ _EVAL_CATEGORY = {"single": "single", "multi": "multi", "refuse": "refuse",
 
 def eval_cases(n, seed, version=2):
     """Single-turn examples as ``needle_cy.eval`` cases: a held-out synthetic test set
-    (use a seed no training run used; from a packed conversation, its first request).  Catalogue cases carry no tools (the evaluation
-    declares the whole catalogue and the agent retrieves, as at inference); cases on
-    invented tools carry the tool list the example was drawn with."""
+    (use a seed no training run used; from a packed conversation, its first request).
+    Catalogue cases carry no tools (the evaluation declares the whole catalogue and the
+    agent retrieves, as at inference); cases on invented tools carry the tool list the
+    example was drawn with."""
     out = []
     for i, ex in enumerate(generate(n, seed=seed, version=version)):
         if ex.get("packed"):     # versions 3+: the first request of the packed conversation
@@ -1579,8 +1586,9 @@ def copy_probe_cases(n_words=40, seed=5):
     piece the request never shows (no leading space), which a model learns per piece."""
     words = _value_words()
     rng = random.Random(seed)
-    pool = sorted(w for w in words["words"] if w.isalpha() and w.islower())
-    pieces = sorted(w for w in words["vocab_words"] if w.islower() and w not in set(words["words"]))
+    pool_words = set(words["words"])
+    pool = sorted(w for w in pool_words if w.isalpha() and w.islower())
+    pieces = sorted(w for w in words["vocab_words"] if w.islower() and w not in pool_words)
     out = []
     for group, sample in (("pool", rng.sample(pool, n_words)), ("piece", rng.sample(pieces, n_words))):
         for template, tool, key in COPY_PROBE_TEMPLATES:
@@ -1605,14 +1613,11 @@ def main(argv=None):
     parser.add_argument("--copy-probe", action="store_true",
                         help="write the copy probe's cases (copy_probe_cases; -n words per group)")
     args = parser.parse_args(argv)
-    if args.copy_probe:
+    if args.copy_probe or args.eval_cases:
+        cases = copy_probe_cases(args.n, args.seed) if args.copy_probe else \
+            eval_cases(args.n, args.seed, args.version)
         with open(args.out, "w", encoding="utf-8") as handle:
-            for case in copy_probe_cases(args.n, args.seed):
-                handle.write(json.dumps(case, ensure_ascii=False) + "\n")
-        return
-    if args.eval_cases:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            for case in eval_cases(args.n, args.seed, args.version):
+            for case in cases:
                 handle.write(json.dumps(case, ensure_ascii=False) + "\n")
         return
     write_jsonl(args.out, args.n, seed=args.seed, version=args.version)
