@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .errors import ModelNotAvailableError, NeedleError
 from .generate import Cancelled, DecodeSettings, run_turn
-from .grounding import GroundingIndex, ValueGrounder
+from .grounding import GroundingIndex, NoteGrounder, ValueGrounder
 from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
 from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
                         rank_bm25, select_prefix)
@@ -131,6 +131,9 @@ class Needle:
     escalate_below: with a confidence head, a turn whose ``confidence`` is below this
         returns ``escalate: true`` and its calls in ``suppressed_calls`` (not executed by
         ``run``); ``None`` turns escalation off.
+    ground_values: string arguments are spans of what was said and enum members it
+        mentions, when the model has such a token among the grammar's (``needle_cy.grounding``).
+    ground_notes: the quotes of the ``<think>`` notes likewise (``NoteGrounder``).
     prefix_checkpoint_mb: memory for model snapshots along prefilled prefixes, from which
         a new tool selection resumes at its longest already-prefilled run of tokens
         (``_PrefixCheckpoints``); 0 turns this off.
@@ -142,7 +145,7 @@ class Needle:
                  max_new_tokens=512, string_token_cap=64, tool_index_path=None,
                  tokenizer=None, stateless=False, force_call=False, auto_date=False,
                  escalate_below=0.1, ground_values=True, prefix_checkpoint_mb=32,
-                 query_expansion="default"):
+                 query_expansion="default", ground_notes=True):
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -170,7 +173,8 @@ class Needle:
                                        string_token_cap=int(string_token_cap),
                                        constrained=bool(constrained),
                                        force_call=bool(force_call),
-                                       ground_values=bool(ground_values))
+                                       ground_values=bool(ground_values),
+                                       ground_notes=bool(ground_notes))
         self.stateless = stateless
         self.escalate_below = None if escalate_below is None else float(escalate_below)
         self.tool_index_path = tool_index_path
@@ -324,7 +328,8 @@ class Needle:
                 settings = dataclasses.replace(settings, max_new_tokens=int(max_new_tokens))
             res = yield from run_turn(model, self.tokenizer, entry.grammar, new_ids, settings,
                                       self.piece_table, cancel=self._cancel,
-                                      grounder=self._grounder(entry, said))
+                                      grounder=self._grounder(entry, said),
+                                      note_grounder=self._note_grounder(entry, said))
             envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start)
             if is_results and res.success and not res.calls:
                 envelope["type"] = "respond"     # the tool loop is finished (spec §8.2)
@@ -368,6 +373,14 @@ class Needle:
             self._grounding_index = GroundingIndex(self.piece_table)
         tools = {s.name: s.grammar_schema()["parameters"] for s in entry.specs}
         return ValueGrounder(tools, said, self._grounding_index)
+
+    def _note_grounder(self, entry, said):
+        if not self.settings.ground_notes:
+            return None
+        if self._grounding_index is None:
+            self._grounding_index = GroundingIndex(self.piece_table)
+        tools = {s.name: s.grammar_schema()["parameters"] for s in entry.specs}
+        return NoteGrounder(tools, said, self._grounding_index)
 
     def _restore_prefix(self, entry):
         """Restore (or build once) the snapshot of the prefix; a generator for cancellation."""

@@ -146,6 +146,7 @@ def _make_agent(args, tools):
     return Needle(args.model, tools=tools, system=getattr(args, "system", None),
                   constrained=not getattr(args, "no_constrained", False),
                   ground_values=not getattr(args, "no_grounding", False),
+                  ground_notes=not getattr(args, "no_grounding", False),
                   threads=args.threads, backend=args.backend,
                   max_new_tokens=args.max_new_tokens, reasoning_limit=args.reasoning_limit)
 
@@ -330,7 +331,8 @@ def build_parser():
         p.add_argument("--backend", choices=["cython", "numpy"], default="cython")
         p.add_argument("--max-new-tokens", type=int, default=512)
         p.add_argument("--no-grounding", action="store_true",
-                       help="string values need not come from the request (see needle_cy.grounding)")
+                       help="string values and reasoning quotes need not come from the request "
+                            "(see needle_cy.grounding)")
         p.add_argument("--reasoning-limit", type=int, default=256,
                        help="tokens of free reasoning before the turn declines")
 

@@ -214,7 +214,7 @@ def predicted_calls(response, include_suppressed=False):
 
 def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
               backend=None, ground_values=True, prefix_checkpoint_mb=None,
-              query_expansion="default", max_retrieved_tools=None):
+              query_expansion="default", max_retrieved_tools=None, ground_notes=True):
     from needle_cy.agent import Needle
 
     agents = {}
@@ -226,6 +226,7 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
         agent = agents.get(key)
         if agent is None:
             kwargs = {"model": model, "tools": case_tools, "ground_values": ground_values,
+                      "ground_notes": ground_notes,
                       "query_expansion": query_expansion}
             if prefix_checkpoint_mb is not None:
                 kwargs["prefix_checkpoint_mb"] = prefix_checkpoint_mb
@@ -266,7 +267,10 @@ def main(argv=None):
     parser.add_argument("--include-suppressed", action="store_true",
                         help="count suppressed (escalated) calls as predictions")
     parser.add_argument("--no-grounding", action="store_true",
-                        help="decode string values without value grounding (for comparison)")
+                        help="decode string values and reasoning notes without grounding "
+                             "(for comparison)")
+    parser.add_argument("--no-note-grounding", action="store_true",
+                        help="ground the call's values but not the <think> notes' quotes")
     parser.add_argument("--prefix-checkpoint-mb", type=float,
                         help="the agent's prefix checkpoint memory (0: every new tool selection "
                              "prefills its whole prefix, the cold latency)")
@@ -293,9 +297,11 @@ def main(argv=None):
                         args.backend, ground_values=not args.no_grounding,
                         prefix_checkpoint_mb=args.prefix_checkpoint_mb,
                         query_expansion=None if args.no_query_expansion else "default",
-                        max_retrieved_tools=args.max_retrieved_tools)
+                        max_retrieved_tools=args.max_retrieved_tools,
+                        ground_notes=not (args.no_grounding or args.no_note_grounding))
     summary = summarize(records)
     summary["grounding"] = not args.no_grounding
+    summary["note_grounding"] = not (args.no_grounding or args.no_note_grounding)
     summary["prefix_checkpoint_mb"] = args.prefix_checkpoint_mb
     summary["query_expansion"] = not args.no_query_expansion
     summary["max_retrieved_tools"] = args.max_retrieved_tools

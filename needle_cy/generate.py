@@ -14,7 +14,8 @@ logits:
 Phases of a turn:
 
 1. *prefill* the turn's new ids (in chunks, so a cancel is seen between chunks);
-2. *reasoning*: greedy over the whole output vocabulary until ``<tool_call>`` (fed, then
+2. *reasoning*: greedy over the whole output vocabulary (with a ``note_grounder``, the
+   quotes of the ``<think>`` notes are copied from what was said) until ``<tool_call>`` (fed, then
    phase 3), ``<|im_end|>``/EOS (the empty call ``[]``), the reasoning cap or
    ``max_new_tokens`` (a decline: ``[]`` with ``stop_reason`` saying why);
 3. *constrained*: the grammar's best allowed token over the whole vocabulary until the
@@ -77,6 +78,7 @@ class DecodeSettings:
     constrained: bool = True
     force_call: bool = False         # enter <tool_call> even when the model stops or declines
     ground_values: bool = True       # string values from what was said (needle_cy.grounding)
+    ground_notes: bool = True        # quotes of the <think> notes too (NoteGrounder)
 
 
 @dataclass
@@ -227,13 +229,17 @@ class CallSplitter:
 
 
 def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece_table,
-             cancel=None, ids=None, clock=time.perf_counter, grounder=None):
+             cancel=None, ids=None, clock=time.perf_counter, grounder=None, note_grounder=None):
     """Generator: yields events, returns a TurnResult.  See the module docstring.
 
     ``grounder``: a fresh ``needle_cy.grounding.ValueGrounder`` for this turn's call block,
-    or None; used only when ``settings.constrained`` and ``settings.ground_values``."""
+    or None; used only when ``settings.constrained`` and ``settings.ground_values``.
+    ``note_grounder``: a fresh ``needle_cy.grounding.NoteGrounder`` for the ``<think>``
+    text, or None; used only when ``settings.ground_notes``."""
     ids = ids or _Ids(tokenizer)
     res = TurnResult()
+    if not settings.ground_notes:
+        note_grounder = None
     cancelled = (lambda: cancel.is_set()) if cancel is not None else (lambda: False)
 
     max_seq = int(getattr(model.config, "max_seq_len", 1 << 30))
@@ -273,7 +279,10 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
         if len(generated) >= settings.reasoning_limit:
             stop = "reasoning_limit"
             break
-        token = int(np.argmax(logits))
+        if note_grounder is not None and in_think:
+            token = _grounded_note_token(logits, note_grounder, piece_table)
+        else:
+            token = int(np.argmax(logits))
         if token == ids.tool_call:
             probs.append(token_probability(logits, token))
             generated.append(token)
@@ -296,6 +305,8 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
                 yield {"type": "thinking_delta", "delta": tail}
             yield {"type": "thinking_end", "content": "".join(reasoning_parts).strip()}
         elif in_think:
+            if note_grounder is not None:
+                note_grounder.feed(piece_table[token] or b"")
             delta = think_decoder.push(token)
             if delta:
                 reasoning_parts.append(delta)
@@ -525,6 +536,20 @@ def _grounded_choice(grammar, state, logits, piece_table, close, grounder):
             copied = True
         scores[token] = _MASKED
     return -1, None, None
+
+
+def _grounded_note_token(logits, grounder, piece_table):
+    """The model's best token among the note grounder's proposals that it accepts, else
+    the plain best token (reasoning grounding, like the call block's, never strands)."""
+    cand = grounder.candidates()
+    if cand:
+        row = np.asarray(logits, dtype=np.float32)
+        idx = np.fromiter(cand, dtype=np.int64, count=len(cand))
+        idx = idx[idx < len(row)]
+        for t in idx[np.argsort(-row[idx], kind="stable")][:GROUNDED_TRIES]:
+            if grounder.accepts(piece_table[int(t)]):
+                return int(t)
+    return int(np.argmax(logits))
 
 
 def _backtrack(grammar, piece_table, tokens, states, logits_at, banned, locked, res):

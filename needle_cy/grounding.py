@@ -6,10 +6,13 @@ picked the right tool still tends to invent a free string (``"query": "Cairo"`` 
 light off").  Grounding is a decoder policy on top of the grammar, applied inside the
 call block only:
 
-* a **free string** value (``type: string`` with no ``enum``, ``const``, ``pattern`` or
-  ``format``) must be a span of the *sources*: the user's messages of the conversation
-  and the tool results being answered, compared as the exact bytes of their JSON
-  encoding (so a copied quote is ``\\"``, as the grammar writes it);
+* a **free string** value (``type: string`` with no ``enum``, ``const`` or ``format``)
+  must be a span of the *sources*: the user's messages of the conversation and the tool
+  results being answered, compared as the exact bytes of their JSON encoding (so a
+  copied quote is ``\\"``, as the grammar writes it).  A ``pattern`` string is grounded
+  so only when some span of the sources matches the pattern whole (a PIN said as
+  "1234"); a value the person said in another form ("5:15 pm" for ``HH:MM``) is the
+  model's to convert, and a copy rule would only force a wrong span ("15");
 * an **enum string** value must be one of the members the sources *mention* (the
   member's text, case-insensitive, starting at a word start: "Saturday" mentions
   ``sat``), when they mention any; an array of such members that requires unique items
@@ -32,10 +35,12 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["ValueGrounder", "GroundingIndex", "value_rule", "mentioned_members"]
+__all__ = ["ValueGrounder", "NoteGrounder", "GroundingIndex", "value_rule", "mentioned_members"]
 
 _WS = b" \t\r\n"
 _MAX_PIECE = 32            # longest continuation looked up per source position
+_MAX_PATTERN_SPAN = 64     # longest span tried against a pattern
+_NOTE_TAIL = b" ;\t\r\n"   # what may follow a note's closing quote in the same token
 
 
 def _json_bytes(text: str) -> bytes:
@@ -77,8 +82,27 @@ def mentioned_members(members, sources_lower: str):
     return found
 
 
-def value_rule(schema, sources_lower: str):
-    """('copy',) | ('enum', members, unique) | None for a string value under ``schema``."""
+def _pattern_spans_match(pattern, sources) -> bool:
+    """True when some span of ``sources`` (word start to word end) is a value ``pattern``
+    accepts (JSON Schema patterns are unanchored searches); an invalid pattern accepts
+    nothing here (no grounding)."""
+    try:
+        rx = re.compile(pattern)
+    except (re.error, TypeError):
+        return False
+    for text in sources:
+        src = text.encode("utf-8")
+        for a in _word_starts(src):
+            for b in range(a + 1, min(len(src), a + _MAX_PATTERN_SPAN) + 1):
+                if _ends_word(src, b) and rx.search(src[a:b].decode("utf-8", "replace")):
+                    return True
+    return False
+
+
+def value_rule(schema, sources_lower: str, sources=()):
+    """('copy',) | ('enum', members, unique) | None for a string value under ``schema``.
+
+    ``sources``: the texts themselves, for a ``pattern`` (see the module docstring)."""
     if not isinstance(schema, dict):
         return None
     if "enum" in schema:
@@ -90,9 +114,11 @@ def value_rule(schema, sources_lower: str):
     if any(k in schema for k in ("const", "format", "anyOf", "oneOf", "allOf", "not")):
         return None
     t = schema.get("type")
-    if t == "string" or (isinstance(t, list) and "string" in t):
-        return ("copy",)
-    return None
+    if not (t == "string" or (isinstance(t, list) and "string" in t)):
+        return None
+    if "pattern" in schema and not _pattern_spans_match(schema["pattern"], sources):
+        return None
+    return ("copy",)
 
 
 class GroundingIndex:
@@ -100,10 +126,11 @@ class GroundingIndex:
 
     ``plain[b]``: tokens whose bytes are exactly ``b`` and hold no quote or backslash;
     ``closing[b]``: tokens whose bytes are ``b`` (no quote or backslash) then a quote,
-    then anything (the grammar and ``accepts`` judge the tail)."""
+    then anything (the grammar and ``accepts`` judge the tail); ``note_closing[b]``: those
+    of them whose tail is only a note's punctuation (``NoteGrounder``)."""
 
     def __init__(self, piece_table):
-        plain, closing = {}, {}
+        plain, closing, note_closing = {}, {}, {}
         for tid, piece in enumerate(piece_table):
             if not piece:
                 continue
@@ -112,8 +139,51 @@ class GroundingIndex:
             if b"\\" in head:
                 continue
             (plain if q < 0 else closing).setdefault(head, []).append(tid)
-        self.plain, self.closing = plain, closing
+            if q >= 0 and not piece[q + 1:].strip(_NOTE_TAIL):
+                note_closing.setdefault(head, []).append(tid)
+        self.plain, self.closing, self.note_closing = plain, closing, note_closing
         self.size = len(piece_table)
+
+
+def _span_ends(sources, starts, buf, final):
+    """(source, end) of each place ``buf`` is copied from: spans begin at a word start
+    (``starts``: one set per source) and, when ``final``, end at a word end."""
+    n = len(buf)
+    for src, st in zip(sources, starts):
+        if not buf:
+            for p in st:
+                yield src, p
+            continue
+        p = src.find(buf)            # C-speed search; long tool results stay cheap
+        while p >= 0:
+            if p in st and (not final or _ends_word(src, p + n)):
+                yield src, p + n
+            p = src.find(buf, p + 1)
+
+
+def _span_candidates(ends, buf, plain, closing, out):
+    """Add to ``out`` the tokens that continue a copied span from each of ``ends`` (or
+    close it with a quote where the span may end): ``plain`` and ``closing`` are a
+    ``GroundingIndex``'s lookups."""
+    for src, end in ends:
+        if buf and _ends_word(src, end):
+            out.update(closing.get(b"", ()))
+        for k in range(1, min(_MAX_PIECE, len(src) - end) + 1):
+            chunk = src[end:end + k]
+            out.update(plain.get(chunk, ()))
+            if _ends_word(src, end + k):
+                out.update(closing.get(chunk, ()))
+
+
+def _member_candidates(members, buf, plain, closing, out):
+    """Add to ``out`` the tokens that continue ``buf`` towards one of ``members``."""
+    for m in members:
+        if not m.startswith(buf):
+            continue
+        rest = m[len(buf):]
+        out.update(closing.get(rest, ()))
+        for k in range(1, len(rest) + 1):
+            out.update(plain.get(rest[:k], ()))
 
 
 class _Frame:
@@ -141,7 +211,8 @@ class ValueGrounder:
         self.index = index
         self.sources = [_json_bytes(s) for s in sources if s]
         self._starts = [frozenset(_word_starts(src)) for src in self.sources]
-        self.sources_lower = "\n".join(s.lower() for s in sources if s)
+        self.texts = [s for s in sources if s]
+        self.sources_lower = "\n".join(s.lower() for s in self.texts)
         self._rules = {}
         self.reset()
 
@@ -157,8 +228,9 @@ class ValueGrounder:
 
     def clone(self):
         g = ValueGrounder.__new__(ValueGrounder)
-        g.tools, g.index, g.sources, g.sources_lower, g._rules, g._starts = (
-            self.tools, self.index, self.sources, self.sources_lower, self._rules, self._starts)
+        g.tools, g.index, g.sources, g.texts, g.sources_lower, g._rules, g._starts = (
+            self.tools, self.index, self.sources, self.texts, self.sources_lower, self._rules,
+            self._starts)
         g.stack = [f.clone() for f in self.stack]
         g.mode, g.in_str, g.str_key, g.buf, g.esc, g.rule = (
             self.mode, self.in_str, self.str_key, self.buf, self.esc, self.rule)
@@ -168,7 +240,7 @@ class ValueGrounder:
         key = id(schema)
         hit = self._rules.get(key)
         if hit is None or hit[0] is not schema:
-            hit = (schema, value_rule(schema, self.sources_lower))
+            hit = (schema, value_rule(schema, self.sources_lower, self.texts))
             self._rules[key] = hit
         return hit[1]
 
@@ -293,19 +365,7 @@ class ValueGrounder:
         return any(m.startswith(self.buf) for m in avail)
 
     def _copy_ends(self, final):
-        """(source, end) of each place the value written so far is copied from: spans
-        begin at a word start and, when ``final``, end at a word end."""
-        buf, n = self.buf, len(self.buf)
-        for src, starts in zip(self.sources, self._starts):
-            if not buf:
-                for p in starts:
-                    yield src, p
-                continue
-            p = src.find(buf)            # C-speed search; long tool results stay cheap
-            while p >= 0:
-                if p in starts and (not final or _ends_word(src, p + n)):
-                    yield src, p + n
-                p = src.find(buf, p + 1)
+        return _span_ends(self.sources, self._starts, self.buf, final)
 
     def _close_string(self):
         top = self.stack[-1] if self.stack else None
@@ -341,24 +401,150 @@ class ValueGrounder:
         no proposal is made here (not in a grounded string, or mid-escape)."""
         if not self.constrained or self.esc:
             return None
-        plain, closing = self.index.plain, self.index.closing
         buf = self.buf
         out = set()
+        plain, closing = self.index.plain, self.index.closing
         if self.rule[0] == "copy":
-            for src, end in self._copy_ends(False):
-                if buf and _ends_word(src, end):
-                    out.update(closing.get(b"", ()))
-                for k in range(1, min(_MAX_PIECE, len(src) - end) + 1):
-                    chunk = src[end:end + k]
-                    out.update(plain.get(chunk, ()))
-                    if _ends_word(src, end + k):
-                        out.update(closing.get(chunk, ()))
+            _span_candidates(self._copy_ends(False), buf, plain, closing, out)
         else:
-            for m in self._available(self.rule):
-                if not m.startswith(buf):
-                    continue
-                rest = m[len(buf):]
-                out.update(closing.get(rest, ()))
-                for k in range(1, len(rest) + 1):
-                    out.update(plain.get(rest[:k], ()))
+            _member_candidates(self._available(self.rule), buf, plain, closing, out)
+        return out
+
+
+class NoteGrounder:
+    """Grounds the quoted strings of the reasoning notes, the ``<think>`` text the
+    project's training template writes before the calls::
+
+        set_light: room = "kitchen" from "kitchen"; brightness = 30 from "30"
+        play_music: query = "jazz" from "some jazz"
+
+    (one line per call: the tool's name, a colon, then ``;``-separated notes).  A
+    ``from "…"`` quote names words of the request, so it is a span of the sources (their
+    own case or lower case: the template quotes request words mid-sentence); a
+    ``key = "…"`` quote follows the call rule of that key's schema in the line's tool
+    (``value_rule``: a free string copied, a mentioned enum member).  Everything else the
+    model writes freely, and as in the call block the model's best grounded token is
+    taken only when there is one, so a reasoning format this does not know (another
+    model's) is never constrained.  Why: a small model that loses the thread mid-quote
+    repeats a letter until the reasoning cap and then declines the turn; a span it must
+    copy keeps the quote, and the call written after it, on what was said."""
+
+    _TOOL = re.compile(rb"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*:$")
+    _KEY = re.compile(rb"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)\s*=\s*$")
+    _FROM = re.compile(rb"(?:^|\s)from\s*$")
+
+    def __init__(self, tools, sources, index: GroundingIndex):
+        # tools: {name: parameters schema (refs inlined)}; sources: texts said so far.
+        self.tools = tools
+        self.index = index
+        self.texts = [s for s in sources if s]
+        raw = [s.encode("utf-8") for s in self.texts]
+        lower = [s.lower().encode("utf-8") for s in self.texts]
+        self.sources = raw + [lo for lo, r in zip(lower, raw) if lo != r]
+        self._starts = [frozenset(_word_starts(src)) for src in self.sources]
+        self.sources_lower = "\n".join(s.lower() for s in self.texts)
+        self._rules = {}
+        self.reset()
+
+    def reset(self):
+        self.seg = b""           # the note so far (since a newline or ';'), outside quotes
+        self.line = b""          # the line so far, until its tool is known
+        self.tool = None         # the line's tool, once "name:" is written
+        self.in_str = False
+        self.buf = b""
+        self.rule = None
+
+    def clone(self):
+        g = NoteGrounder.__new__(NoteGrounder)
+        g.tools, g.index, g.texts, g.sources, g._starts, g.sources_lower, g._rules = (
+            self.tools, self.index, self.texts, self.sources, self._starts,
+            self.sources_lower, self._rules)
+        g.seg, g.line, g.tool, g.in_str, g.buf, g.rule = (
+            self.seg, self.line, self.tool, self.in_str, self.buf, self.rule)
+        return g
+
+    def _rule_here(self):
+        """The rule of a quote opened after the note text ``seg``."""
+        if self._FROM.search(self.seg):
+            return ("copy",)
+        m = self._KEY.search(self.seg)
+        schema = self.tools.get(self.tool) if self.tool else None
+        if m is None or not isinstance(schema, dict):
+            return None
+        props = schema.get("properties")
+        sub = props.get(m.group(1).decode()) if isinstance(props, dict) else None
+        if not isinstance(sub, dict):
+            return None
+        hit = self._rules.get(id(sub))
+        if hit is None or hit[0] is not sub:
+            hit = (sub, value_rule(sub, self.sources_lower, self.texts))
+            self._rules[id(sub)] = hit
+        return hit[1]
+
+    def feed(self, data: bytes, stop_early=False) -> bool:
+        """Advance over ``data``; False when a byte breaks a grounding rule (the state
+        follows every byte either way, unless ``stop_early``)."""
+        ok = True
+        for b in data:
+            if not ok and stop_early:
+                return False
+            if self.in_str:
+                if b == 0x22:
+                    self.in_str = False
+                    ok = self._value_ok(final=True) and ok
+                    self.rule = None
+                    self.seg += b'"'
+                else:
+                    self.buf += bytes((b,))
+                    ok = self._value_ok(final=False) and ok
+                continue
+            if b == 0x0A:
+                self.seg, self.line, self.tool = b"", b"", None
+            elif b == 0x3B:
+                self.seg = b""
+            elif b == 0x22:
+                self.in_str, self.buf, self.rule = True, b"", self._rule_here()
+            else:
+                c = bytes((b,))
+                self.seg += c
+                if self.tool is None:
+                    self.line += c
+                    if b == 0x3A:
+                        m = self._TOOL.match(self.line)
+                        self.tool = m.group(1).decode() if m else ""
+        return ok
+
+    def _value_ok(self, final) -> bool:
+        rule = self.rule
+        if rule is None:
+            return True
+        if rule[0] == "copy":
+            if final and not self.buf:
+                return False
+            return any(True for _ in _span_ends(self.sources, self._starts, self.buf, final))
+        if final:
+            return self.buf in rule[1]
+        return any(m.startswith(self.buf) for m in rule[1])
+
+    def accepts(self, piece: bytes) -> bool:
+        if self.in_str and self.rule is not None:
+            # A token that closes a grounded quote may carry only the note's own
+            # punctuation after it (not '"}},' from the tools' JSON, which derails the notes).
+            q = piece.find(b'"')
+            if q >= 0 and piece[q + 1:].strip(_NOTE_TAIL):
+                return False
+        return self.clone().feed(piece, stop_early=True)
+
+    def candidates(self):
+        """Token ids that may continue the grounded quote being written, or None when no
+        proposal is made here (outside a quote, or a quote no rule covers)."""
+        if not self.in_str or self.rule is None:
+            return None
+        out = set()
+        plain, closing = self.index.plain, self.index.note_closing
+        if self.rule[0] == "copy":
+            _span_candidates(_span_ends(self.sources, self._starts, self.buf, False),
+                             self.buf, plain, closing, out)
+        else:
+            _member_candidates(self.rule[1], self.buf, plain, closing, out)
         return out

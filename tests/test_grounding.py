@@ -9,7 +9,7 @@ import pytest
 
 from conftest import fixture_path
 from needle_cy.generate import DecodeSettings, run_turn
-from needle_cy.grounding import GroundingIndex, ValueGrounder, mentioned_members, value_rule
+from needle_cy.grounding import GroundingIndex, NoteGrounder, ValueGrounder, mentioned_members, value_rule
 from needle_cy.prompt import Conversation, render_tools_json
 from scripted_support import ScriptedModel
 
@@ -60,7 +60,12 @@ ROOM = '[{"name":"set_light","arguments":{"room":"'
 def test_value_rule_by_schema():
     said = "turn on the kitchen light on saturday"
     assert value_rule({"type": "string"}, said) == ("copy",)
-    assert value_rule({"type": "string", "pattern": "^[0-9]+$"}, said) == ("copy",)
+    # a pattern string is copied only when a span of what was said fits the pattern
+    assert value_rule({"type": "string", "pattern": "^[0-9]+$"}, said, [said]) is None
+    assert value_rule({"type": "string", "pattern": "^[0-9]+$"}, said, ["code 4471 please"]) == ("copy",)
+    assert value_rule({"type": "string", "pattern": "^[0-9]{2}:[0-9]{2}$"}, said,
+                      ["wake me at 5:15 pm"]) is None
+    assert value_rule({"type": "string", "pattern": "("}, said, ["a (b"]) is None   # invalid
     assert value_rule({"type": ["string", "null"]}, said) == ("copy",)
     assert value_rule({"type": "string", "format": "date"}, said) is None
     assert value_rule({"const": "x"}, said) is None
@@ -269,3 +274,74 @@ def test_tool_results_are_a_source(tok):
     agent.complete("kitchen lights on")
     res = agent.complete([{"status": "Dishwasher done"}])
     assert res["function_calls"][0]["arguments"]["label"] == "Dishwasher done"
+
+
+# ------------------------------------------------------------------ reasoning notes
+def notes_at(index, said, text, tools=TOOLS):
+    g = NoteGrounder(tools, said if isinstance(said, list) else [said], index)
+    g.feed(text.encode())
+    return g
+
+
+def test_note_from_quote_is_a_span_of_what_was_said(index):
+    g = notes_at(index, "Play some jazz in the Kitchen", 'play_music: query = "jazz" from "')
+    assert g.candidates() is not None
+    assert g.accepts(b"some") and g.accepts(b"kitchen") and g.accepts(b"Kitchen")   # either case
+    assert not g.accepts(b"zebra") and not g.accepts(b"azz")     # not said / not at a word start
+    g.feed(b"some jazz")
+    assert g.accepts(b'"') and g.accepts(b'"; ') and g.accepts(b'"\n')
+    assert not g.accepts(b'"}},')                 # JSON after a note's quote derails the notes
+    h = notes_at(index, "Play some jazz", 'play_music: query = "jazz" from "some ')
+    assert not h.accepts(b'"')                    # a span ends at a word end, not after a space
+
+
+def test_note_value_quote_follows_the_keys_schema(index):
+    said = "set a timer for the roast and kitchen lights on"
+    label = notes_at(index, said, 'set_timer: minutes = 5 from "5"; label = "')
+    assert label.accepts(b"roast") and not label.accepts(b"zebra")
+    room = notes_at(index, said, 'set_light: room = "')
+    assert room.accepts(b"kitchen") and not room.accepts(b"bedroom")    # the mentioned member
+    # an unknown tool or key, or a quote in free text: no rule, nothing proposed
+    for text in ('dance: style = "', 'set_light: shade = "', 'the person said "'):
+        g = notes_at(index, said, text)
+        assert g.candidates() is None and g.accepts(b"zebra")
+    # a new line starts a new tool; ';' a new note of the same tool
+    g = notes_at(index, said, 'set_light: room = "kitchen"\nset_timer: label = "')
+    assert g.accepts(b"roast") and not g.accepts(b"zebra")
+
+
+def test_note_candidates_match_the_exact_check(tok, index):
+    pieces = tok.piece_table(size=tok.vocab_size)
+    tools = dict(TOOLS, play_music={"type": "object", "properties": {"query": {"type": "string"}}})
+    for text in ('play_music: query = "', 'play_music: query = "x" from "Fleet',
+                 'set_light: room = "ki'):
+        g = notes_at(index, "Play Fleetwood Mac in the kitchen", text, tools)
+        exact = {t for t, p in enumerate(pieces) if p and b"\\" not in p and g.accepts(p)}
+        assert exact and {t for t in g.candidates() if g.accepts(pieces[t])} == exact
+
+
+def test_turn_grounds_the_reasoning_quotes(tok, index):
+    from needle_cy.grammar import compile_tools
+    query = "start a timer for the roast"
+    script = ('<think>set_timer: label = "zebra" from "zebra"</think>'
+              '<tool_call>[{"name":"set_timer","arguments":{"minutes":5}}]')
+    tools = (LIGHT, TIMER)
+    results = {}
+    for on in (True, False):
+        model = ScriptedModel(tok, [script])
+        conv = Conversation(tok, None, render_tools_json(list(tools)))
+        model.prefill(conv.prefix_ids)
+        ng = NoteGrounder({t["name"]: t["parameters"] for t in tools}, [query], index)
+        gen = run_turn(model, tok, compile_tools(list(tools)), conv.query_ids(query),
+                       DecodeSettings(ground_notes=on), tok.piece_table(size=tok.vocab_size),
+                       note_grounder=ng)
+        try:
+            while True:
+                next(gen)
+        except StopIteration as stop:
+            results[on] = stop.value
+    assert 'label = "zebra" from "zebra"' in results[False].reasoning
+    # (the scripted model does not adapt to the shorter copy, so only the first quote is
+    # compared: it is a span of the request, not the invented word)
+    label = results[True].reasoning.split('"')[1]
+    assert label and label != "zebra" and f" {label} " in f" {query} ", results[True].reasoning
