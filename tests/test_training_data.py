@@ -341,3 +341,28 @@ def test_copy_probe_cases_are_valid_calls_on_said_words(tmp_path):
     path = str(tmp_path / "probe.jsonl")
     data.main(["--copy-probe", "-n", "12", "--seed", "5", "--out", path])
     assert [c["id"] for c in load_cases(path)] == [c["id"] for c in cases]
+
+
+def test_shipped_phases_are_well_formed_and_the_anneal_is_continuous():
+    """The recipe behind the shipped archive: phases advance, train on known data, and a
+    phase with its own LR floor (the final anneal) starts at the LR the run was at."""
+    from needle_cy.training.train import lr_at
+    from needle_cy.training.train_default import EXTRA_DATA, SHIPPED_PHASES, phase_control
+    hyper = {"peak_lr": 2e-3, "min_lr_ratio": 0.1, "warmup": 50}
+    steps = [p[0] for p in SHIPPED_PHASES]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    for i, phase in enumerate(SHIPPED_PHASES):
+        assert phase[3] == "tokens.npz" or phase[3] in EXTRA_DATA
+        ctl = phase_control(phase)
+        assert ctl["end"] >= phase[0] and ctl["decay_steps"] > 0
+        if len(phase) > 4:
+            assert 0 < ctl["min_lr_ratio"] < hyper["min_lr_ratio"]
+            prev = SHIPPED_PHASES[i - 1]
+            before = lr_at(prev[0] - 1, hyper, prev[1], prev[2], phase_control(prev).get("min_lr_ratio"))
+            after = lr_at(prev[0], hyper, ctl["end"], ctl["decay_steps"], ctl["min_lr_ratio"])
+            assert after == pytest.approx(before, rel=0.01)
+            last = lr_at(phase[0] - 1, hyper, ctl["end"], ctl["decay_steps"], ctl["min_lr_ratio"])
+            assert last < before        # it anneals
+    # the override reaches its own floor; without it the hyper's floor holds
+    assert lr_at(10_000, hyper, 10_000, 1_000, 0.01) == pytest.approx(2e-5)
+    assert lr_at(10_000, hyper, 10_000, 1_000) == pytest.approx(2e-4)

@@ -261,11 +261,13 @@ class Batches:
 
 # ------------------------------------------------------------------------ fit ---
 
-def lr_at(step, hyper, end, decay_steps):
+def lr_at(step, hyper, end, decay_steps, min_lr_ratio=None):
     """Warmup, then a constant peak, then a linear decay to min over the last
     ``decay_steps`` before ``end`` (warmup-stable-decay): the end can be chosen
-    while the run is going, so a run can be cut to the time there is."""
-    peak, floor = hyper["peak_lr"], hyper["peak_lr"] * hyper["min_lr_ratio"]
+    while the run is going, so a run can be cut to the time there is.  ``min_lr_ratio``
+    (control.json's, for a final anneal below the run's floor) overrides the hyper's."""
+    ratio = hyper["min_lr_ratio"] if min_lr_ratio is None else min_lr_ratio
+    peak, floor = hyper["peak_lr"], hyper["peak_lr"] * ratio
     if step < hyper["warmup"]:
         return peak * (step + 1) / hyper["warmup"]
     start = end - decay_steps
@@ -300,18 +302,21 @@ def read_tokens_file(run_dir):
 
 
 def read_control(run_dir, hyper):
-    """(end, decay_steps) from run_dir/control.json, else from the hyper-parameters.
-    Edit control.json while a run goes to move its end; it is re-read every log."""
+    """(end, decay_steps, min_lr_ratio or None) from run_dir/control.json, else from the
+    hyper-parameters.  Edit control.json while a run goes to move its end; it is re-read
+    every log."""
     end, decay = hyper["total_steps"], hyper.get("decay_steps", hyper["total_steps"] // 4)
+    ratio = None
     path = os.path.join(run_dir, "control.json")
     if os.path.exists(path):
         try:
             with open(path) as handle:
                 ctl = json.load(handle)
             end, decay = int(ctl.get("end", end)), int(ctl.get("decay_steps", decay))
+            ratio = float(ctl["min_lr_ratio"]) if "min_lr_ratio" in ctl else None
         except (ValueError, OSError):
             pass
-    return end, decay
+    return end, decay, ratio
 
 
 def _save_state(run_dir, state):
@@ -377,14 +382,14 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
         return optax.apply_updates(p, updates), o, loss, target_ce
 
     def stop_at():
-        sched_end, decay = read_control(run_dir, hyper)
+        sched_end, decay, ratio = read_control(run_dir, hyper)
         end = sched_end if until_step is None else min(until_step, sched_end)
         if steps is not None:
             end = min(end, first_step + steps)
-        return end, sched_end, decay
+        return end, sched_end, decay, ratio
 
     first_step = state["step"]
-    end, sched_end, decay = stop_at()
+    end, sched_end, decay, ratio = stop_at()
     _log(run_dir, {"event": "start", "step": state["step"], "end": end, "params": n_params,
                    "tokens_file": tokens_file,
                    "qat": bool(qat), "time": time.strftime("%Y-%m-%d %H:%M:%S")})
@@ -393,7 +398,7 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
     acc_loss, acc_tce, acc_n, acc_tok = 0.0, 0.0, 0, 0
     while state["step"] < end:
         ids, weights, epoch = batches.batch(state["step"])
-        lr = lr_at(state["step"], hyper, sched_end, decay)
+        lr = lr_at(state["step"], hyper, sched_end, decay, ratio)
         params, opt_state, loss, tce = train_step(params, opt_state, jnp.asarray(ids),
                                                   jnp.asarray(weights), jnp.float32(lr))
         state["step"] += 1
@@ -417,7 +422,7 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
                            "tokens": state["tokens"], "seconds": round(state["seconds"])})
             t_last = now
             acc_loss, acc_tce, acc_n, acc_tok = 0.0, 0.0, 0, 0
-            end, sched_end, decay = stop_at()
+            end, sched_end, decay, ratio = stop_at()
         if (state["step"] % hyper["checkpoint_every"] == 0 or state["step"] == end
                 or time.time() - last_save > 600):
             state["params"] = jax.tree.map(np.asarray, params)

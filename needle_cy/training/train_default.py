@@ -41,7 +41,7 @@ from . import confidence, query_expansion, train
 # to 5e-4 decaying slowly on version-4 data (its end moved at step 10500), then from step
 # 10675 version-5 data (more copied strings, words from the tokenizer's pieces) with the
 # decay reaching 2e-4 at step 12000, the LR continuous at each change.
-# (until_step, schedule_end, decay_steps, token file)
+# (until_step, schedule_end, decay_steps, token file[, min_lr_ratio])
 SHIPPED_PHASES = (
     (460, 460, 120, "tokens.npz"),
     (700, 700, 240, "tokens.npz"),
@@ -69,6 +69,16 @@ CONFIDENCE_DATA = dict(n=800, seed=99)
 CONFIDENCE_FIT = dict(steps=450, seed=0)
 
 
+def phase_control(phase):
+    """control.json of one ``SHIPPED_PHASES`` entry (a fifth field: the LR floor's ratio
+    to the peak for that phase, when it anneals below the run's own floor)."""
+    until, end, decay, tokens = phase[:4]
+    control = {"end": end, "decay_steps": decay, "tokens": tokens}
+    if len(phase) > 4:
+        control["min_lr_ratio"] = phase[4]
+    return control
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m needle_cy.training.train_default")
     parser.add_argument("--out", required=True)
@@ -78,14 +88,15 @@ def main(argv=None):
     if not os.path.exists(os.path.join(args.run_dir, "tokens.npz")):
         train.prepare(args.run_dir)
     control = os.path.join(args.run_dir, "control.json")
-    for until, end, decay, tokens in SHIPPED_PHASES:
+    for phase in SHIPPED_PHASES:
+        until, end, decay, tokens = phase[:4]
         state = train.load_state(args.run_dir)
         if state is not None and state["step"] >= until:
             continue
         if tokens != "tokens.npz" and not os.path.exists(os.path.join(args.run_dir, tokens)):
             train.add_data(args.run_dir, **EXTRA_DATA[tokens])
         with open(control, "w") as handle:
-            json.dump({"end": end, "decay_steps": decay, "tokens": tokens}, handle)
+            json.dump(phase_control(phase), handle)
         train.fit(args.run_dir, until_step=until)
     bare = os.path.join(args.run_dir, "model_no_head.cact")
     train.export(args.run_dir, bare, bits=4)
