@@ -181,15 +181,17 @@ LIGHT = {"name": "set_light", "description": "Lights.", "parameters": TOOLS["set
 TIMER = {"name": "set_timer", "description": "Timer.", "parameters": TOOLS["set_timer"]}
 
 
-def turn(tok, index, script, query, ground=True, tools=(LIGHT, TIMER), **kw):
+def turn(tok, index, script, query, ground=True, tools=(LIGHT, TIMER), ground_notes=False, **kw):
     from needle_cy.grammar import compile_tools
     model = ScriptedModel(tok, [script], **kw)
     conv = Conversation(tok, None, render_tools_json(list(tools)))
     model.prefill(conv.prefix_ids)
-    g = ValueGrounder({t["name"]: t["parameters"] for t in tools}, [query], index)
+    schemas = {t["name"]: t["parameters"] for t in tools}
     gen = run_turn(model, tok, compile_tools(list(tools)), conv.query_ids(query),
-                   DecodeSettings(ground_values=ground), tok.piece_table(size=tok.vocab_size),
-                   grounder=g)
+                   DecodeSettings(ground_values=ground, ground_notes=ground_notes),
+                   tok.piece_table(size=tok.vocab_size),
+                   grounder=ValueGrounder(schemas, [query], index),
+                   note_grounder=NoteGrounder(schemas, [query], index))
     while True:
         try:
             next(gen)
@@ -321,25 +323,10 @@ def test_note_candidates_match_the_exact_check(tok, index):
 
 
 def test_turn_grounds_the_reasoning_quotes(tok, index):
-    from needle_cy.grammar import compile_tools
     query = "start a timer for the roast"
     script = ('<think>set_timer: label = "zebra" from "zebra"</think>'
               '<tool_call>[{"name":"set_timer","arguments":{"minutes":5}}]')
-    tools = (LIGHT, TIMER)
-    results = {}
-    for on in (True, False):
-        model = ScriptedModel(tok, [script])
-        conv = Conversation(tok, None, render_tools_json(list(tools)))
-        model.prefill(conv.prefix_ids)
-        ng = NoteGrounder({t["name"]: t["parameters"] for t in tools}, [query], index)
-        gen = run_turn(model, tok, compile_tools(list(tools)), conv.query_ids(query),
-                       DecodeSettings(ground_notes=on), tok.piece_table(size=tok.vocab_size),
-                       note_grounder=ng)
-        try:
-            while True:
-                next(gen)
-        except StopIteration as stop:
-            results[on] = stop.value
+    results = {on: turn(tok, index, script, query, ground_notes=on) for on in (True, False)}
     assert 'label = "zebra" from "zebra"' in results[False].reasoning
     # (the scripted model does not adapt to the shorter copy, so only the first quote is
     # compared: it is a span of the request, not the invented word)
