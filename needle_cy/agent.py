@@ -506,16 +506,25 @@ class Needle:
         except Exception as exc:  # fed back to the model, as the official run() does
             return {"error": str(exc) or type(exc).__name__}
 
-    def run(self, query, max_steps=8, max_new_tokens=None):
+    def run(self, query, max_steps=8, max_new_tokens=None, repeat_calls=False):
         """Complete, execute the calls, feed results back; stop at ``[]``, an error or
         ``max_steps`` executions.  Returns the last envelope with ``results`` (all
-        executed results, in order) and ``steps``."""
+        executed results, in order) and ``steps``.
+
+        A turn that asks again for exactly the calls whose results it was just given is
+        not executed (``repeated_calls: true``): a small model's loop, not a new request,
+        and running it again would repeat the side effects (an item added twice).
+        ``repeat_calls=True`` executes such turns too (polling tools)."""
         response = self.complete(query, max_new_tokens=max_new_tokens)
-        results_all, steps = [], 0
+        results_all, steps, previous = [], 0, None
         while response.get("success") and response.get("function_calls"):
             if steps >= max_steps:
                 response["max_steps_reached"] = True
                 break
+            if not repeat_calls and response["function_calls"] == previous:
+                response["repeated_calls"] = True
+                break
+            previous = response["function_calls"]
             results = [self._execute(c) for c in response["function_calls"]]
             results_all.extend(results)
             steps += 1

@@ -149,9 +149,26 @@ def test_unknown_tool_and_function_less_tool_results(tok):
 
 def test_step_cap(tok):
     agent, _ = make_agent(tok, [f"<tool_call>[{TIMER_CALL}]"] * 10)
-    r = agent.run("keep setting timers", max_steps=3)
+    r = agent.run("keep setting timers", max_steps=3, repeat_calls=True)
     assert r["steps"] == 3 and len(r["results"]) == 3 and r["max_steps_reached"]
     assert r["function_calls"] == [json.loads(TIMER_CALL)]
+
+
+def test_a_repeated_call_is_not_executed_again(tok):
+    calls = []
+
+    def add_item(item: str):
+        """Add an item to the shopping list."""
+        calls.append(item)
+        return {"ok": True}
+
+    milk = '{"name":"add_item","arguments":{"item":"milk"}}'
+    eggs = '{"name":"add_item","arguments":{"item":"eggs"}}'
+    agent, _ = make_agent(tok, [f"<tool_call>[{milk}]", f"<tool_call>[{eggs}]", f"<tool_call>[{eggs}]"],
+                          tools=(add_item,))
+    r = agent.run("milk and eggs on the list")
+    assert calls == ["milk", "eggs"] and r["steps"] == 2 and r["repeated_calls"] is True
+    assert r["function_calls"] == [json.loads(eggs)]
 
 
 def terminal(events):

@@ -40,7 +40,10 @@ from . import confidence, query_expansion, train
 # at step 9045, keeping the LR continuous).  Phases 15–17 (the sessions after): a restart
 # to 5e-4 decaying slowly on version-4 data (its end moved at step 10500), then from step
 # 10675 version-5 data (more copied strings, words from the tokenizer's pieces) with the
-# decay reaching 2e-4 at step 12000, the LR continuous at each change.
+# decay reaching 2e-4 at step 12000, the LR continuous at each change.  Phases 18–21 (the
+# two sessions after), all on version-5 data: a restart to 3e-4 decaying to 2e-4 at step
+# 13200 (its end moved at step 12280), 2e-4 held to step 13975, then a final linear
+# anneal to 2e-5 (0.01 × peak, below the run's 0.1 floor) at step 15475.
 # (until_step, schedule_end, decay_steps, token file[, min_lr_ratio])
 SHIPPED_PHASES = (
     (460, 460, 120, "tokens.npz"),
@@ -60,12 +63,16 @@ SHIPPED_PHASES = (
     (10500, 14000, 24000, "tokens_v4.npz"),
     (10675, 12800, 15750, "tokens_v4.npz"),
     (12000, 12000, 9815, "tokens_v5.npz"),
+    (12280, 13500, 27000, "tokens_v5.npz"),
+    (13200, 13200, 20390, "tokens_v5.npz"),
+    (13975, 16000, 1000000000, "tokens_v5.npz"),
+    (15475, 15475, 16500, "tokens_v5.npz", 0.01),
 )
 EXTRA_DATA = {"tokens_v2.npz": dict(name="v2", examples=60000, seed=1, version=2),
               "tokens_v3.npz": dict(name="v3", examples=30000, seed=3, version=3),
               "tokens_v4.npz": dict(name="v4", examples=20000, seed=6, version=4),
               "tokens_v5.npz": dict(name="v5", examples=20000, seed=7, version=5)}
-CONFIDENCE_DATA = dict(n=800, seed=99)
+CONFIDENCE_DATA = dict(n=1600, seed=99)
 CONFIDENCE_FIT = dict(steps=450, seed=0)
 
 
