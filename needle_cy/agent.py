@@ -326,10 +326,10 @@ class Needle:
             settings = self.settings
             if max_new_tokens is not None:
                 settings = dataclasses.replace(settings, max_new_tokens=int(max_new_tokens))
+            value_grounder, note_grounder = self._grounders(entry, said)
             res = yield from run_turn(model, self.tokenizer, entry.grammar, new_ids, settings,
                                       self.piece_table, cancel=self._cancel,
-                                      grounder=self._grounder(entry, said),
-                                      note_grounder=self._note_grounder(entry, said))
+                                      grounder=value_grounder, note_grounder=note_grounder)
             envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start)
             if is_results and res.success and not res.calls:
                 envelope["type"] = "respond"     # the tool loop is finished (spec §8.2)
@@ -366,21 +366,17 @@ class Needle:
             self._cancel.clear()
             self._lock.release()
 
-    def _grounder(self, entry, said):
-        if not (self.settings.ground_values and self.settings.constrained):
-            return None
+    def _grounders(self, entry, said):
+        """(value grounder for the call block, note grounder for the <think> notes), each
+        None when its setting is off; both judge against ``said``."""
+        use_values = self.settings.ground_values and self.settings.constrained
+        if not (use_values or self.settings.ground_notes):
+            return None, None
         if self._grounding_index is None:
             self._grounding_index = GroundingIndex(self.piece_table)
         tools = {s.name: s.grammar_schema()["parameters"] for s in entry.specs}
-        return ValueGrounder(tools, said, self._grounding_index)
-
-    def _note_grounder(self, entry, said):
-        if not self.settings.ground_notes:
-            return None
-        if self._grounding_index is None:
-            self._grounding_index = GroundingIndex(self.piece_table)
-        tools = {s.name: s.grammar_schema()["parameters"] for s in entry.specs}
-        return NoteGrounder(tools, said, self._grounding_index)
+        return (ValueGrounder(tools, said, self._grounding_index) if use_values else None,
+                NoteGrounder(tools, said, self._grounding_index) if self.settings.ground_notes else None)
 
     def _restore_prefix(self, entry):
         """Restore (or build once) the snapshot of the prefix; a generator for cancellation."""

@@ -4,13 +4,14 @@ The grammar makes a call *valid*; it cannot make it *true*.  A small model that 
 picked the right tool still tends to invent a free string (``"query": "Cairo"`` for
 "play Fleetwood Mac") or pick a neighbouring enum member (``"garage"`` for "hallway
 light off").  Grounding is a decoder policy on top of the grammar, applied inside the
-call block only:
+call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before it
+(``NoteGrounder``, at the end of this module):
 
 * a **free string** value (``type: string`` with no ``enum``, ``const`` or ``format``)
   must be a span of the *sources*: the user's messages of the conversation and the tool
   results being answered, compared as the exact bytes of their JSON encoding (so a
   copied quote is ``\\"``, as the grammar writes it).  A ``pattern`` string is grounded
-  so only when some span of the sources matches the pattern whole (a PIN said as
+  so only when some span of the sources is a value the pattern accepts (a PIN said as
   "1234"); a value the person said in another form ("5:15 pm" for ``HH:MM``) is the
   model's to convert, and a copy rule would only force a wrong span ("15");
 * an **enum string** value must be one of the members the sources *mention* (the
@@ -145,6 +146,16 @@ class GroundingIndex:
         self.size = len(piece_table)
 
 
+def _cached_rule(cache, schema, sources_lower, texts):
+    """``value_rule`` of ``schema`` for one grounder's sources, computed once per schema
+    object (keyed by identity; the schema is kept so a recycled id cannot alias)."""
+    hit = cache.get(id(schema))
+    if hit is None or hit[0] is not schema:
+        hit = (schema, value_rule(schema, sources_lower, texts))
+        cache[id(schema)] = hit
+    return hit[1]
+
+
 def _span_ends(sources, starts, buf, final):
     """(source, end) of each place ``buf`` is copied from: spans begin at a word start
     (``starts``: one set per source) and, when ``final``, end at a word end."""
@@ -237,12 +248,7 @@ class ValueGrounder:
         return g
 
     def _rule(self, schema):
-        key = id(schema)
-        hit = self._rules.get(key)
-        if hit is None or hit[0] is not schema:
-            hit = (schema, value_rule(schema, self.sources_lower, self.texts))
-            self._rules[key] = hit
-        return hit[1]
+        return _cached_rule(self._rules, schema, self.sources_lower, self.texts)
 
     def _child(self):
         """(kind of a container opened here, its schema) for the value that comes next."""
@@ -475,11 +481,7 @@ class NoteGrounder:
         sub = props.get(m.group(1).decode()) if isinstance(props, dict) else None
         if not isinstance(sub, dict):
             return None
-        hit = self._rules.get(id(sub))
-        if hit is None or hit[0] is not sub:
-            hit = (sub, value_rule(sub, self.sources_lower, self.texts))
-            self._rules[id(sub)] = hit
-        return hit[1]
+        return _cached_rule(self._rules, sub, self.sources_lower, self.texts)
 
     def feed(self, data: bytes, stop_early=False) -> bool:
         """Advance over ``data``; False when a byte breaks a grounding rule (the state
