@@ -428,7 +428,9 @@ class NoteGrounder:
     ``from "…"`` quote names words of the request, so it is a span of the sources (their
     own case or lower case: the template quotes request words mid-sentence); a
     ``key = "…"`` quote follows the call rule of that key's schema in the line's tool
-    (``value_rule``: a free string copied, a mentioned enum member).  Everything else the
+    (``value_rule``: a free string copied, a mentioned enum member).  In the source-first
+    order (data version 6: ``query from "some jazz" = "jazz"``) a copied value is a span
+    of the ``from`` quote just written.  Everything else the
     model writes freely, and as in the call block the model's best grounded token is
     taken only when there is one, so a reasoning format this does not know (another
     model's) is never constrained.  Why: a small model that loses the thread mid-quote
@@ -438,6 +440,7 @@ class NoteGrounder:
     _TOOL = re.compile(rb"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*:$")
     _KEY = re.compile(rb"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)\s*=\s*$")
     _FROM = re.compile(rb"(?:^|\s)from\s*$")
+    _KEY_AFTER_FROM = re.compile(rb'(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)\s+from\s*"\s*=\s*$')
 
     def __init__(self, tools, sources, index: GroundingIndex):
         # tools: {name: parameters schema (refs inlined)}; sources: texts said so far.
@@ -459,21 +462,23 @@ class NoteGrounder:
         self.in_str = False
         self.buf = b""
         self.rule = None
+        self.quoted = b""        # the note's last closed ``from`` quote (source-first order)
 
     def clone(self):
         g = NoteGrounder.__new__(NoteGrounder)
         g.tools, g.index, g.texts, g.sources, g._starts, g.sources_lower, g._rules = (
             self.tools, self.index, self.texts, self.sources, self._starts,
             self.sources_lower, self._rules)
-        g.seg, g.line, g.tool, g.in_str, g.buf, g.rule = (
-            self.seg, self.line, self.tool, self.in_str, self.buf, self.rule)
+        g.seg, g.line, g.tool, g.in_str, g.buf, g.rule, g.quoted = (
+            self.seg, self.line, self.tool, self.in_str, self.buf, self.rule, self.quoted)
         return g
 
     def _rule_here(self):
         """The rule of a quote opened after the note text ``seg``."""
         if self._FROM.search(self.seg):
             return ("copy",)
-        m = self._KEY.search(self.seg)
+        after_from = self._KEY_AFTER_FROM.search(self.seg)
+        m = after_from or self._KEY.search(self.seg)
         schema = self.tools.get(self.tool) if self.tool else None
         if m is None or not isinstance(schema, dict):
             return None
@@ -481,7 +486,10 @@ class NoteGrounder:
         sub = props.get(m.group(1).decode()) if isinstance(props, dict) else None
         if not isinstance(sub, dict):
             return None
-        return _cached_rule(self._rules, sub, self.sources_lower, self.texts)
+        rule = _cached_rule(self._rules, sub, self.sources_lower, self.texts)
+        if rule == ("copy",) and after_from and self.quoted:
+            return ("within", self.quoted, frozenset(_word_starts(self.quoted)))
+        return rule
 
     def feed(self, data: bytes, stop_early=False) -> bool:
         """Advance over ``data``; False when a byte breaks a grounding rule (the state
@@ -494,6 +502,8 @@ class NoteGrounder:
                 if b == 0x22:
                     self.in_str = False
                     ok = self._value_ok(final=True) and ok
+                    if self.rule == ("copy",) and self._FROM.search(self.seg):
+                        self.quoted = self.buf
                     self.rule = None
                     self.seg += b'"'
                 else:
@@ -501,9 +511,9 @@ class NoteGrounder:
                     ok = self._value_ok(final=False) and ok
                 continue
             if b == 0x0A:
-                self.seg, self.line, self.tool = b"", b"", None
+                self.seg, self.line, self.tool, self.quoted = b"", b"", None, b""
             elif b == 0x3B:
-                self.seg = b""
+                self.seg, self.quoted = b"", b""
             elif b == 0x22:
                 self.in_str, self.buf, self.rule = True, b"", self._rule_here()
             else:
@@ -516,14 +526,20 @@ class NoteGrounder:
                         self.tool = m.group(1).decode() if m else ""
         return ok
 
+    def _spans(self):
+        """(sources, word starts) a copied quote is a span of under the current rule."""
+        if self.rule[0] == "within":
+            return [self.rule[1]], [self.rule[2]]
+        return self.sources, self._starts
+
     def _value_ok(self, final) -> bool:
         rule = self.rule
         if rule is None:
             return True
-        if rule[0] == "copy":
+        if rule[0] in ("copy", "within"):
             if final and not self.buf:
                 return False
-            return any(True for _ in _span_ends(self.sources, self._starts, self.buf, final))
+            return any(True for _ in _span_ends(*self._spans(), self.buf, final))
         if final:
             return self.buf in rule[1]
         return any(m.startswith(self.buf) for m in rule[1])
@@ -544,8 +560,8 @@ class NoteGrounder:
             return None
         out = set()
         plain, closing = self.index.plain, self.index.note_closing
-        if self.rule[0] == "copy":
-            _span_candidates(_span_ends(self.sources, self._starts, self.buf, False),
+        if self.rule[0] in ("copy", "within"):
+            _span_candidates(_span_ends(*self._spans(), self.buf, False),
                              self.buf, plain, closing, out)
         else:
             _member_candidates(self.rule[1], self.buf, plain, closing, out)

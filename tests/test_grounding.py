@@ -332,3 +332,18 @@ def test_turn_grounds_the_reasoning_quotes(tok, index):
     # compared: it is a span of the request, not the invented word)
     label = results[True].reasoning.split('"')[1]
     assert label and label != "zebra" and f" {label} " in f" {query} ", results[True].reasoning
+
+
+def test_note_value_after_its_source_is_a_span_of_that_source(index):
+    """Source-first notes (data version 6): the value is copied from the quote before it."""
+    said = "play some blues in the kitchen"
+    tools = dict(TOOLS, play_music={"type": "object", "properties": {"query": {"type": "string"}}})
+    g = notes_at(index, said, 'play_music: query from "some blues" = "', tools)
+    assert g.accepts(b"blues") and g.accepts(b"some")
+    assert not g.accepts(b"kitchen")              # said, but not in the quoted source
+    # a new note forgets the source; a value-first note is unchanged
+    h = notes_at(index, said, 'play_music: query from "some blues" = "blues"; query = "', tools)
+    assert h.accepts(b"kitchen")
+    room = notes_at(index, said, 'play_music: room from "some blues" = "', dict(tools, play_music={
+        "type": "object", "properties": {"room": {"enum": ROOMS}}}))
+    assert room.accepts(b"kitchen") and not room.accepts(b"blues")   # enums keep their rule

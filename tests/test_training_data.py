@@ -222,7 +222,7 @@ def test_version_2_tool_results_are_rendered_as_the_agent_sends_them():
 
 def test_unknown_data_version_is_refused():
     with pytest.raises(ValueError, match="data version"):
-        data.Generator(version=6)
+        data.Generator(version=7)
 
 
 def test_version_5_values_start_with_tokenizer_word_pieces_said_in_the_request():
@@ -366,3 +366,20 @@ def test_shipped_phases_are_well_formed_and_the_anneal_is_continuous():
     # the override reaches its own floor; without it the hyper's floor holds
     assert lr_at(10_000, hyper, 10_000, 1_000, 0.01) == pytest.approx(2e-5)
     assert lr_at(10_000, hyper, 10_000, 1_000) == pytest.approx(2e-4)
+
+
+def test_version_6_is_version_5_with_source_first_notes():
+    v5, v6 = data.generate(60, seed=3, version=5), data.generate(60, seed=3, version=6)
+    rewritten = 0
+    for a, b in zip(v5, v6):
+        assert (a["query"], a["answers"], a["tools"]) == (b["query"], b["answers"], b["tools"])
+        if a["answers"] and a["reasoning"]:
+            lines = [line.split(": ", 1) for line in a["reasoning"].split("\n")]
+            assert b["reasoning"] == "\n".join(
+                name + ": " + "; ".join(data._source_first(n) for n in notes.split("; "))
+                for name, notes in lines)
+        assert not re.search(r'= [^;\n]* from "', b["reasoning"])    # no value-first note left
+        rewritten += a["reasoning"] != b["reasoning"]
+    assert rewritten >= 10
+    assert data._source_first('query = "jazz" from "some jazz"') == 'query from "some jazz" = "jazz"'
+    assert data._source_first('label = "pasta"') == 'label = "pasta"'

@@ -25,6 +25,7 @@ The evaluation set in ``../shared/eval`` is never read here; only the catalogue.
 """
 import json
 import random
+import re
 from pathlib import Path
 
 CATALOGUE_PATH = Path(__file__).resolve().parent.parent / "models" / "home_tools.json"
@@ -1273,11 +1274,23 @@ def _render_tools(rng, needed, pool, k=None, ranked=None):
     return chosen
 
 
-def _reasoning(calls, notes):
+_VALUE_FROM = re.compile(r'^([A-Za-z_]\w*) = (.*) from "([^"]*)"$')
+
+
+def _source_first(note):
+    """Data version 6's note order: ``query from "some jazz" = "jazz"`` for ``query =
+    "jazz" from "some jazz"``, so the model quotes the words it reads a value from before
+    it writes the value (and note grounding can hold the value to that quote)."""
+    return _VALUE_FROM.sub(r'\1 from "\3" = \2', note)
+
+
+def _reasoning(calls, notes, source_first=False):
     if not calls:
         return notes[0] if notes else ""
     parts = []
     for call, n in zip(calls, notes):
+        if source_first:
+            n = [_source_first(x) for x in n]
         parts.append(call["name"] + ": " + ("; ".join(n) if n else "no arguments"))
     return "\n".join(parts)
 
@@ -1295,9 +1308,10 @@ class Generator:
         with contractions, fewer unasked light colours) and more three-call requests;
         5 is version 4 with more open-pool values (80 %), 60 % of their words drawn from
         the tokenizer's word pieces (``_word``), and more requests for the tools whose
-        strings are copied (``COPY_TOOLS``)."""
-        if version not in (1, 2, 3, 4, 5):
-            raise ValueError(f"data version must be 1, 2, 3, 4 or 5, got {version!r}")
+        strings are copied (``COPY_TOOLS``); 6 is version 5 (the same draws) with its
+        reasoning notes written source first (``_source_first``)."""
+        if version not in (1, 2, 3, 4, 5, 6):
+            raise ValueError(f"data version must be 1 to 6, got {version!r}")
         self.version = version
         if version == 1:
             self.rng = random.Random(seed)
@@ -1392,7 +1406,8 @@ class Generator:
             if self.typo_rate and rng.random() < 0.35:
                 query = _typos(rng, query, _free_strings(calls, by_name), self.typo_rate * 4)
             query = _capitalise(rng, query)
-            reasoning = _reasoning(calls, notes) if calls else "no tool covers this request"
+            reasoning = (_reasoning(calls, notes, self.version >= 6) if calls
+                         else "no tool covers this request")
             turns.append({"query": query, "answers": calls,
                           "reasoning": reasoning if rng.random() < self.think_rate else ""})
         packed = dict(example, history=turns[:-1], packed=len(turns))   # kind: the first turn's
@@ -1451,7 +1466,7 @@ class Generator:
             query = _typos(rng, query, _free_strings(calls, by_name), self.typo_rate * 4)
         query = _capitalise(rng, query)
         if calls:
-            reasoning = _reasoning(calls, notes)
+            reasoning = _reasoning(calls, notes, self.version >= 6)
         else:
             reasoning = notes[0] if notes else ""
         example = {"kind": kind, "system": _system(rng), "tools": tools, "query": query,
@@ -1607,7 +1622,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("-n", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--version", type=int, default=1, choices=(1, 2, 3, 4, 5))
+    parser.add_argument("--version", type=int, default=1, choices=(1, 2, 3, 4, 5, 6))
     parser.add_argument("--eval-cases", action="store_true",
                         help="write single-turn cases in the needle_cy.eval format instead")
     parser.add_argument("--copy-probe", action="store_true",
