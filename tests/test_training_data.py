@@ -368,8 +368,10 @@ def test_shipped_phases_are_well_formed_and_the_anneal_is_continuous():
     assert lr_at(10_000, hyper, 10_000, 1_000) == pytest.approx(2e-4)
 
 
-def test_version_6_is_version_5_with_source_first_notes():
-    v5, v6 = data.generate(60, seed=3, version=5), data.generate(60, seed=3, version=6)
+def test_version_6_is_version_5_with_source_first_notes_on_every_turn():
+    v5 = data.generate(60, seed=3, version=5, think_rate=1.0)
+    v6 = data.generate(60, seed=3, version=6)
+    assert all(ex["reasoning"] for ex in v6 if not ex.get("is_result"))   # a [] after results has none
     rewritten = 0
     for a, b in zip(v5, v6):
         assert (a["query"], a["answers"], a["tools"]) == (b["query"], b["answers"], b["tools"])

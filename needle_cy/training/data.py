@@ -1298,7 +1298,7 @@ def _reasoning(calls, notes, source_first=False):
 class Generator:
     """Draws training examples; all randomness comes from one seeded Random."""
 
-    def __init__(self, seed=0, catalogue=None, think_rate=0.5, typo_rate=0.04, version=1):
+    def __init__(self, seed=0, catalogue=None, think_rate=None, typo_rate=0.04, version=1):
         """``version`` 1 is the shipped model's first data; 2 adds open-pool free-string
         values (half of them), retrieval-ranked distractors (half of the tool lists) and
         tool results serialised as the agent sends them (``json.dumps`` defaults); 3 is
@@ -1309,7 +1309,9 @@ class Generator:
         5 is version 4 with more open-pool values (80 %), 60 % of their words drawn from
         the tokenizer's word pieces (``_word``), and more requests for the tools whose
         strings are copied (``COPY_TOOLS``); 6 is version 5 (the same draws) with its
-        reasoning notes written source first (``_source_first``)."""
+        reasoning notes written source first (``_source_first``) and on every turn
+        (``think_rate`` 1.0 instead of 0.5: notes the model always writes are notes the
+        decoder's note grounding can always hold to what was said)."""
         if version not in (1, 2, 3, 4, 5, 6):
             raise ValueError(f"data version must be 1 to 6, got {version!r}")
         self.version = version
@@ -1322,7 +1324,7 @@ class Generator:
             self.rng.vocab_values = version >= 5
         self.catalogue = catalogue or load_catalogue()
         self.by_name = {t["name"]: t for t in self.catalogue}
-        self.think_rate = think_rate
+        self.think_rate = (1.0 if version >= 6 else 0.5) if think_rate is None else think_rate
         self.typo_rate = typo_rate
         self._specs = None
 
