@@ -476,7 +476,7 @@ class NoteGrounder:
     def _rule_here(self):
         """The rule of a quote opened after the note text ``seg``."""
         if self._FROM.search(self.seg):
-            return ("copy",)
+            return ("from",)         # a span of the sources, remembered when it closes
         after_from = self._KEY_AFTER_FROM.search(self.seg)
         m = after_from or self._KEY.search(self.seg)
         schema = self.tools.get(self.tool) if self.tool else None
@@ -502,7 +502,7 @@ class NoteGrounder:
                 if b == 0x22:
                     self.in_str = False
                     ok = self._value_ok(final=True) and ok
-                    if self.rule == ("copy",) and self._FROM.search(self.seg):
+                    if self.rule is not None and self.rule[0] == "from":
                         self.quoted = self.buf
                     self.rule = None
                     self.seg += b'"'
@@ -536,7 +536,7 @@ class NoteGrounder:
         rule = self.rule
         if rule is None:
             return True
-        if rule[0] in ("copy", "within"):
+        if rule[0] in ("copy", "from", "within"):
             if final and not self.buf:
                 return False
             return any(True for _ in _span_ends(*self._spans(), self.buf, final))
@@ -560,7 +560,7 @@ class NoteGrounder:
             return None
         out = set()
         plain, closing = self.index.plain, self.index.note_closing
-        if self.rule[0] in ("copy", "within"):
+        if self.rule[0] in ("copy", "from", "within"):
             _span_candidates(_span_ends(*self._spans(), self.buf, False),
                              self.buf, plain, closing, out)
         else:

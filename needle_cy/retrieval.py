@@ -24,10 +24,11 @@ Rankers:
   from the training data (``needle_cy.training.query_expansion``: the share of
   single-call requests holding the word that call a tool with that word in its name).
   A request's words score with weight 1, each expansion word with ``weight × share``
-  (summed into the same BM25 sum, shares ≤ 1), so the words said still count most.  A request word no tool and no table knows, of five letters or
-  more, also counts as its known neighbours one edit away (a typo: "voluem",
-  "alrm" is too short to guess safely).  The shipped table
-  (``needle_cy/models/query_expansion.json``) is the agent's default.
+  (summed into the same BM25 sum, shares ≤ 1), so the words said still count most.  A
+  request word no tool and no table knows, of five letters or more, also counts as its
+  known neighbours one edit away (a typo: "voluem"; "alrm" is too short to guess
+  safely).  The shipped table (``needle_cy/models/query_expansion.json``) is the agent's
+  default.
 * ``embedding`` — cosine similarity of the model's embedding-head vectors (already L2
   normalised, so a dot product) of the query and of each tool's compact JSON.  Tool
   vectors are cached in memory and, with ``cache_path``, on disk in an ``.npz`` keyed by a
