@@ -424,7 +424,7 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
             states.append(state)
             logits_at.append(np.array(logits, dtype=np.float32, copy=True))
             runs.append(string_run)
-            probs.append(token_probability(prob_row, token))
+            probs.append(1.0 if prob_row is None else token_probability(prob_row, token))
             generated.append(token)
             piece = piece_table[token]
             call_bytes += piece
@@ -512,7 +512,10 @@ def _grounded_choice(grammar, state, logits, piece_table, close, grounder):
     Inside a grounded string the probability row is the model's distribution over the
     proposed continuations only: the confidence then asks how sure the model is of *which*
     span it copies, not how much it wanted to write something unsaid (a small model's
-    unmasked mass inside a string sits on invented words)."""
+    unmasked mass inside a string sits on invented words).  The row is None when grounding
+    turned down an optional key nobody said (``,"quantity"`` for "add butter"): leaving an
+    argument to the tool's default is grounding's decision, so that step does not count
+    in the token term of the confidence (the head still judges the call)."""
     cand = grounder.candidates()
     if cand is not None:
         if not cand:
@@ -525,12 +528,14 @@ def _grounded_choice(grammar, state, logits, piece_table, close, grounder):
         scores = logits
     prob_row = scores if cand is not None else logits
     copied = cand is not None
+    key_refused = False
     for _ in range(GROUNDED_TRIES):
         token, new_state = grammar.best_allowed(state, scores, piece_table, close_string=close)
         if token < 0 or scores[token] <= -1e29:
             return -1, None, None
         if grounder.accepts(piece_table[token]):
-            return token, new_state, prob_row
+            return token, new_state, None if key_refused else prob_row
+        key_refused = key_refused or grounder.refuses_key(piece_table[token])
         if not copied:
             scores = np.array(scores, dtype=np.float32, copy=True)
             copied = True

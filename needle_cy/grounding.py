@@ -17,7 +17,13 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
 * an **enum string** value must be one of the members the sources *mention* (the
   member's text, case-insensitive, starting at a word start: "Saturday" mentions
   ``sat``), when they mention any; an array of such members that requires unique items
-  is not extended once the mentioned members are used up.
+  is not extended once the mentioned members are used up;
+* an **optional number** (a property of ``type`` integer or number, without ``enum`` or
+  ``const``, that the object does not require) is written only when the sources say
+  some number, in digits or in words ("a dozen", "half", "full"): a small model fills
+  ``"quantity": 3`` for "add butter to the list" though nothing was counted, while the
+  tool has its own default.  The key is refused, and so is a comma whose only keys
+  left are such refused ones.
 
 It never decides alone: at each step the model's best token that the grammar allows
 *and* grounding accepts is taken; when no such token exists (the value the person said
@@ -36,12 +42,46 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["ValueGrounder", "NoteGrounder", "GroundingIndex", "value_rule", "mentioned_members"]
+__all__ = ["ValueGrounder", "NoteGrounder", "GroundingIndex", "value_rule", "mentioned_members",
+           "says_number", "unsaid_number_keys"]
 
 _WS = b" \t\r\n"
 _MAX_PIECE = 32            # longest continuation looked up per source position
 _MAX_PATTERN_SPAN = 64     # longest span tried against a pattern
 _NOTE_TAIL = b" ;\t\r\n"   # what may follow a note's closing quote in the same token
+# Words that say a number (besides digits); what the training data writes for counts,
+# levels and durations ("a couple", "halfway", "full brightness", "quarter past").
+_NUMBER_WORDS = re.compile(
+    r"(?<![a-z])(zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|"
+    r"thirteen|fourteen|fifteen|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|"
+    r"fifty|sixty|seventy|eighty|ninety|hundred|dozen|couple|pair|half|halfway|quarter|"
+    r"full|max|maximum|min|minimum|once|twice)(?![a-z])")
+
+
+def says_number(sources_lower: str) -> bool:
+    """True when the (lowercased) sources say some number, in digits or in words."""
+    return any(c.isdigit() for c in sources_lower) or _NUMBER_WORDS.search(sources_lower) is not None
+
+
+def unsaid_number_keys(schema, number_said: bool):
+    """The optional number properties of an object ``schema`` that may not be written
+    when no number was said (``number_said`` False); empty otherwise."""
+    if number_said or not isinstance(schema, dict):
+        return frozenset()
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        return frozenset()
+    required = schema.get("required")
+    required = set(required) if isinstance(required, list) else set()
+    out = set()
+    for k, sub in props.items():
+        if k in required or not isinstance(sub, dict) or "enum" in sub or "const" in sub:
+            continue
+        t = sub.get("type")
+        types = t if isinstance(t, list) else [t]
+        if types and all(x in ("integer", "number") for x in types):
+            out.add(_json_bytes(k))
+    return frozenset(out)
 
 
 def _json_bytes(text: str) -> bytes:
@@ -198,18 +238,20 @@ def _member_candidates(members, buf, plain, closing, out):
 
 
 class _Frame:
-    __slots__ = ("kind", "schema", "key", "tool", "used")
+    __slots__ = ("kind", "schema", "key", "tool", "used", "refused")
 
     def __init__(self, kind, schema):
         self.kind = kind        # "calls" | "call" | "object" | "array"
         self.schema = schema    # the container's schema (None: not grounded below)
         self.key = None         # object: the key whose value comes next
         self.tool = None        # call: the tool name once written
-        self.used = []          # array: the enum members already written (uniqueItems)
+        self.used = []          # array: the enum members already written (uniqueItems);
+                                # object: the keys already written (JSON-encoded bytes)
+        self.refused = frozenset()  # object: keys grounding refuses (unsaid_number_keys)
 
     def clone(self):
         f = _Frame(self.kind, self.schema)
-        f.key, f.tool, f.used = self.key, self.tool, list(self.used)
+        f.key, f.tool, f.used, f.refused = self.key, self.tool, list(self.used), self.refused
         return f
 
 
@@ -224,6 +266,7 @@ class ValueGrounder:
         self._starts = [frozenset(_word_starts(src)) for src in self.sources]
         self.texts = [s for s in sources if s]
         self.sources_lower = "\n".join(s.lower() for s in self.texts)
+        self.number_said = says_number(self.sources_lower)
         self._rules = {}
         self.reset()
 
@@ -236,15 +279,17 @@ class ValueGrounder:
         self.buf = b""
         self.esc = 0             # 0, 1 after a backslash, 2..5 inside \\uXXXX
         self.rule = None         # the rule of the string value being written
+        self.refused_key = False  # a key (or a comma before one) was refused
 
     def clone(self):
         g = ValueGrounder.__new__(ValueGrounder)
-        g.tools, g.index, g.sources, g.texts, g.sources_lower, g._rules, g._starts = (
-            self.tools, self.index, self.sources, self.texts, self.sources_lower, self._rules,
-            self._starts)
+        (g.tools, g.index, g.sources, g.texts, g.sources_lower, g._rules, g._starts,
+         g.number_said) = (self.tools, self.index, self.sources, self.texts, self.sources_lower,
+                           self._rules, self._starts, self.number_said)
         g.stack = [f.clone() for f in self.stack]
         g.mode, g.in_str, g.str_key, g.buf, g.esc, g.rule = (
             self.mode, self.in_str, self.str_key, self.buf, self.esc, self.rule)
+        g.refused_key = False
         return g
 
     def _rule(self, schema):
@@ -311,7 +356,10 @@ class ValueGrounder:
                     kind = "calls" if not self.stack else "array"
                 elif kind != "call":
                     kind = "object"
-                self.stack.append(_Frame(kind, schema))
+                frame = _Frame(kind, schema)
+                if kind == "object":
+                    frame.refused = unsaid_number_keys(schema, self.number_said)
+                self.stack.append(frame)
                 self.mode = "value" if c == b"[" else "key"
                 continue
             if c in (b"]", b"}"):
@@ -333,9 +381,35 @@ class ValueGrounder:
                             ok = False          # the mentioned members are used up
                 else:
                     self.mode = "key"
+                    if top is not None and top.refused and not self._keys_left(top):
+                        ok = False              # only refused keys could follow
+                        self.refused_key = True
                 continue
             self.mode = "after"                   # inside a number or literal
         return ok
+
+    @staticmethod
+    def _keys_left(frame) -> bool:
+        """True when ``frame`` (an object) may still take a key grounding does not refuse."""
+        schema = frame.schema
+        if schema.get("additionalProperties", True) is not False:
+            return True
+        return any(k not in frame.refused and k not in frame.used
+                   for k in (_json_bytes(p) for p in schema.get("properties", {})))
+
+    def _key_ok(self, final) -> bool:
+        """A key may not be (or become) one its object refuses."""
+        top = self.stack[-1] if self.stack else None
+        if top is None or not top.refused:
+            return True
+        buf = self.buf
+        if final:
+            return buf not in top.refused
+        if not any(k.startswith(buf) for k in top.refused):
+            return True
+        props = top.schema.get("properties", {})
+        return any(k.startswith(buf) for k in (_json_bytes(p) for p in props)
+                   if k not in top.refused)
 
     def _string_byte(self, b) -> bool:
         if self.esc:
@@ -358,8 +432,12 @@ class ValueGrounder:
         return self._value_ok(final=False)
 
     def _value_ok(self, final) -> bool:
+        if self.str_key:
+            ok = self._key_ok(final)
+            self.refused_key = self.refused_key or not ok
+            return ok
         rule = self.rule
-        if rule is None or self.str_key:
+        if rule is None:
             return True
         if rule[0] == "copy":
             if final and not self.buf:
@@ -381,6 +459,8 @@ class ValueGrounder:
                     top.key = json.loads(b'"' + self.buf + b'"')
                 except ValueError:
                     top.key = None
+                if top.kind == "object":
+                    top.used.append(self.buf)
             self.mode = "colon"
         else:
             if top is not None and top.kind == "call" and top.key == "name":
@@ -396,6 +476,12 @@ class ValueGrounder:
     # ------------------------------------------------------------- judging
     def accepts(self, piece: bytes) -> bool:
         return self.clone().feed(piece, stop_early=True)
+
+    def refuses_key(self, piece: bytes) -> bool:
+        """True when ``piece`` is turned down for writing a key its object refuses."""
+        g = self.clone()
+        g.feed(piece, stop_early=True)
+        return g.refused_key
 
     @property
     def constrained(self) -> bool:
@@ -452,6 +538,7 @@ class NoteGrounder:
         self.sources = raw + [lo for lo, r in zip(lower, raw) if lo != r]
         self._starts = [frozenset(_word_starts(src)) for src in self.sources]
         self.sources_lower = "\n".join(s.lower() for s in self.texts)
+        self.number_said = says_number(self.sources_lower)
         self._rules = {}
         self.reset()
 

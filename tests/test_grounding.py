@@ -9,7 +9,8 @@ import pytest
 
 from conftest import fixture_path
 from needle_cy.generate import DecodeSettings, run_turn
-from needle_cy.grounding import GroundingIndex, NoteGrounder, ValueGrounder, mentioned_members, value_rule
+from needle_cy.grounding import (GroundingIndex, NoteGrounder, ValueGrounder, mentioned_members, says_number,
+                                 unsaid_number_keys, value_rule)
 from needle_cy.prompt import Conversation, render_tools_json
 from scripted_support import ScriptedModel
 
@@ -28,6 +29,10 @@ TOOLS = {
     "unlock": {"type": "object", "properties": {
         "code": {"type": "string", "pattern": "^[0-9]{4}$"}}, "required": ["code"],
         "additionalProperties": False},
+    "order": {"type": "object", "properties": {
+        "dish": {"type": "string", "enum": ["soup", "salad"]},
+        "count": {"type": "integer", "minimum": 1}},
+        "required": ["dish"], "additionalProperties": False},
 }
 
 
@@ -136,6 +141,49 @@ def test_keys_names_and_other_tools_are_not_grounded(index):
     assert g.accepts(b'label"')                   # keys too
     g = at(index, "zzz", '[{"name":"mystery","arguments":{"x":"')
     assert g.accepts(b'anything"')                # a tool grounding does not know
+
+
+def test_says_number_in_digits_or_words():
+    assert says_number("add 2 apples") and says_number("a dozen eggs") and says_number("full brightness")
+    assert says_number("twenty minutes") and says_number("quarter to eight")
+    assert not says_number("add butter to the list") and not says_number("someone gone often")
+
+
+def test_unsaid_number_keys_are_the_optional_plain_numbers():
+    assert unsaid_number_keys(TOOLS["order"], number_said=False) == {b"count"}
+    sized = {"type": "object", "properties": {"size": {"type": "number", "enum": [1, 2]},
+                                              "n": {"type": ["integer", "null"]}}}
+    assert unsaid_number_keys(sized, number_said=False) == frozenset()   # a named choice; nullable
+    assert unsaid_number_keys(TOOLS["order"], number_said=True) == frozenset()
+    assert unsaid_number_keys(TOOLS["set_timer"], number_said=False) == frozenset()  # minutes required
+
+
+def test_optional_number_needs_a_said_number(index):
+    prefix = '[{"name":"order","arguments":{"dish":"soup"'
+    g = at(index, "order the soup", prefix)
+    assert not g.accepts(b',"count":3}}]')
+    assert not g.accepts(b',')                    # only refused keys could follow the comma
+    assert g.refuses_key(b',') and not g.refuses_key(b'}}]')
+    assert g.accepts(b'}}]')
+    g = at(index, "order the soup", '[{"name":"order","arguments":{"')
+    assert not g.accepts(b'count"') and not g.accepts(b'co') and g.accepts(b'dish"')
+    noted = dict(TOOLS["order"], properties=dict(TOOLS["order"]["properties"], note={"type": "string"}))
+    g = grounder(index, "order the soup", dict(TOOLS, order=noted))
+    g.feed(prefix.encode())
+    assert g.accepts(b',') and g.accepts(b',"note"') and not g.accepts(b',"count"')
+    said = at(index, "order two soups", prefix)
+    assert said.accepts(b',"count":2}}]')
+
+
+def test_turn_leaves_an_unsaid_optional_number_to_the_tool(tok, index):
+    order = {"name": "order", "description": "Order food.", "parameters": TOOLS["order"]}
+    script = '<tool_call>[{"name":"order","arguments":{"dish":"soup","count":3}}]'
+    free = turn(tok, index, script, "order the soup", ground=False, tools=(order,))
+    assert free.calls == [{"name": "order", "arguments": {"dish": "soup", "count": 3}}]
+    grounded = turn(tok, index, script, "order the soup", tools=(order,))
+    assert grounded.calls == [{"name": "order", "arguments": {"dish": "soup"}}]
+    kept = turn(tok, index, script, "order soup for 3 people", tools=(order,))
+    assert kept.calls == free.calls
 
 
 def test_state_follows_tokens_that_break_the_rules(index):
