@@ -10,7 +10,9 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
 * a **free string** value (``type: string`` with no ``enum``, ``const`` or ``format``)
   must be a span of the *sources*: the user's messages of the conversation and the tool
   results being answered, compared as the exact bytes of their JSON encoding (so a
-  copied quote is ``\\"``, as the grammar writes it).  A ``pattern`` string is grounded
+  copied quote is ``\\"``, as the grammar writes it), from a word start to a word end
+  that is not an article, possessive, preposition or conjunction waiting for its
+  continuation ("I'm going to the", "called a").  A ``pattern`` string is grounded
   so only when some span of the sources is a value the pattern accepts (a PIN said as
   "1234"); a value the person said in another form ("5:15 pm" for ``HH:MM``) is the
   model's to convert, and a copy rule would only force a wrong span ("15");
@@ -123,6 +125,25 @@ def mentioned_members(members, sources_lower: str):
     return found
 
 
+# Words a said value never ends with: articles, possessives and the prepositions and
+# conjunctions that need something after them ("I'm going to the", "timer called a").
+# A capital "A" may be a letter's name ("vitamin A"), so only the lowercase one counts.
+_DANGLING = frozenset(w for base in (b"the", b"a", b"an", b"to", b"of", b"and", b"or", b"my",
+                                     b"your", b"our", b"their", b"from", b"with", b"for", b"at")
+                      for w in (base, base.capitalize()) if w != b"A")
+
+
+def _may_end(src: bytes, end: int) -> bool:
+    """A copied span may end before ``end``: at a word end (``_ends_word``), not after a
+    word that needs a continuation (``_DANGLING``)."""
+    if not _ends_word(src, end):
+        return False
+    start = end
+    while start > 0 and _is_word_byte(src[start - 1]):
+        start -= 1
+    return src[start:end] not in _DANGLING
+
+
 def _pattern_spans_match(pattern, sources) -> bool:
     """True when some span of ``sources`` (word start to word end) is a value ``pattern``
     accepts (JSON Schema patterns are unanchored searches); an invalid pattern accepts
@@ -207,7 +228,7 @@ def _span_ends(sources, starts, buf, final):
             continue
         p = src.find(buf)            # C-speed search; long tool results stay cheap
         while p >= 0:
-            if p in st and (not final or _ends_word(src, p + n)):
+            if p in st and (not final or _may_end(src, p + n)):
                 yield src, p + n
             p = src.find(buf, p + 1)
 
@@ -217,12 +238,12 @@ def _span_candidates(ends, buf, plain, closing, out):
     close it with a quote where the span may end): ``plain`` and ``closing`` are a
     ``GroundingIndex``'s lookups."""
     for src, end in ends:
-        if buf and _ends_word(src, end):
+        if buf and _may_end(src, end):
             out.update(closing.get(b"", ()))
         for k in range(1, min(_MAX_PIECE, len(src) - end) + 1):
             chunk = src[end:end + k]
             out.update(plain.get(chunk, ()))
-            if _ends_word(src, end + k):
+            if _may_end(src, end + k):
                 out.update(closing.get(chunk, ()))
 
 

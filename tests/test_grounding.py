@@ -395,3 +395,12 @@ def test_note_value_after_its_source_is_a_span_of_that_source(index):
     room = notes_at(index, said, 'play_music: room from "some blues" = "', dict(tools, play_music={
         "type": "object", "properties": {"room": {"enum": ROOMS}}}))
     assert room.accepts(b"kitchen") and not room.accepts(b"blues")   # enums keep their rule
+
+
+def test_copied_span_does_not_end_on_a_word_waiting_for_more(index):
+    said = "tell my partner I'm going to the shop"
+    g = at(index, said, LABEL)
+    assert not g.accepts(b"I'm going to the\"")
+    assert not g.accepts(b'my"')
+    assert g.accepts(b"I'm going to the shop\"") and g.accepts(b'partner"')
+    assert at(index, "add vitamin A to the list", LABEL).accepts(b'vitamin A"')   # a letter's name
