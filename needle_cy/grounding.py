@@ -12,7 +12,10 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   results being answered, compared as the exact bytes of their JSON encoding (so a
   copied quote is ``\\"``, as the grammar writes it), from a word start to a word end
   that is not an article, possessive, preposition or conjunction waiting for its
-  continuation ("I'm going to the", "called a").  A ``pattern`` string is grounded
+  continuation ("I'm going to the", "called a"), and overlapping no word of the call's
+  tool name that the sources say only once (for "Play some blues", ``play_music``'s
+  query is not "Play": the words that asked for the tool are the instruction, not the
+  value it carries).  A copy is begun only where such an end can still be reached.  A ``pattern`` string is grounded
   so only when some span of the sources is a value the pattern accepts (a PIN said as
   "1234"); a value the person said in another form ("5:15 pm" for ``HH:MM``) is the
   model's to convert, and a copy rule would only force a wrong span ("15");
@@ -144,6 +147,36 @@ def _may_end(src: bytes, end: int) -> bool:
     return src[start:end] not in _DANGLING
 
 
+def _instruction_words(tool, sources_lower: str):
+    """The words of ``tool``'s name that the sources say exactly once ("add_to_shopping_list"
+    and "Add butter to the shopping list": add, shopping, list; never the little words of
+    ``_DANGLING``).  Said once, such a word is the request's instruction, the words that
+    asked for the tool, not part of the value it carries; said twice ("add shopping bags to
+    the shopping list") one of them may be the value, so it is not held back."""
+    out = []
+    for w in set(re.split(r"[^0-9a-z]+", (tool or "").lower())):
+        if w and w.encode() not in _DANGLING and len(re.findall(
+                r"(?<![0-9a-z'\-])" + re.escape(w) + r"(?![0-9a-z'\-])", sources_lower)) == 1:
+            out.append(w.encode())
+    return frozenset(out)
+
+
+def _word_ranges(sources, words):
+    """Per source, the (start, end) byte ranges of the words (lowercased) in ``words``."""
+    out = []
+    for src in sources:
+        ranges = []
+        if words:
+            for p in _word_starts(src):
+                q = p
+                while q < len(src) and _is_word_byte(src[q]):
+                    q += 1
+                if src[p:q].lower() in words:
+                    ranges.append((p, q))
+        out.append(ranges)
+    return out
+
+
 def _pattern_spans_match(pattern, sources) -> bool:
     """True when some span of ``sources`` (word start to word end) is a value ``pattern``
     accepts (JSON Schema patterns are unanchored searches); an invalid pattern accepts
@@ -217,20 +250,43 @@ def _cached_rule(cache, schema, sources_lower, texts):
     return hit[1]
 
 
-def _span_ends(sources, starts, buf, final):
+def _span_ends(sources, starts, buf, final, held=None):
     """(source, end) of each place ``buf`` is copied from: spans begin at a word start
-    (``starts``: one set per source) and, when ``final``, end at a word end."""
+    (``starts``: one set per source), when ``final`` end at a word end (``_may_end``), and
+    overlap none of the source's ``held`` word ranges (``_word_ranges``; None: none)."""
     n = len(buf)
-    for src, st in zip(sources, starts):
+    for i, (src, st) in enumerate(zip(sources, starts)):
+        ranges = held[i] if held else ()
         if not buf:
             for p in st:
-                yield src, p
+                if _can_end(src, p, p, ranges):
+                    yield src, p
             continue
         p = src.find(buf)            # C-speed search; long tool results stay cheap
         while p >= 0:
-            if p in st and (not final or _may_end(src, p + n)):
+            if p in st and (_may_end(src, p + n) and _clear(ranges, p, p + n) if final
+                            else _can_end(src, p, p + n, ranges)):
                 yield src, p + n
             p = src.find(buf, p + 1)
+
+
+def _clear(ranges, start, end) -> bool:
+    """True when [start, end) overlaps none of ``ranges``."""
+    return all(b <= start or a >= end for a, b in ranges)
+
+
+def _can_end(src, start, pos, ranges) -> bool:
+    """True when a span of ``src`` begun at ``start`` and copied up to ``pos`` can still
+    be completed: some end at or after ``pos`` where it may stop (``_may_end``) comes
+    before any held word range.  (Without this look-ahead a copy could begin on "the" in
+    "the shopping list" with "shopping" held, then find no way to close.)"""
+    limit = len(src)
+    for a, b in ranges:
+        if a < max(pos, start + 1) and b > start:
+            return False             # already inside a held word
+        if a >= pos:
+            limit = min(limit, a)
+    return any(_may_end(src, e) for e in range(max(pos, start + 1), limit + 1))
 
 
 def _span_candidates(ends, buf, plain, closing, out):
@@ -289,6 +345,7 @@ class ValueGrounder:
         self.sources_lower = "\n".join(s.lower() for s in self.texts)
         self.number_said = says_number(self.sources_lower)
         self._rules = {}
+        self._held = {}          # tool name -> its instruction words' ranges per source
         self.reset()
 
     # ----------------------------------------------------------------- state
@@ -305,8 +362,9 @@ class ValueGrounder:
     def clone(self):
         g = ValueGrounder.__new__(ValueGrounder)
         (g.tools, g.index, g.sources, g.texts, g.sources_lower, g._rules, g._starts,
-         g.number_said) = (self.tools, self.index, self.sources, self.texts, self.sources_lower,
-                           self._rules, self._starts, self.number_said)
+         g.number_said, g._held) = (
+            self.tools, self.index, self.sources, self.texts, self.sources_lower, self._rules,
+            self._starts, self.number_said, self._held)
         g.stack = [f.clone() for f in self.stack]
         g.mode, g.in_str, g.str_key, g.buf, g.esc, g.rule = (
             self.mode, self.in_str, self.str_key, self.buf, self.esc, self.rule)
@@ -470,7 +528,12 @@ class ValueGrounder:
         return any(m.startswith(self.buf) for m in avail)
 
     def _copy_ends(self, final):
-        return _span_ends(self.sources, self._starts, self.buf, final)
+        tool = next((f.tool for f in reversed(self.stack) if f.kind == "call"), None)
+        held = self._held.get(tool)
+        if held is None:
+            held = self._held[tool] = _word_ranges(
+                self.sources, _instruction_words(tool, self.sources_lower))
+        return _span_ends(self.sources, self._starts, self.buf, final, held)
 
     def _close_string(self):
         top = self.stack[-1] if self.stack else None
@@ -559,8 +622,8 @@ class NoteGrounder:
         self.sources = raw + [lo for lo, r in zip(lower, raw) if lo != r]
         self._starts = [frozenset(_word_starts(src)) for src in self.sources]
         self.sources_lower = "\n".join(s.lower() for s in self.texts)
-        self.number_said = says_number(self.sources_lower)
         self._rules = {}
+        self._held = {}          # tool name -> its instruction words' ranges per source
         self.reset()
 
     def reset(self):
@@ -577,6 +640,7 @@ class NoteGrounder:
         g.tools, g.index, g.texts, g.sources, g._starts, g.sources_lower, g._rules = (
             self.tools, self.index, self.texts, self.sources, self._starts,
             self.sources_lower, self._rules)
+        g._held = self._held
         g.seg, g.line, g.tool, g.in_str, g.buf, g.rule, g.quoted = (
             self.seg, self.line, self.tool, self.in_str, self.buf, self.rule, self.quoted)
         return g
@@ -596,7 +660,9 @@ class NoteGrounder:
             return None
         rule = _cached_rule(self._rules, sub, self.sources_lower, self.texts)
         if rule == ("copy",) and after_from and self.quoted:
-            return ("within", self.quoted, frozenset(_word_starts(self.quoted)))
+            quoted = [self.quoted]
+            return ("within", quoted, [frozenset(_word_starts(self.quoted))],
+                    _word_ranges(quoted, _instruction_words(self.tool, self.sources_lower)))
         return rule
 
     def feed(self, data: bytes, stop_early=False) -> bool:
@@ -635,10 +701,17 @@ class NoteGrounder:
         return ok
 
     def _spans(self):
-        """(sources, word starts) a copied quote is a span of under the current rule."""
+        """(sources, word starts, held word ranges) a copied quote is a span of under the
+        current rule."""
         if self.rule[0] == "within":
-            return [self.rule[1]], [self.rule[2]]
-        return self.sources, self._starts
+            return self.rule[1:]
+        if self.rule[0] == "copy":        # a key's value: not the tool's instruction words
+            held = self._held.get(self.tool)
+            if held is None:
+                held = self._held[self.tool] = _word_ranges(
+                    self.sources, _instruction_words(self.tool, self.sources_lower))
+            return self.sources, self._starts, held
+        return self.sources, self._starts, None
 
     def _value_ok(self, final) -> bool:
         rule = self.rule
@@ -647,7 +720,8 @@ class NoteGrounder:
         if rule[0] in ("copy", "from", "within"):
             if final and not self.buf:
                 return False
-            return any(True for _ in _span_ends(*self._spans(), self.buf, final))
+            sources, starts, held = self._spans()
+            return any(True for _ in _span_ends(sources, starts, self.buf, final, held))
         if final:
             return self.buf in rule[1]
         return any(m.startswith(self.buf) for m in rule[1])
@@ -669,7 +743,8 @@ class NoteGrounder:
         out = set()
         plain, closing = self.index.plain, self.index.note_closing
         if self.rule[0] in ("copy", "from", "within"):
-            _span_candidates(_span_ends(*self._spans(), self.buf, False),
+            sources, starts, held = self._spans()
+            _span_candidates(_span_ends(sources, starts, self.buf, False, held),
                              self.buf, plain, closing, out)
         else:
             _member_candidates(self.rule[1], self.buf, plain, closing, out)

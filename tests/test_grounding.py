@@ -404,3 +404,26 @@ def test_copied_span_does_not_end_on_a_word_waiting_for_more(index):
     assert not g.accepts(b'my"')
     assert g.accepts(b"I'm going to the shop\"") and g.accepts(b'partner"')
     assert at(index, "add vitamin A to the list", LABEL).accepts(b'vitamin A"')   # a letter's name
+
+
+def test_instruction_words_are_the_tool_name_words_said_once():
+    from needle_cy.grounding import _instruction_words
+    assert _instruction_words("add_to_shopping_list", "add butter to the shopping list") == \
+        {b"add", b"shopping", b"list"}                      # never the little word "to"
+    assert _instruction_words("add_to_shopping_list", "add shopping bags to the shopping list") == \
+        {b"add", b"list"}                                   # said twice: may be the value
+
+
+def test_value_is_not_the_words_that_asked_for_the_tool(index):
+    said = "Set a 10 minute timer called hope"
+    g = at(index, said, LABEL)
+    assert g.accepts(b'hope"')
+    assert not g.accepts(b'timer"') and not g.accepts(b'Set"') and not g.accepts(b'timer called hope"')
+    assert g.accepts(b'a 10 minute"')                      # not the tool's words: the model's call
+    # A start that cannot be completed without the held word is not begun at all.
+    g = at(index, "put the timer on", LABEL)
+    assert not g.accepts(b"the") and g.accepts(b'put"')
+    # In the notes, a key's value likewise (its from-quote may name the instruction).
+    note = notes_at(index, said, 'set_timer: label = "')
+    assert note.accepts(b'hope"') and not note.accepts(b'timer"')
+    assert notes_at(index, said, 'set_timer: label from "').accepts(b'timer called hope"')
