@@ -12,7 +12,8 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   results being answered, compared as the exact bytes of their JSON encoding (so a
   copied quote is ``\\"``, as the grammar writes it), from a word start to a word end
   that is not an article, possessive, preposition or conjunction waiting for its
-  continuation ("I'm going to the", "called a"), and overlapping no word of the call's
+  continuation ("I'm going to the", "called a"), neither beginning nor ending on a word
+  that introduces a value ("play some jazz", "a timer called roast"), and overlapping no word of the call's
   tool name that the sources say only once (for "Play some blues", ``play_music``'s
   query is not "Play": the words that asked for the tool are the instruction, not the
   value it carries).  A copy is begun only where such an end can still be reached.  A ``pattern`` string is grounded
@@ -107,6 +108,18 @@ def _word_starts(src: bytes):
             if _is_word_byte(src[i]) and (i == 0 or not _is_word_byte(src[i - 1]))]
 
 
+def _value_starts(src: bytes) -> frozenset:
+    """The word starts of ``src`` where a copied value may begin (not an introducer)."""
+    out = []
+    for p in _word_starts(src):
+        q = p
+        while q < len(src) and _is_word_byte(src[q]):
+            q += 1
+        if src[p:q] not in _LEADING:
+            out.append(p)
+    return frozenset(out)
+
+
 def _ends_word(src: bytes, end: int) -> bool:
     """A copied span may end before ``end``: after a word's last byte (or a closing
     bracket or percent sign), never after sentence punctuation or a space."""
@@ -131,8 +144,13 @@ def mentioned_members(members, sources_lower: str):
 # Words a said value never ends with: articles, possessives and the prepositions and
 # conjunctions that need something after them ("I'm going to the", "timer called a").
 # A capital "A" may be a letter's name ("vitamin A"), so only the lowercase one counts.
+# The words that introduce a value ("play some jazz", "a timer called roast", "a message
+# saying hi") neither begin nor end one.
+_INTRODUCERS = (b"some", b"called", b"named", b"labelled", b"labeled", b"titled", b"saying")
+_LEADING = frozenset(w for base in _INTRODUCERS for w in (base, base.capitalize()))
 _DANGLING = frozenset(w for base in (b"the", b"a", b"an", b"to", b"of", b"and", b"or", b"my",
                                      b"your", b"our", b"their", b"from", b"with", b"for", b"at")
+                      + _INTRODUCERS
                       for w in (base, base.capitalize()) if w != b"A")
 
 
@@ -340,7 +358,7 @@ class ValueGrounder:
         self.tools = tools
         self.index = index
         self.sources = [_json_bytes(s) for s in sources if s]
-        self._starts = [frozenset(_word_starts(src)) for src in self.sources]
+        self._starts = [_value_starts(src) for src in self.sources]
         self.texts = [s for s in sources if s]
         self.sources_lower = "\n".join(s.lower() for s in self.texts)
         self.number_said = says_number(self.sources_lower)
@@ -620,7 +638,8 @@ class NoteGrounder:
         raw = [s.encode("utf-8") for s in self.texts]
         lower = [s.lower().encode("utf-8") for s in self.texts]
         self.sources = raw + [lo for lo, r in zip(lower, raw) if lo != r]
-        self._starts = [frozenset(_word_starts(src)) for src in self.sources]
+        self._starts = [frozenset(_word_starts(src)) for src in self.sources]   # from-quotes
+        self._value_starts = [_value_starts(src) for src in self.sources]      # key values
         self.sources_lower = "\n".join(s.lower() for s in self.texts)
         self._rules = {}
         self._held = {}          # tool name -> its instruction words' ranges per source
@@ -640,6 +659,7 @@ class NoteGrounder:
         g.tools, g.index, g.texts, g.sources, g._starts, g.sources_lower, g._rules = (
             self.tools, self.index, self.texts, self.sources, self._starts,
             self.sources_lower, self._rules)
+        g._value_starts = self._value_starts
         g._held = self._held
         g.seg, g.line, g.tool, g.in_str, g.buf, g.rule, g.quoted = (
             self.seg, self.line, self.tool, self.in_str, self.buf, self.rule, self.quoted)
@@ -661,7 +681,7 @@ class NoteGrounder:
         rule = _cached_rule(self._rules, sub, self.sources_lower, self.texts)
         if rule == ("copy",) and after_from and self.quoted:
             quoted = [self.quoted]
-            return ("within", quoted, [frozenset(_word_starts(self.quoted))],
+            return ("within", quoted, [_value_starts(self.quoted)],
                     _word_ranges(quoted, _instruction_words(self.tool, self.sources_lower)))
         return rule
 
@@ -710,7 +730,7 @@ class NoteGrounder:
             if held is None:
                 held = self._held[self.tool] = _word_ranges(
                     self.sources, _instruction_words(self.tool, self.sources_lower))
-            return self.sources, self._starts, held
+            return self.sources, self._value_starts, held
         return self.sources, self._starts, None
 
     def _value_ok(self, final) -> bool:

@@ -387,7 +387,7 @@ def test_note_value_after_its_source_is_a_span_of_that_source(index):
     said = "play some blues in the kitchen"
     tools = dict(TOOLS, play_music={"type": "object", "properties": {"query": {"type": "string"}}})
     g = notes_at(index, said, 'play_music: query from "some blues" = "', tools)
-    assert g.accepts(b"blues") and g.accepts(b"some")
+    assert g.accepts(b"blues") and not g.accepts(b"some")   # "some" introduces, never begins a value
     assert not g.accepts(b"kitchen")              # said, but not in the quoted source
     # a new note forgets the source; a value-first note is unchanged
     h = notes_at(index, said, 'play_music: query from "some blues" = "blues"; query = "', tools)
@@ -427,3 +427,11 @@ def test_value_is_not_the_words_that_asked_for_the_tool(index):
     note = notes_at(index, said, 'set_timer: label = "')
     assert note.accepts(b'hope"') and not note.accepts(b'timer"')
     assert notes_at(index, said, 'set_timer: label from "').accepts(b'timer called hope"')
+
+
+def test_introducers_neither_begin_nor_end_a_value(index):
+    g = at(index, "Set a 10 minute timer called hope", LABEL)
+    assert not g.accepts(b'called"') and not g.accepts(b'called hope"') and g.accepts(b'hope"')
+    g = at(index, "play some jazz", LABEL)
+    assert not g.accepts(b'some') and g.accepts(b'jazz"')
+    assert notes_at(index, "play some jazz", 'set_timer: label from "').accepts(b'some jazz"')
