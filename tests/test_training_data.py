@@ -11,7 +11,7 @@ jsonschema = pytest.importorskip("jsonschema")
 N = 1500
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=["v1", "v2", "v3", "v4"])
+@pytest.fixture(scope="module", params=[1, 2, 3, 4, 7], ids=["v1", "v2", "v3", "v4", "v7"])
 def examples(request):
     return data.generate(N, seed=7, version=request.param)
 
@@ -132,11 +132,13 @@ def test_version_1_stream_is_the_shipped_recipe():
     (2, "92cfbcb958979807a7f342c6f78c0072ff8e335bcd86d0d80662282bbcefed2a"),
     (3, "1a754c121ee1bd62af509cc2adb34760ae4aeb6ecff3504c3df1fa12d3926588"),
     (4, "4bf6a0461de6f6b07eb4797d07af1a0b5121dc22a753cb5efcd042115da323cf"),
+    (5, "dc8582666b2bef9f501a7647db815df9a242bd94d561671d0e4cea8bcc41821f"),
+    (6, "3cffb93b3a347f1a898c9e522ef569f6b70b2fb3e16838048e5940382ab58b15"),
 ])
-def test_versions_2_to_4_streams_are_the_shipped_recipe(version, expected):
-    """The shipped model's later phases trained on version-2, -3 and -4 data: later
-    versions' phrasings draw only when their knob is on, so these streams never change
-    (digests recorded when version 4 was added and shipped)."""
+def test_versions_2_to_6_streams_are_the_shipped_recipe(version, expected):
+    """The shipped model's later phases trained on version-2 to -6 data: later versions'
+    phrasings draw only when their knob is on, so these streams never change (digests
+    recorded when each was added; 5 and 6 when version 7 was)."""
     import hashlib
     digest = hashlib.sha256(json.dumps(data.generate(400, seed=0, version=version),
                                        sort_keys=True).encode()).hexdigest()
@@ -222,7 +224,7 @@ def test_version_2_tool_results_are_rendered_as_the_agent_sends_them():
 
 def test_unknown_data_version_is_refused():
     with pytest.raises(ValueError, match="data version"):
-        data.Generator(version=7)
+        data.Generator(version=8)
 
 
 def test_version_5_values_start_with_tokenizer_word_pieces_said_in_the_request():
@@ -385,3 +387,19 @@ def test_version_6_is_version_5_with_source_first_notes_on_every_turn():
     assert rewritten >= 10
     assert data._source_first('query = "jazz" from "some jazz"') == 'query from "some jazz" = "jazz"'
     assert data._source_first('label = "pasta"') == 'label = "pasta"'
+
+
+def test_version_7_widens_requests_and_refusals():
+    import random
+    rng = data._VersionedRandom(1)
+    rng.wider_requests = rng.more_phrasings = True
+    said = [data._near_miss_v7(rng) for _ in range(200)]
+    assert all(near and set(near) <= {t["name"] for t in data.load_catalogue()} for _, near in said)
+    assert any(re.search(r"\d|o'clock|past|to ", q) and "alarm" in q for q, _ in said)   # a time, no call
+    queries = [ex["query"].lower() for ex in data.generate(1500, seed=2, version=7)]
+    assert any(q.rstrip(".!?") in data.CLOSINGS or any(q.startswith(c) for c in data.CLOSINGS)
+               for q in queries)
+    assert any("the music" in q and "percent" in q for q in queries)
+    v6 = data.generate(300, seed=2, version=6)
+    v7 = data.generate(300, seed=2, version=7)
+    assert [ex["query"] for ex in v6] != [ex["query"] for ex in v7]

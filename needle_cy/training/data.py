@@ -204,6 +204,7 @@ class _VersionedRandom(random.Random):
     diverse = 0.0
     more_phrasings = False
     vocab_values = False
+    wider_requests = False
 
 
 def _v4(rng, p):
@@ -217,6 +218,13 @@ def _v5(rng, p):
     """Data version 5's knob, drawn the same way as ``_v4``: more copied strings, words
     from the tokenizer's pieces."""
     return getattr(rng, "vocab_values", False) and rng.random() < p
+
+
+def _v7(rng, p):
+    """Data version 7's knob, drawn the same way as ``_v4``: wider phrasings (the volume
+    of "the music", a vacuum "going in" rooms) and refusals that carry argument-like words
+    (a time, a label, an item) or close the conversation."""
+    return getattr(rng, "wider_requests", False) and rng.random() < p
 
 
 _WORDS = None
@@ -565,6 +573,12 @@ def gen_set_volume(rng):
         clause = _pick(rng, [f"set the volume to {said}", f"volume to {said}",
                              f"turn the volume up to {said}", f"turn the volume down to {said}",
                              f"change the speaker volume to {said}", f"put the volume at {said}"])
+        if _v7(rng, 0.35):
+            clause = _pick(rng, [f"turn the music down to {said}", f"turn the music up to {said}",
+                                 f"music volume to {said}", f"turn it down to {said}",
+                                 f"lower the volume to {said}", f"bring the music down to {said}",
+                                 f"make the music quieter, {said}", f"turn the sound up to {said}",
+                                 f"the music is too loud, put it at {said}"])
         notes.append(f'level = {level} from "{said}"')
     args["level"] = level
     if level and _v4(rng, 0.3):
@@ -743,6 +757,12 @@ def gen_start_vacuum(rng):
     clause = _pick(rng, [f"vacuum the {joined}", f"run the vacuum in the {joined}",
                          f"start the robot vacuum in the {joined}", f"hoover the {joined}",
                          f"clean the floor in the {joined}"])
+    if _v7(rng, 0.3):
+        clause = _pick(rng, [f"get the robot vacuum going in the {joined}",
+                             f"get the vacuum going in the {joined}",
+                             f"send the robot vacuum to the {joined}",
+                             f"have the hoover do the {joined}",
+                             f"the {joined} floor needs cleaning, start the vacuum"])
     return clause, {"name": "start_vacuum", "arguments": {"rooms": rooms}}, [f"rooms = {compact(rooms)}"]
 
 
@@ -947,8 +967,49 @@ REFUSAL_ACTIONS = [
 ]
 
 
+# Version 7: ways a conversation closes (none of them asks for anything).
+CLOSINGS = [
+    "thanks, that's all", "thank you, that'll be all", "that's it, thanks", "no, that's all for now",
+    "great, thanks", "perfect, thank you", "cheers", "all done, thanks", "nothing else, thanks",
+    "ok, that's everything I needed", "thanks a lot", "brilliant, cheers", "that's all, bye",
+    "thank you so much", "lovely, thanks", "that'll do, thanks", "no thanks, I'm done",
+    "ok thank you, that's everything for today", "good night, thanks", "you're a star, thanks",
+]
+
+
+def _near_miss_v7(rng):
+    """Version 7: a request about an alarm, a timer, the list or the music that no tool
+    serves, carrying words a call would use (a time, a label, an item)."""
+    r = rng.randrange(4)
+    if r == 0:
+        _, said = _clock(rng)
+        verb = _pick(rng, ["cancel", "delete", "remove", "turn off", "switch off", "snooze",
+                           "disable", "get rid of", "skip"])
+        q = _pick(rng, [f"{verb} my {said} alarm", f"{verb} the alarm for {said}",
+                        f"{verb} the {said} alarm", f"please {verb} my alarm at {said}"])
+        return q, ["set_alarm"]
+    if r == 1:
+        label = _pick(rng, ["pasta", "laundry", "roast", "tea", "nap", "pizza", "bread", "eggs"])
+        q = _pick(rng, [f"cancel the {label} timer", f"stop the {label} timer",
+                        f"how long is left on the {label} timer", f"pause the {label} timer",
+                        f"delete my {label} timer", f"add five minutes to the {label} timer"])
+        return q, ["set_timer"]
+    if r == 2:
+        item = _pick(rng, ["milk", "eggs", "bread", "butter", "apples", "coffee", "rice", "cheese"])
+        q = _pick(rng, [f"take {item} off the shopping list", f"remove the {item} from my list",
+                        f"is {item} on the shopping list", f"did I already add {item} to the list",
+                        f"cross {item} off the list"])
+        return q, ["add_to_shopping_list"]
+    q = _pick(rng, ["what's this song called", "who sings this", "skip to the next song",
+                    "go back to the previous track", "add this song to my favourites",
+                    "turn up the TV", "what's playing in the kitchen"])
+    return q, ["play_music", "set_volume", "stop_music"]
+
+
 def _refusal_near_miss(rng):
     """A request that sounds like a catalogue tool but cannot be served by it."""
+    if _v7(rng, 0.35):
+        return _near_miss_v7(rng)
     r = rng.randrange(9)
     if r == 0:
         room = _pick(rng, NOT_ROOMS)
@@ -1311,9 +1372,11 @@ class Generator:
         strings are copied (``COPY_TOOLS``); 6 is version 5 (the same draws) with its
         reasoning notes written source first (``_source_first``) and on every turn
         (``think_rate`` 1.0 instead of 0.5: notes the model always writes are notes the
-        decoder's note grounding can always hold to what was said)."""
-        if version not in (1, 2, 3, 4, 5, 6):
-            raise ValueError(f"data version must be 1 to 6, got {version!r}")
+        decoder's note grounding can always hold to what was said); 7 is version 6 with
+        wider requests (``_v7``: the volume of "the music", a vacuum "going in" rooms,
+        refusals that carry a time, a label or an item, and conversation closings)."""
+        if version not in (1, 2, 3, 4, 5, 6, 7):
+            raise ValueError(f"data version must be 1 to 7, got {version!r}")
         self.version = version
         if version == 1:
             self.rng = random.Random(seed)
@@ -1322,6 +1385,7 @@ class Generator:
             self.rng.diverse = 0.8 if version >= 5 else 0.5
             self.rng.more_phrasings = version >= 4
             self.rng.vocab_values = version >= 5
+            self.rng.wider_requests = version >= 7
         self.catalogue = catalogue or load_catalogue()
         self.by_name = {t["name"]: t for t in self.catalogue}
         self.think_rate = (1.0 if version >= 6 else 0.5) if think_rate is None else think_rate
@@ -1436,7 +1500,10 @@ class Generator:
                 tools = _render_tools(rng, needed, tools_pool, ranked=self._ranked(query))
                 reasoning = "no tool covers this request"
                 return self._finish(kind, query, tools, calls, [reasoning])
-            query = _wrap(rng, _pick(rng, CHITCHAT + REFUSAL_ACTIONS))
+            if _v7(rng, 0.25):
+                query = _pick(rng, CLOSINGS)
+            else:
+                query = _wrap(rng, _pick(rng, CHITCHAT + REFUSAL_ACTIONS))
         elif r < 0.95:
             kind = "invented"
             tool, query, call, note = _invent_tool(rng)
@@ -1624,7 +1691,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("-n", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--version", type=int, default=1, choices=(1, 2, 3, 4, 5, 6))
+    parser.add_argument("--version", type=int, default=1, choices=(1, 2, 3, 4, 5, 6, 7))
     parser.add_argument("--eval-cases", action="store_true",
                         help="write single-turn cases in the needle_cy.eval format instead")
     parser.add_argument("--copy-probe", action="store_true",
