@@ -13,10 +13,11 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   copied quote is ``\\"``, as the grammar writes it), from a word start to a word end
   that is not an article, possessive, preposition or conjunction waiting for its
   continuation ("I'm going to the", "called a"), neither beginning nor ending on a word
-  that introduces a value ("play some jazz", "a timer called roast"), and overlapping no word of the call's
-  tool name that the sources say only once (for "Play some blues", ``play_music``'s
-  query is not "Play": the words that asked for the tool are the instruction, not the
-  value it carries).  A copy is begun only where such an end can still be reached.  A ``pattern`` string is grounded
+  that introduces a value ("play some jazz", "a timer called roast"), and overlapping
+  no word of the call's tool name that the sources say only once (for "Play some
+  blues", ``play_music``'s query is not "Play": the words that asked for the tool are
+  the instruction, not the value it carries).  A copy is begun only where such an end
+  can still be reached.  A ``pattern`` string is grounded
   so only when some span of the sources is a value the pattern accepts (a PIN said as
   "1234"); a value the person said in another form ("5:15 pm" for ``HH:MM``) is the
   model's to convert, and a copy rule would only force a wrong span ("15");
@@ -108,16 +109,18 @@ def _word_starts(src: bytes):
             if _is_word_byte(src[i]) and (i == 0 or not _is_word_byte(src[i - 1]))]
 
 
-def _value_starts(src: bytes) -> frozenset:
-    """The word starts of ``src`` where a copied value may begin (not an introducer)."""
-    out = []
+def _words(src: bytes):
+    """(start, end) of each word of ``src``."""
     for p in _word_starts(src):
         q = p
         while q < len(src) and _is_word_byte(src[q]):
             q += 1
-        if src[p:q] not in _LEADING:
-            out.append(p)
-    return frozenset(out)
+        yield p, q
+
+
+def _value_starts(src: bytes) -> frozenset:
+    """The word starts of ``src`` where a copied value may begin (not an introducer)."""
+    return frozenset(p for p, q in _words(src) if src[p:q] not in _LEADING)
 
 
 def _ends_word(src: bytes, end: int) -> bool:
@@ -181,18 +184,8 @@ def _instruction_words(tool, sources_lower: str):
 
 def _word_ranges(sources, words):
     """Per source, the (start, end) byte ranges of the words (lowercased) in ``words``."""
-    out = []
-    for src in sources:
-        ranges = []
-        if words:
-            for p in _word_starts(src):
-                q = p
-                while q < len(src) and _is_word_byte(src[q]):
-                    q += 1
-                if src[p:q].lower() in words:
-                    ranges.append((p, q))
-        out.append(ranges)
-    return out
+    return [[(p, q) for p, q in _words(src) if src[p:q].lower() in words] if words else []
+            for src in sources]
 
 
 def _pattern_spans_match(pattern, sources) -> bool:
