@@ -400,6 +400,7 @@ def test_version_7_widens_requests_and_refusals():
     assert any(q.rstrip(".!?") in data.CLOSINGS or any(q.startswith(c) for c in data.CLOSINGS)
                for q in queries)
     assert any("the music" in q and "percent" in q for q in queries)
-    v6 = data.generate(300, seed=2, version=6)
+    v5 = data.generate(300, seed=2, version=5)
     v7 = data.generate(300, seed=2, version=7)
-    assert [ex["query"] for ex in v6] != [ex["query"] for ex in v7]
+    assert [ex["query"] for ex in v5] != [ex["query"] for ex in v7]
+    assert not any(re.search(r' from "[^"]*" = ', ex["reasoning"]) for ex in v7)   # notes value-first

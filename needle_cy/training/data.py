@@ -1372,7 +1372,8 @@ class Generator:
         strings are copied (``COPY_TOOLS``); 6 is version 5 (the same draws) with its
         reasoning notes written source first (``_source_first``) and on every turn
         (``think_rate`` 1.0 instead of 0.5: notes the model always writes are notes the
-        decoder's note grounding can always hold to what was said); 7 is version 6 with
+        decoder's note grounding can always hold to what was said); 7 is version 5 (its
+        draws and its notes: version 6's notes cost the model multi-call accuracy) with
         wider requests (``_v7``: the volume of "the music", a vacuum "going in" rooms,
         refusals that carry a time, a label or an item, and conversation closings)."""
         if version not in (1, 2, 3, 4, 5, 6, 7):
@@ -1388,7 +1389,7 @@ class Generator:
             self.rng.wider_requests = version >= 7
         self.catalogue = catalogue or load_catalogue()
         self.by_name = {t["name"]: t for t in self.catalogue}
-        self.think_rate = (1.0 if version >= 6 else 0.5) if think_rate is None else think_rate
+        self.think_rate = (1.0 if version == 6 else 0.5) if think_rate is None else think_rate
         self.typo_rate = typo_rate
         self._specs = None
 
@@ -1472,7 +1473,7 @@ class Generator:
             if self.typo_rate and rng.random() < 0.35:
                 query = _typos(rng, query, _free_strings(calls, by_name), self.typo_rate * 4)
             query = _capitalise(rng, query)
-            reasoning = (_reasoning(calls, notes, self.version >= 6) if calls
+            reasoning = (_reasoning(calls, notes, self.version == 6) if calls
                          else "no tool covers this request")
             turns.append({"query": query, "answers": calls,
                           "reasoning": reasoning if rng.random() < self.think_rate else ""})
@@ -1535,7 +1536,7 @@ class Generator:
             query = _typos(rng, query, _free_strings(calls, by_name), self.typo_rate * 4)
         query = _capitalise(rng, query)
         if calls:
-            reasoning = _reasoning(calls, notes, self.version >= 6)
+            reasoning = _reasoning(calls, notes, self.version == 6)
         else:
             reasoning = notes[0] if notes else ""
         example = {"kind": kind, "system": _system(rng), "tools": tools, "query": query,
