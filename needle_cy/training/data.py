@@ -977,6 +977,18 @@ CLOSINGS = [
 ]
 
 
+# Version 7's near misses about a named timer or a list item: (the tools they sound like,
+# the words said, the requests around one of them).
+_NEAR_MISS_NAMED = (
+    (["set_timer"], ["pasta", "laundry", "roast", "tea", "nap", "pizza", "bread", "eggs"],
+     ["cancel the {} timer", "stop the {} timer", "how long is left on the {} timer",
+      "pause the {} timer", "delete my {} timer", "add five minutes to the {} timer"]),
+    (["add_to_shopping_list"], ["milk", "eggs", "bread", "butter", "apples", "coffee", "rice", "cheese"],
+     ["take {} off the shopping list", "remove the {} from my list", "is {} on the shopping list",
+      "did I already add {} to the list", "cross {} off the list"]),
+)
+
+
 def _near_miss_v7(rng):
     """Version 7: a request about an alarm, a timer, the list or the music that no tool
     serves, carrying words a call would use (a time, a label, an item)."""
@@ -988,18 +1000,10 @@ def _near_miss_v7(rng):
         q = _pick(rng, [f"{verb} my {said} alarm", f"{verb} the alarm for {said}",
                         f"{verb} the {said} alarm", f"please {verb} my alarm at {said}"])
         return q, ["set_alarm"]
-    if r == 1:
-        label = _pick(rng, ["pasta", "laundry", "roast", "tea", "nap", "pizza", "bread", "eggs"])
-        q = _pick(rng, [f"cancel the {label} timer", f"stop the {label} timer",
-                        f"how long is left on the {label} timer", f"pause the {label} timer",
-                        f"delete my {label} timer", f"add five minutes to the {label} timer"])
-        return q, ["set_timer"]
-    if r == 2:
-        item = _pick(rng, ["milk", "eggs", "bread", "butter", "apples", "coffee", "rice", "cheese"])
-        q = _pick(rng, [f"take {item} off the shopping list", f"remove the {item} from my list",
-                        f"is {item} on the shopping list", f"did I already add {item} to the list",
-                        f"cross {item} off the list"])
-        return q, ["add_to_shopping_list"]
+    if r < 3:
+        near, words, requests = _NEAR_MISS_NAMED[r - 1]
+        word = _pick(rng, words)
+        return _pick(rng, [t.format(word) for t in requests]), near
     q = _pick(rng, ["what's this song called", "who sings this", "skip to the next song",
                     "go back to the previous track", "add this song to my favourites",
                     "turn up the TV", "what's playing in the kitchen"])
