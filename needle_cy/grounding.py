@@ -326,7 +326,7 @@ def _member_candidates(members, buf, plain, closing, out):
 
 
 class _Frame:
-    __slots__ = ("kind", "schema", "key", "tool", "used", "refused")
+    __slots__ = ("kind", "schema", "key", "tool", "used", "refused", "keys")
 
     def __init__(self, kind, schema):
         self.kind = kind        # "calls" | "call" | "object" | "array"
@@ -336,10 +336,12 @@ class _Frame:
         self.used = []          # array: the enum members already written (uniqueItems);
                                 # object: the keys already written (JSON-encoded bytes)
         self.refused = frozenset()  # object: keys grounding refuses (unsaid_number_keys)
+        self.keys = ()          # object with refused keys: all its property names, JSON-encoded
 
     def clone(self):
         f = _Frame(self.kind, self.schema)
-        f.key, f.tool, f.used, f.refused = self.key, self.tool, list(self.used), self.refused
+        f.key, f.tool, f.used, f.refused, f.keys = (self.key, self.tool, list(self.used),
+                                                    self.refused, self.keys)
         return f
 
 
@@ -449,6 +451,8 @@ class ValueGrounder:
                 frame = _Frame(kind, schema)
                 if kind == "object":
                     frame.refused = unsaid_number_keys(schema, self.number_said)
+                    if frame.refused:
+                        frame.keys = tuple(_json_bytes(p) for p in schema["properties"])
                 self.stack.append(frame)
                 self.mode = "value" if c == b"[" else "key"
                 continue
@@ -481,11 +485,9 @@ class ValueGrounder:
     @staticmethod
     def _keys_left(frame) -> bool:
         """True when ``frame`` (an object) may still take a key grounding does not refuse."""
-        schema = frame.schema
-        if schema.get("additionalProperties", True) is not False:
+        if frame.schema.get("additionalProperties", True) is not False:
             return True
-        return any(k not in frame.refused and k not in frame.used
-                   for k in (_json_bytes(p) for p in schema.get("properties", {})))
+        return any(k not in frame.refused and k not in frame.used for k in frame.keys)
 
     def _key_ok(self, final) -> bool:
         """A key may not be (or become) one its object refuses."""
@@ -497,9 +499,7 @@ class ValueGrounder:
             return buf not in top.refused
         if not any(k.startswith(buf) for k in top.refused):
             return True
-        props = top.schema.get("properties", {})
-        return any(k.startswith(buf) for k in (_json_bytes(p) for p in props)
-                   if k not in top.refused)
+        return any(k.startswith(buf) for k in top.keys if k not in top.refused)
 
     def _string_byte(self, b) -> bool:
         if self.esc:
