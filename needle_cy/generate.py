@@ -28,8 +28,10 @@ Confidence (documented choice, spec §5.4): ``min(sigmoid(confidence-head logit 
 prompt + call), min over call tokens of the chosen token's full-softmax probability)``.
 The call tokens run from ``<tool_call>`` to the last JSON byte; the probability is taken
 from the model's unmasked distribution (a grammar-forced token the model found unlikely
-lowers the confidence, which is the point).  Either term alone when the other does not
-exist (no confidence head / no call tokens); ``None`` only when neither exists.
+lowers the confidence, which is the point; inside a grounded string, and at a step where
+grounding turned down an unsaid optional key, see ``_grounded_choice``).  Either term
+alone when the other does not exist (no confidence head / no call tokens); ``None`` only
+when neither exists.
 
 Events (dicts with ``type``), in order: ``thinking_start``, ``thinking_delta`` (``delta``
 text), ``thinking_end`` (``content``) when the model writes ``<think>``; then per call
