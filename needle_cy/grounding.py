@@ -188,6 +188,15 @@ def _word_ranges(sources, words):
             for src in sources]
 
 
+def _held_ranges(cache, sources, tool, sources_lower):
+    """Per source, the ranges of ``tool``'s instruction words (``_instruction_words``),
+    computed once per tool and kept in ``cache`` (one grounder's sources)."""
+    held = cache.get(tool)
+    if held is None:
+        held = cache[tool] = _word_ranges(sources, _instruction_words(tool, sources_lower))
+    return held
+
+
 def _pattern_spans_match(pattern, sources) -> bool:
     """True when some span of ``sources`` (word start to word end) is a value ``pattern``
     accepts (JSON Schema patterns are unanchored searches); an invalid pattern accepts
@@ -540,10 +549,7 @@ class ValueGrounder:
 
     def _copy_ends(self, final):
         tool = next((f.tool for f in reversed(self.stack) if f.kind == "call"), None)
-        held = self._held.get(tool)
-        if held is None:
-            held = self._held[tool] = _word_ranges(
-                self.sources, _instruction_words(tool, self.sources_lower))
+        held = _held_ranges(self._held, self.sources, tool, self.sources_lower)
         return _span_ends(self.sources, self._starts, self.buf, final, held)
 
     def _close_string(self):
@@ -675,7 +681,7 @@ class NoteGrounder:
         if rule == ("copy",) and after_from and self.quoted:
             quoted = [self.quoted]
             return ("within", quoted, [_value_starts(self.quoted)],
-                    _word_ranges(quoted, _instruction_words(self.tool, self.sources_lower)))
+                    _held_ranges({}, quoted, self.tool, self.sources_lower))
         return rule
 
     def feed(self, data: bytes, stop_early=False) -> bool:
@@ -719,11 +725,8 @@ class NoteGrounder:
         if self.rule[0] == "within":
             return self.rule[1:]
         if self.rule[0] == "copy":        # a key's value: not the tool's instruction words
-            held = self._held.get(self.tool)
-            if held is None:
-                held = self._held[self.tool] = _word_ranges(
-                    self.sources, _instruction_words(self.tool, self.sources_lower))
-            return self.sources, self._value_starts, held
+            return (self.sources, self._value_starts,
+                    _held_ranges(self._held, self.sources, self.tool, self.sources_lower))
         return self.sources, self._starts, None
 
     def _value_ok(self, final) -> bool:
