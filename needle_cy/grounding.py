@@ -17,10 +17,16 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   no word of the call's tool name that the sources say only once (for "Play some
   blues", ``play_music``'s query is not "Play": the words that asked for the tool are
   the instruction, not the value it carries).  A copy is begun only where such an end
-  can still be reached.  A ``pattern`` string is grounded
+  can still be reached.  No copy begins or ends inside a number written with a colon,
+  point or comma ("a 5" of "a 5:15 pm alarm").  A ``pattern`` string is grounded
   so only when some span of the sources is a value the pattern accepts (a PIN said as
-  "1234"); a value the person said in another form ("5:15 pm" for ``HH:MM``) is the
-  model's to convert, and a copy rule would only force a wrong span ("15");
+  "1234");
+* a **time of day** (a string whose ``pattern`` is a time's, e.g. ``HH:MM``) must be one
+  of the times the sources say, read by ``needle_cy.spoken_time`` ("quarter to eight in
+  the morning" is ``07:45``; without a part of the day ``07:45`` or ``19:45``, the
+  model's choice), when they say any; the other string values of a call whose tool takes
+  a time overlap none of those times' words (the label of "a 5:15 pm alarm called gym"
+  is not "a 5:15");
 * an **enum string** value must be one of the members the sources *mention* (the
   member's text, case-insensitive, starting at a word start: "Saturday" mentions
   ``sat``), when they mention any; an array of such members that requires unique items
@@ -48,6 +54,8 @@ from __future__ import annotations
 
 import json
 import re
+
+from .spoken_time import said_time_spans, said_times, time_renderings
 
 __all__ = ["ValueGrounder", "NoteGrounder", "GroundingIndex", "value_rule", "mentioned_members",
            "says_number", "unsaid_number_keys"]
@@ -103,10 +111,18 @@ def _is_word_byte(b) -> bool:
         or b in (0x27, 0x2D)
 
 
+def _joins_digits(src: bytes, i: int) -> bool:
+    """True when ``src[i]`` is a colon, point or comma between two digits: "5:15", "2.5"
+    and "1,000" are one word, so no copy begins or ends inside them ("a 5" for a label)."""
+    return 0 < i < len(src) - 1 and src[i] in b":.," and 0x30 <= src[i - 1] <= 0x39 \
+        and 0x30 <= src[i + 1] <= 0x39
+
+
 def _word_starts(src: bytes):
     """Positions in ``src`` where a copied span may begin: the first byte of a word."""
     return [i for i in range(len(src))
-            if _is_word_byte(src[i]) and (i == 0 or not _is_word_byte(src[i - 1]))]
+            if _is_word_byte(src[i]) and (i == 0 or not _is_word_byte(src[i - 1]))
+            and not (i > 1 and _joins_digits(src, i - 1))]
 
 
 def _words(src: bytes):
@@ -130,6 +146,8 @@ def _ends_word(src: bytes, end: int) -> bool:
         return False
     last = src[end - 1]
     if not (_is_word_byte(last) or last in (0x29, 0x5D, 0x25)):
+        return False
+    if end < len(src) and _joins_digits(src, end):
         return False
     return end == len(src) or not _is_word_byte(src[end]) or not _is_word_byte(last)
 
@@ -188,13 +206,29 @@ def _word_ranges(sources, words):
             for src in sources]
 
 
-def _held_ranges(cache, sources, tool, sources_lower):
-    """Per source, the ranges of ``tool``'s instruction words (``_instruction_words``),
-    computed once per tool and kept in ``cache`` (one grounder's sources)."""
+def _held_ranges(cache, sources, tool, sources_lower, tools):
+    """Per source, the word ranges no copied value of a ``tool`` call may overlap: the
+    tool's instruction words (``_instruction_words``) and, when the tool takes a time of
+    day (``_takes_time``), the times said ("a 5:15 pm alarm called gym": the label is not
+    "a 5:15", those words are the time's).  Computed once per tool and kept in ``cache``
+    (one grounder's sources)."""
     held = cache.get(tool)
     if held is None:
-        held = cache[tool] = _word_ranges(sources, _instruction_words(tool, sources_lower))
+        held = _word_ranges(sources, _instruction_words(tool, sources_lower))
+        if _takes_time(tools.get(tool) if tool else None):
+            held = [ranges + said_time_spans(src.decode("latin-1"))   # one char per byte
+                    for ranges, src in zip(held, sources)]
+        cache[tool] = held
     return held
+
+
+def _takes_time(schema) -> bool:
+    """True when the object ``schema`` has a string property whose pattern is a time's
+    (``time_renderings``)."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    return isinstance(props, dict) and any(
+        isinstance(sub, dict) and isinstance(sub.get("pattern"), str)
+        and time_renderings([(7, 45)], sub["pattern"]) for sub in props.values())
 
 
 def _pattern_spans_match(pattern, sources) -> bool:
@@ -231,8 +265,12 @@ def value_rule(schema, sources_lower: str, sources=()):
     t = schema.get("type")
     if not (t == "string" or (isinstance(t, list) and "string" in t)):
         return None
-    if "pattern" in schema and not _pattern_spans_match(schema["pattern"], sources):
-        return None
+    if "pattern" in schema:
+        said = time_renderings([t for text in sources for t in said_times(text)], schema["pattern"])
+        if said:
+            return ("enum", [_json_bytes(t) for t in dict.fromkeys(said)])
+        if not _pattern_spans_match(schema["pattern"], sources):
+            return None
     return ("copy",)
 
 
@@ -549,7 +587,7 @@ class ValueGrounder:
 
     def _copy_ends(self, final):
         tool = next((f.tool for f in reversed(self.stack) if f.kind == "call"), None)
-        held = _held_ranges(self._held, self.sources, tool, self.sources_lower)
+        held = _held_ranges(self._held, self.sources, tool, self.sources_lower, self.tools)
         return _span_ends(self.sources, self._starts, self.buf, final, held)
 
     def _close_string(self):
@@ -681,7 +719,7 @@ class NoteGrounder:
         if rule == ("copy",) and after_from and self.quoted:
             quoted = [self.quoted]
             return ("within", quoted, [_value_starts(self.quoted)],
-                    _held_ranges({}, quoted, self.tool, self.sources_lower))
+                    _held_ranges({}, quoted, self.tool, self.sources_lower, self.tools))
         return rule
 
     def feed(self, data: bytes, stop_early=False) -> bool:
@@ -726,7 +764,7 @@ class NoteGrounder:
             return self.rule[1:]
         if self.rule[0] == "copy":        # a key's value: not the tool's instruction words
             return (self.sources, self._value_starts,
-                    _held_ranges(self._held, self.sources, self.tool, self.sources_lower))
+                    _held_ranges(self._held, self.sources, self.tool, self.sources_lower, self.tools))
         return self.sources, self._starts, None
 
     def _value_ok(self, final) -> bool:

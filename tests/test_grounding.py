@@ -68,8 +68,13 @@ def test_value_rule_by_schema():
     # a pattern string is copied only when a span of what was said fits the pattern
     assert value_rule({"type": "string", "pattern": "^[0-9]+$"}, said, [said]) is None
     assert value_rule({"type": "string", "pattern": "^[0-9]+$"}, said, ["code 4471 please"]) == ("copy",)
+    # a time's pattern: one of the times said, as the pattern writes them (spoken_time)
     assert value_rule({"type": "string", "pattern": "^[0-9]{2}:[0-9]{2}$"}, said,
-                      ["wake me at 5:15 pm"]) is None
+                      ["wake me at 5:15 pm"]) == ("enum", [b"17:15"])
+    assert value_rule({"type": "string", "pattern": "^[0-9]{2}:[0-9]{2}$"}, said,
+                      ["alarm for quarter to eight"]) == ("enum", [b"07:45", b"19:45"])
+    assert value_rule({"type": "string", "pattern": "^[0-9]{2}:[0-9]{2}$"}, said,
+                      ["wake me in twenty minutes"]) is None      # no time of day said
     assert value_rule({"type": "string", "pattern": "("}, said, ["a (b"]) is None   # invalid
     assert value_rule({"type": ["string", "null"]}, said) == ("copy",)
     assert value_rule({"type": "string", "format": "date"}, said) is None
@@ -435,3 +440,36 @@ def test_introducers_neither_begin_nor_end_a_value(index):
     g = at(index, "play some jazz", LABEL)
     assert not g.accepts(b'some') and g.accepts(b'jazz"')
     assert notes_at(index, "play some jazz", 'set_timer: label from "').accepts(b'some jazz"')
+
+
+ALARM = {"set_alarm": {"type": "object", "properties": {
+    "time": {"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"},
+    "label": {"type": "string"}}, "required": ["time"], "additionalProperties": False}}
+ALARM_TIME = '[{"name":"set_alarm","arguments":{"time":"'
+
+
+def test_time_value_is_a_time_that_was_said(index):
+    g = grounder(index, "Alarm for quarter to eight in the morning on Saturday", ALARM)
+    g.feed(ALARM_TIME.encode())
+    assert g.constrained
+    assert g.accepts(b'07:45"') and g.accepts(b"07:")
+    assert not g.accepts(b'01:45"') and not g.accepts(b'19:45"') and not g.accepts(b'07:15"')
+    g = grounder(index, "Alarm for quarter to eight", ALARM)     # no part of the day: either
+    g.feed(ALARM_TIME.encode())
+    assert g.accepts(b'07:45"') and g.accepts(b'19:45"') and not g.accepts(b'08:45"')
+
+
+def test_other_values_of_a_time_call_are_not_the_time(index):
+    said = "Set a 5:15 pm alarm called gym."
+    g = grounder(index, said, ALARM)
+    g.feed((ALARM_TIME + '17:15","label":"').encode())
+    assert g.accepts(b'gym"')
+    assert not g.accepts(b'a 5"') and not g.accepts(b'a 5:15"') and not g.accepts(b'pm"')
+    # a tool without a time argument may copy the time's words (a message saying it)
+    assert at(index, "tell them dinner at 7pm", LABEL).accepts(b'dinner at 7pm"')
+
+
+def test_a_number_with_a_colon_or_point_is_one_word(index):
+    g = at(index, "a 5:15 slot and 2.5 kilos", LABEL)
+    assert not g.accepts(b'a 5"') and not g.accepts(b'15') and g.accepts(b'a 5:15 slot"')
+    assert not g.accepts(b'and 2"') and g.accepts(b'2.5 kilos"')
