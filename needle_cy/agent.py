@@ -33,6 +33,7 @@ from pathlib import Path
 from .errors import ModelNotAvailableError, NeedleError
 from .generate import Cancelled, DecodeSettings, run_turn
 from .grounding import GroundingIndex, NoteGrounder, ValueGrounder
+from .negation import negated_calls
 from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
 from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
                         rank_bm25, select_prefix)
@@ -131,6 +132,9 @@ class Needle:
     escalate_below: with a confidence head, a turn whose ``confidence`` is below this
         returns ``escalate: true`` and its calls in ``suppressed_calls`` (not executed by
         ``run``); ``None`` turns escalation off.
+    negation_gate: calls the request negates ("Cancel my alarm" → ``set_alarm``, "don't
+        open the blinds") are held back the same way, with ``validation.negation`` set
+        (``needle_cy.negation``); ``False`` turns the gate off.
     ground_values: string arguments are spans of what was said and enum members it
         mentions, when the model has such a token among the grammar's (``needle_cy.grounding``).
     ground_notes: the quotes of the ``<think>`` notes likewise (``NoteGrounder``).
@@ -145,7 +149,7 @@ class Needle:
                  max_new_tokens=512, string_token_cap=64, tool_index_path=None,
                  tokenizer=None, stateless=False, force_call=False, auto_date=False,
                  escalate_below=0.1, ground_values=True, prefix_checkpoint_mb=32,
-                 query_expansion="default", ground_notes=True):
+                 query_expansion="default", ground_notes=True, negation_gate=True):
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -177,6 +181,7 @@ class Needle:
                                        ground_notes=bool(ground_notes))
         self.stateless = stateless
         self.escalate_below = None if escalate_below is None else float(escalate_below)
+        self.negation_gate = bool(negation_gate)
         self.tool_index_path = tool_index_path
         self._cancel = threading.Event()
         self._lock = threading.Lock()
@@ -330,7 +335,8 @@ class Needle:
             res = yield from run_turn(model, self.tokenizer, entry.grammar, new_ids, settings,
                                       self.piece_table, cancel=self._cancel,
                                       grounder=value_grounder, note_grounder=note_grounder)
-            envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start)
+            envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start,
+                                      None if is_results else str(text))
             if is_results and res.success and not res.calls:
                 envelope["type"] = "respond"     # the tool loop is finished (spec §8.2)
             if res.success:
@@ -445,13 +451,16 @@ class Needle:
                 return False
         return False
 
-    def _envelope(self, res, entry, prefix_s, total_s):
+    def _envelope(self, res, entry, prefix_s, total_s, request=None):
         calls = res.calls if res.success else []
         # Escalation (spec §5.4): calls whose confidence falls below the threshold are held
         # back in suppressed_calls.  Only with a confidence head: the call-token
         # probability alone is not calibrated, so a headless model is never escalated.
+        # The negation gate holds back a turn with a call the request negates (§8.2).
+        negated = negated_calls(request, calls) if self.negation_gate else []
         escalate = bool(calls and self.escalate_below is not None and res.head_confidence is not None
                         and res.confidence is not None and res.confidence < self.escalate_below)
+        escalate = escalate or bool(negated)
         prefill_s = res.prefill_s + prefix_s
         n_prefix = len(entry.conversation.prefix_ids) - entry.reused if prefix_s > 0 else 0
         n_prefill = res.n_prefill + n_prefix
@@ -464,6 +473,7 @@ class Needle:
             "function_calls": [] if escalate else calls,
             "escalate": escalate,
             "suppressed_calls": calls if escalate else [],
+            "validation": {"negation": bool(negated)},
             "reasoning": res.reasoning,
             "confidence": res.confidence,
             "prefill_tps": (n_prefill / prefill_s) if prefill_s > 0 else 0.0,
@@ -541,7 +551,8 @@ def _results_json(results):
 
 def _error_envelope(message, code):
     return {"type": "call", "success": False, "error": message, "error_code": code,
-            "function_calls": [], "escalate": False, "suppressed_calls": [], "reasoning": "",
+            "function_calls": [], "escalate": False, "suppressed_calls": [],
+            "validation": {"negation": False}, "reasoning": "",
             "confidence": None, "prefill_tps": 0.0,
             "decode_tps": 0.0, "peak_ram_mb": _peak_ram_mb(), "stop_reason": code}
 
@@ -602,6 +613,9 @@ def extract(text, schema, model=None, **kwargs):
                   "description": schema.get("description", "Extract the record from the text."),
                   "parameters": schema}
     spec = normalize_tool(schema)
+    # A record is returned even from a negated sentence ("she doesn't eat meat" is a
+    # fact to record), as the official engine does for extraction sessions.
+    kwargs.setdefault("negation_gate", False)
     agent = Needle(model, tools=[spec], max_calls_per_turn=1, **kwargs)
     response = agent.complete(text)
     if not response["success"]:

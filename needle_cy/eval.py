@@ -214,7 +214,8 @@ def predicted_calls(response, include_suppressed=False):
 
 def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
               backend=None, ground_values=True, prefix_checkpoint_mb=None,
-              query_expansion="default", max_retrieved_tools=None, ground_notes=True):
+              query_expansion="default", max_retrieved_tools=None, ground_notes=True,
+              negation_gate=True):
     from needle_cy.agent import Needle
 
     agents = {}
@@ -226,7 +227,7 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
         agent = agents.get(key)
         if agent is None:
             kwargs = {"model": model, "tools": case_tools, "ground_values": ground_values,
-                      "ground_notes": ground_notes,
+                      "ground_notes": ground_notes, "negation_gate": negation_gate,
                       "query_expansion": query_expansion}
             if prefix_checkpoint_mb is not None:
                 kwargs["prefix_checkpoint_mb"] = prefix_checkpoint_mb
@@ -278,6 +279,8 @@ def main(argv=None):
                         help="tools the agent keeps in the prompt (default: the agent's, 5)")
     parser.add_argument("--no-query-expansion", action="store_true",
                         help="BM25 retrieval on the request's own words (no learned expansion)")
+    parser.add_argument("--no-negation-gate", action="store_true",
+                        help="keep calls the request negates (\"Cancel my alarm\" -> set_alarm)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each wrong case")
     args = parser.parse_args(argv)
 
@@ -298,6 +301,7 @@ def main(argv=None):
                         prefix_checkpoint_mb=args.prefix_checkpoint_mb,
                         query_expansion=None if args.no_query_expansion else "default",
                         max_retrieved_tools=args.max_retrieved_tools,
+                        negation_gate=not args.no_negation_gate,
                         ground_notes=not (args.no_grounding or args.no_note_grounding))
     summary = summarize(records)
     summary["grounding"] = not args.no_grounding

@@ -115,6 +115,28 @@ def test_low_head_confidence_escalates_and_suppresses_the_calls(tok):
     assert r["confidence"] < 0.99 and r["escalate"] is False and len(r["function_calls"]) == 1
 
 
+def test_a_negated_request_holds_its_calls_back(tok):
+    executed = []
+
+    def set_light(room: str, on: bool):
+        """Switch the lights in one room."""
+        executed.append(room)
+
+    tools = (set_light, set_timer, explode)
+    agent, _ = make_agent(tok, [f"<tool_call>[{LIGHT_CALL}]"] * 2, confidence_logit=3.0, tools=tools)
+    r = agent.run("don't turn on the kitchen light")
+    assert r["validation"] == {"negation": True} and r["escalate"] is True
+    assert r["function_calls"] == [] and r["suppressed_calls"][0]["name"] == "set_light"
+    assert executed == []
+    # the same call for the plain request goes through; the gate can be switched off
+    for request, gate in (("turn on the kitchen light", True), ("don't turn on the kitchen light", False)):
+        agent, _ = make_agent(tok, [f"<tool_call>[{LIGHT_CALL}]"], confidence_logit=3.0, tools=tools,
+                              negation_gate=gate)
+        r = agent.complete(request)
+        assert r["validation"] == {"negation": False} and r["escalate"] is False
+        assert len(r["function_calls"]) == 1
+
+
 def test_prefix_is_prefilled_once_and_reset_rewinds_to_it(tok):
     agent, model = make_agent(tok, [f"<tool_call>[{TIMER_CALL}]"])
     agent.complete("set a timer for five minutes")
