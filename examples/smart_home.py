@@ -85,12 +85,11 @@ def main():
         print(f"> {request}")
         for result in response["results"]:
             print("   ", json.dumps(result))
-        if not response["results"]:
-            held = response.get("suppressed_calls") or []
-            if held:     # below the agent's escalate_below: proposed, not executed
-                print("    held back (low confidence):", json.dumps(held))
-            else:
-                print("    (no call)", response.get("error") or "")
+        held = response.get("suppressed_calls") or []
+        if held:         # below the agent's escalate_below, or negated: proposed, not executed
+            print("    held back:", json.dumps(held))
+        elif not response["results"]:
+            print("    (no call)", response.get("error") or "")
         print(f"    confidence={response['confidence']}")
     print("home state:", json.dumps(HOME, indent=1))
 

@@ -129,9 +129,10 @@ class Needle:
         (the grammar may still produce ``[]``); off by default.
     tool_index_path: on-disk cache of tool embeddings (embedding retrieval).
     tokenizer: override (for a ``Model`` object without an archive).
-    escalate_below: with a confidence head, a turn whose ``confidence`` is below this
-        returns ``escalate: true`` and its calls in ``suppressed_calls`` (not executed by
-        ``run``); ``None`` turns escalation off.
+    escalate_below: with a confidence head, the calls from the first one whose confidence
+        (``call_confidences``: the turn's confidence over the tokens up to that call) is
+        below this go to ``suppressed_calls`` (not executed by ``run``) with ``escalate:
+        true``; ``None`` turns escalation off.
     negation_gate: calls the request negates ("Cancel my alarm" → ``set_alarm``, "don't
         open the blinds") are held back the same way, with ``validation.negation`` set
         (``needle_cy.negation``); ``False`` turns the gate off.
@@ -457,10 +458,16 @@ class Needle:
         # back in suppressed_calls.  Only with a confidence head: the call-token
         # probability alone is not calibrated, so a headless model is never escalated.
         # The negation gate holds back a turn with a call the request negates (§8.2).
+        # Each call has the confidence of the calls up to it (generate._finish_confidence):
+        # the calls from the first one below the threshold on are held back, so a doubtful
+        # extra call does not take the confident ones before it down with it.
         negated = negated_calls(request, calls) if self.negation_gate else []
-        escalate = bool(calls and self.escalate_below is not None and res.head_confidence is not None
-                        and res.confidence is not None and res.confidence < self.escalate_below)
-        escalate = escalate or bool(negated)
+        held = len(calls)
+        if calls and self.escalate_below is not None and res.head_confidence is not None:
+            held = next((k for k, c in enumerate(res.call_confidences)
+                         if c is not None and c < self.escalate_below), held)
+        if negated:
+            held = 0
         prefill_s = res.prefill_s + prefix_s
         n_prefix = len(entry.conversation.prefix_ids) - entry.reused if prefix_s > 0 else 0
         n_prefill = res.n_prefill + n_prefix
@@ -470,12 +477,13 @@ class Needle:
             "success": res.success,
             "error": res.error,
             "error_code": res.error_code,
-            "function_calls": [] if escalate else calls,
-            "escalate": escalate,
-            "suppressed_calls": calls if escalate else [],
+            "function_calls": calls[:held],
+            "escalate": held < len(calls),
+            "suppressed_calls": calls[held:],
             "validation": {"negation": bool(negated)},
             "reasoning": res.reasoning,
             "confidence": res.confidence,
+            "call_confidences": list(res.call_confidences) if calls else [],
             "prefill_tps": (n_prefill / prefill_s) if prefill_s > 0 else 0.0,
             "decode_tps": (res.n_generated / decode_s) if decode_s > 0 else 0.0,
             "peak_ram_mb": _peak_ram_mb(),

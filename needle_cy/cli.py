@@ -188,8 +188,10 @@ def cmd_run(args):
             print("(no call)")
         for call in calls:
             print(render_partial_calls(json.dumps([call], ensure_ascii=False)))
+        why = ("the request negates it" if (response.get("validation") or {}).get("negation")
+               else "low confidence")
         for call in held:
-            print("held back (low confidence, escalate): "
+            print(f"held back ({why}, escalate): "
                   + render_partial_calls(json.dumps([call], ensure_ascii=False)))
         conf = response["confidence"]
         print(f"confidence: {conf:.3f}" if conf is not None else "confidence: n/a", file=sys.stderr)

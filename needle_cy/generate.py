@@ -93,6 +93,7 @@ class TurnResult:
     confidence: Optional[float] = None
     head_confidence: Optional[float] = None
     min_token_prob: Optional[float] = None
+    call_confidences: list = field(default_factory=list)   # per call, see _finish_confidence
     assistant_ids: list = field(default_factory=list)   # ids now in the model state
     raw_call_text: str = ""
     n_prefill: int = 0
@@ -152,13 +153,14 @@ def parse_completion(text):
 
 
 def _dedupe(calls):
-    """Drop exact repeats of a call (same name and arguments), keeping the first."""
+    """Indices of the calls kept when exact repeats (same name and arguments) are
+    dropped, keeping the first."""
     seen, out = set(), []
-    for call in calls:
+    for i, call in enumerate(calls):
         key = json.dumps(call, sort_keys=True, ensure_ascii=False)
         if key not in seen:
             seen.add(key)
-            out.append(call)
+            out.append(i)
     return out
 
 
@@ -360,6 +362,7 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
     splitter = CallSplitter()
     call_bytes = bytearray()
     grammar_s = 0.0
+    call_ends = []                      # len(probs) when each call's closing brace was written
     if settings.constrained:
         state = grammar.start()
         string_run = 0
@@ -435,6 +438,7 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
             for event in splitter.feed(piece):
                 if event["type"] == "toolcall_end":
                     locked = len(tokens)
+                    call_ends.append(len(probs))
                 yield event
             state = new_state
             string_run = string_run + 1 if state.in_string() else 0
@@ -495,9 +499,11 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
         model.prefill(closing)        # free decoding fed every token already
 
     res.assistant_ids = generated + closing
-    res.calls = _dedupe(calls)
+    kept = _dedupe(calls)
+    res.calls = [calls[i] for i in kept]
     res.stop_reason = "call" if res.calls else "refusal"
-    _finish_confidence(model, res, probs)
+    _finish_confidence(model, res, probs,
+                       [call_ends[i] for i in kept] if len(call_ends) == len(calls) else None)
     return res
 
 
@@ -600,7 +606,16 @@ def _check_free_output(grammar, body: bytes, closed: bool):
         return None, f"not JSON ({exc})"
 
 
-def _finish_confidence(model, res: TurnResult, probs):
+def _finish_confidence(model, res: TurnResult, probs, call_ends=None):
+    """The turn's confidence and, per call, the confidence of the calls up to it.
+
+    Call k's confidence is the same minimum taken over the tokens from ``<tool_call>``
+    through call k's closing brace (so it includes the separator that asked for call k),
+    the last call's over every call token: non-increasing along the calls, and the last
+    equals the turn's.  A call the model barely wanted to add after confident ones
+    ("lock the back door" + a notification nobody asked for) then has its own low value,
+    and the agent can hold back that call and the ones after it alone.  Without call
+    boundaries (free decoding) every call gets the turn's confidence."""
     head = None
     outputs = model.head_outputs() if hasattr(model, "head_outputs") else {}
     if outputs and outputs.get("confidence") is not None:
@@ -609,3 +624,8 @@ def _finish_confidence(model, res: TurnResult, probs):
     res.min_token_prob = min(probs) if probs else None
     terms = [v for v in (head, res.min_token_prob) if v is not None]
     res.confidence = min(terms) if terms else None
+    res.call_confidences = [res.confidence] * len(res.calls)
+    if call_ends and res.confidence is not None:
+        for k, end in enumerate(call_ends[:-1]):
+            part = [v for v in (head, min(probs[:end]) if end else None) if v is not None]
+            res.call_confidences[k] = min(part) if part else None

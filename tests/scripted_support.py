@@ -116,6 +116,19 @@ class ScriptedModel:
         return logits
 
 
+def token_at_byte(tokenizer, text, offset):
+    """(ids, i): the script encoding of ``text`` and the index of the token holding its
+    byte ``offset`` (a marker such as ``<tool_call>`` counts as its text)."""
+    ids = tokenizer.encode(text, dummy_prefix=False)
+    pieces = tokenizer.piece_table(size=tokenizer.vocab_size)
+    pos = 0
+    for i, t in enumerate(ids):
+        pos += len(pieces[t] if pieces[t] is not None else tokenizer.decode([t]).encode())
+        if pos > offset:
+            return ids, i
+    raise ValueError(f"byte {offset} is past the text")
+
+
 class FiniteGrammar:
     """Stand-in grammar whose language is a finite set of call strings.
 

@@ -11,7 +11,7 @@ import needle_cy.agent as agent_mod
 from conftest import fixture_path, shared_path
 from needle_cy import ModelNotAvailableError, Needle, SchemaError, extract, tool
 from needle_cy.toolspec import normalize_tool
-from scripted_support import FiniteGrammar, ScriptedModel
+from scripted_support import FiniteGrammar, ScriptedModel, token_at_byte
 from test_generate_scripted import compile_tools
 
 LIGHT_CALL = '{"name":"set_light","arguments":{"room":"kitchen","on":true}}'
@@ -53,7 +53,8 @@ def tok():
 
 
 def make_agent(tok, turns, tools=(set_light, set_timer, explode), **kw):
-    model_kw = {k: kw.pop(k) for k in ("confidence_logit", "on_feed", "max_seq_len", "embedding", "peak")
+    model_kw = {k: kw.pop(k) for k in ("confidence_logit", "on_feed", "max_seq_len", "embedding", "peak",
+                                       "overrides")
                 if k in kw}
     model = ScriptedModel(tok, turns, **model_kw)
     # Scripts write values the short test requests never say: these tests are about the
@@ -113,6 +114,19 @@ def test_low_head_confidence_escalates_and_suppresses_the_calls(tok):
     agent, _ = make_agent(tok, [f"<tool_call>[{LIGHT_CALL}]"], peak=0.5, escalate_below=0.99)
     r = agent.complete("turn on the kitchen light")
     assert r["confidence"] < 0.99 and r["escalate"] is False and len(r["function_calls"]) == 1
+
+
+def test_a_doubtful_later_call_is_held_back_alone(tok):
+    script = f"<tool_call>[{LIGHT_CALL},{TIMER_CALL}]"
+    ids, k = token_at_byte(tok, script, script.index("set_timer"))
+    over = {(0, k): {(ids[k] + 1) % tok.vocab_size: 15.0}}      # p(set_timer) ~ 0.05
+    agent, _ = make_agent(tok, [script], confidence_logit=3.0, overrides=over)
+    r = agent.complete("turn on the kitchen light")
+    assert r["function_calls"] == [{"name": "set_light", "arguments": {"room": "kitchen", "on": True}}]
+    assert r["suppressed_calls"] == [{"name": "set_timer", "arguments": {"minutes": 5}}]
+    assert r["escalate"] is True
+    first, second = r["call_confidences"]
+    assert second == pytest.approx(r["confidence"]) and second < 0.1 <= first
 
 
 def test_a_negated_request_holds_its_calls_back(tok):

@@ -9,7 +9,7 @@ import pytest
 from conftest import fixture_path
 from needle_cy.generate import CallSplitter, DecodeSettings, run_turn, sigmoid, token_probability
 from needle_cy.prompt import Conversation, render_tools_json
-from scripted_support import FiniteGrammar, ScriptedModel
+from scripted_support import FiniteGrammar, ScriptedModel, token_at_byte
 
 
 def _real_grammar():
@@ -137,6 +137,25 @@ def test_grammar_overrides_the_model_and_confidence_sees_it(tok):
     assert res.calls[0]["arguments"]["room"] in ("kitchen", "bedroom")
     p_peak = token_probability(np.r_[np.float32(12.0), np.zeros(tok.vocab_size - 1, np.float32)], 0)
     assert res.min_token_prob < 1e-3 < p_peak
+
+
+def test_each_call_has_the_confidence_of_the_calls_up_to_it(tok):
+    body = f"[{CALL_A},{CALL_B}]"
+    script = f"<tool_call>{body}"
+    # a doubt inside the second call's name: the first call keeps its own confidence
+    ids, k = token_at_byte(tok, script, script.index("set_timer"))
+    over = {(0, k): {(ids[k] + 1) % tok.vocab_size: 12.5}}
+    res, _, _, _ = drive(tok, [script], sentences=[body], overrides=over, confidence_logit=4.0)
+    assert [c["name"] for c in res.calls] == ["set_light", "set_timer"]
+    first, second = res.call_confidences
+    assert second == pytest.approx(res.confidence) and second < 0.5 < first
+    assert first == pytest.approx(min(sigmoid(4.0), first))
+    # a doubt in the first call is every call's (the values are non-increasing)
+    ids, k = token_at_byte(tok, script, script.index("kitchen"))
+    over = {(0, k): {(ids[k] + 1) % tok.vocab_size: 12.5}}
+    res, _, _, _ = drive(tok, [script], sentences=[body], overrides=over, confidence_logit=4.0)
+    assert res.call_confidences[0] == pytest.approx(res.call_confidences[1])
+    assert res.call_confidences[0] < 0.5
 
 
 def test_confidence_arithmetic(tok):
