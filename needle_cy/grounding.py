@@ -17,7 +17,10 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   no word of the call's tool name that the sources say only once (for "Play some
   blues", ``play_music``'s query is not "Play": the words that asked for the tool are
   the instruction, not the value it carries).  A copy is begun only where such an end
-  can still be reached.  No copy begins or ends inside a number written with a colon,
+  can still be reached.  A copy does not cut through a name: it neither begins on a
+  capitalized word right after another one nor ends on one right before another ("Play
+  Fleetwood Mac" gives "Fleetwood Mac", never "Mac"; a sentence's first word and "I" are
+  not name words).  No copy begins or ends inside a number written with a colon,
   point or comma ("a 5" of "a 5:15 pm alarm").  A ``pattern`` string is grounded
   so only when some span of the sources is a value the pattern accepts (a PIN said as
   "1234");
@@ -135,8 +138,28 @@ def _words(src: bytes):
 
 
 def _value_starts(src: bytes) -> frozenset:
-    """The word starts of ``src`` where a copied value may begin (not an introducer)."""
-    return frozenset(p for p, q in _words(src) if src[p:q] not in _LEADING)
+    """The word starts of ``src`` where a copied value may begin: not an introducer, and
+    not a capitalized word right after another name word (``_in_name``)."""
+    words = list(_words(src))
+    return frozenset(p for i, (p, q) in enumerate(words) if src[p:q] not in _LEADING
+                     and not (i > 0 and _in_name(src, p, q) and _in_name(src, *words[i - 1])
+                              and src[words[i - 1][1]:p].strip() == b""))
+
+
+_I_WORDS = frozenset((b"I", b"I'm", b"I'll", b"I've", b"I'd"))
+
+
+def _in_name(src: bytes, start: int, end: int) -> bool:
+    """True when the word ``src[start:end]`` may be part of a name: capitalized, not the
+    pronoun "I", and not the first word of a sentence (or of a clause after a comma).
+    A copied value does not cut through a run of such words: "Play Fleetwood Mac" gives
+    "Fleetwood Mac", never "Mac" ("put on songs by Todd Willis" never "Todd")."""
+    if not (0x41 <= src[start] <= 0x5A) or src[start:end] in _I_WORDS:
+        return False
+    i = start - 1
+    while i >= 0 and src[i] in b" \t":
+        i -= 1
+    return i >= 0 and src[i] not in b'.!?:,;"(\r\n'
 
 
 def _ends_word(src: bytes, end: int) -> bool:
@@ -183,7 +206,19 @@ def _may_end(src: bytes, end: int) -> bool:
     start = end
     while start > 0 and _is_word_byte(src[start - 1]):
         start -= 1
-    return src[start:end] not in _DANGLING
+    if src[start:end] in _DANGLING:
+        return False
+    # not inside a name: a capitalized word does not end the copy before another one
+    nxt = end
+    while nxt < len(src) and src[nxt] == 0x20:
+        nxt += 1
+    if end < nxt < len(src) and 0x41 <= src[start] <= 0x5A and src[start:end] not in _I_WORDS:
+        q = nxt
+        while q < len(src) and _is_word_byte(src[q]):
+            q += 1
+        if _in_name(src, nxt, q):
+            return False
+    return True
 
 
 def _instruction_words(tool, sources_lower: str):

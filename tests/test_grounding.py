@@ -473,3 +473,15 @@ def test_a_number_with_a_colon_or_point_is_one_word(index):
     g = at(index, "a 5:15 slot and 2.5 kilos", LABEL)
     assert not g.accepts(b'a 5"') and not g.accepts(b'15') and g.accepts(b'a 5:15 slot"')
     assert not g.accepts(b'and 2"') and g.accepts(b'2.5 kilos"')
+
+
+def test_a_copy_does_not_cut_through_a_name(index):
+    g = at(index, "Play Fleetwood Mac.", LABEL)
+    assert g.accepts(b'Fleetwood Mac"')
+    assert not g.accepts(b'Mac"') and not g.accepts(b'Fleetwood"')
+    g = at(index, "put on songs by Todd Willis on the garage speaker", LABEL)
+    assert g.accepts(b'Todd Willis"') and not g.accepts(b'Todd"') and not g.accepts(b'Willis"')
+    # the first word of a sentence, a lowercase word and the pronoun I are not name words
+    assert at(index, "Fleetwood Mac, play it", LABEL).accepts(b'Mac"')
+    assert at(index, "tell Tom I'm late", LABEL).accepts(b'I\'m late"')
+    assert at(index, "play the album Believe now", LABEL).accepts(b'Believe"')
