@@ -39,7 +39,9 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   some number, in digits or in words ("a dozen", "half", "full"): a small model fills
   ``"quantity": 3`` for "add butter to the list" though nothing was counted, while the
   tool has its own default.  The key is refused, and so is a comma whose only keys
-  left are such refused ones.
+  left are such refused ones.  When numbers were said, the value is one of them that
+  fits the schema (``said_number_values``: digits, number words, and "full", "max",
+  "halfway" for the schema's bounds), when one fits: "full brightness" is 100, not 50.
 
 It never decides alone: at each step the model's best token that the grammar allows
 *and* grounding accepts is taken; when no such token exists (the value the person said
@@ -61,9 +63,10 @@ import re
 from .spoken_time import said_time_spans, said_times, time_renderings
 
 __all__ = ["ValueGrounder", "NoteGrounder", "GroundingIndex", "value_rule", "mentioned_members",
-           "says_number", "unsaid_number_keys"]
+           "says_number", "unsaid_number_keys", "optional_number_keys", "said_number_values"]
 
 _WS = b" \t\r\n"
+_NUMBER_BYTES = frozenset(bytes((c,)) for c in b"0123456789.eE+-")
 _MAX_PIECE = 32            # longest continuation looked up per source position
 _MAX_PATTERN_SPAN = 64     # longest span tried against a pattern
 _NOTE_TAIL = b" ;\t\r\n"   # what may follow a note's closing quote in the same token
@@ -81,25 +84,73 @@ def says_number(sources_lower: str) -> bool:
     return any(c.isdigit() for c in sources_lower) or _NUMBER_WORDS.search(sources_lower) is not None
 
 
-def unsaid_number_keys(schema, number_said: bool):
-    """The optional number properties of an object ``schema`` that may not be written
-    when no number was said (``number_said`` False); empty otherwise."""
-    if number_said or not isinstance(schema, dict):
-        return frozenset()
-    props = schema.get("properties")
+def optional_number_keys(schema):
+    """The optional number properties of an object ``schema``: of type integer or number,
+    without ``enum`` or ``const``, not required."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(props, dict):
-        return frozenset()
+        return []
     required = schema.get("required")
     required = set(required) if isinstance(required, list) else set()
-    out = set()
+    out = []
     for k, sub in props.items():
         if k in required or not isinstance(sub, dict) or "enum" in sub or "const" in sub:
             continue
         t = sub.get("type")
         types = t if isinstance(t, list) else [t]
         if types and all(x in ("integer", "number") for x in types):
-            out.add(_json_bytes(k))
-    return frozenset(out)
+            out.append(k)
+    return out
+
+
+def unsaid_number_keys(schema, number_said: bool):
+    """The optional number properties of an object ``schema`` that may not be written
+    when no number was said (``number_said`` False); empty otherwise."""
+    if number_said:
+        return frozenset()
+    return frozenset(_json_bytes(k) for k in optional_number_keys(schema))
+
+
+_WORD_NUMBERS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen".split())}
+_WORD_NUMBERS.update({w: 10 * i for i, w in enumerate(
+    "twenty thirty forty fifty sixty seventy eighty ninety".split(), start=2)})
+_WORD_NUMBERS.update({"hundred": 100, "dozen": 12, "couple": 2, "pair": 2, "once": 1, "twice": 2,
+                      "quarter": 25})
+_TENS_UNITS = re.compile(r"(?<![a-z])(twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)[ -]"
+                         r"(one|two|three|four|five|six|seven|eight|nine)(?![a-z])")
+_DIGITS = re.compile(r"(?<![0-9.])[0-9]+(?:\.[0-9]+)?")
+# Words that name a bound of the schema: "full brightness" is its maximum, "halfway" the
+# middle of its range.
+_BOUND_WORDS = {"full": "max", "max": "max", "maximum": "max", "min": "min", "minimum": "min",
+                "half": "mid", "halfway": "mid"}
+
+
+def said_number_values(schema, sources_lower: str):
+    """The JSON texts of the numbers the sources say that fit the number ``schema``: digits,
+    number words ("twenty-five", "a dozen") and the words for its bounds ("full" is its
+    ``maximum``, "halfway" the middle of ``minimum``..``maximum``); empty when none fits."""
+    values = [float(m.group(0)) for m in _DIGITS.finditer(sources_lower)]
+    values += [_WORD_NUMBERS[a] + _WORD_NUMBERS[b] for a, b in _TENS_UNITS.findall(sources_lower)]
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    bounds = {"min": lo, "max": hi,
+              "mid": (lo + hi) / 2 if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else None}
+    for w in re.findall(r"[a-z]+", sources_lower):
+        if w in _WORD_NUMBERS:
+            values.append(_WORD_NUMBERS[w])
+        elif w in _BOUND_WORDS and bounds[_BOUND_WORDS[w]] is not None:
+            values.append(bounds[_BOUND_WORDS[w]])
+    integer = schema.get("type") == "integer"
+    out = []
+    for v in values:
+        if (isinstance(lo, (int, float)) and v < lo) or (isinstance(hi, (int, float)) and v > hi) \
+                or (integer and not float(v).is_integer()):
+            continue
+        text = (str(int(v)) if float(v).is_integer() else repr(float(v))).encode()
+        if text not in out:
+            out.append(text)
+    return tuple(out)
 
 
 def _json_bytes(text: str) -> bytes:
@@ -315,13 +366,21 @@ class GroundingIndex:
     ``plain[b]``: tokens whose bytes are exactly ``b`` and hold no quote or backslash;
     ``closing[b]``: tokens whose bytes are ``b`` (no quote or backslash) then a quote,
     then anything (the grammar and ``accepts`` judge the tail); ``note_closing[b]``: those
-    of them whose tail is only a note's punctuation (``NoteGrounder``)."""
+    of them whose tail is only a note's punctuation (``NoteGrounder``); ``number_closing[b]``:
+    tokens whose bytes are the number bytes ``b`` then something that ends a number;
+    ``number_enders``: tokens that begin with a comma or a closing bracket (what follows a
+    finished number in a call)."""
 
     def __init__(self, piece_table):
-        plain, closing, note_closing = {}, {}, {}
+        plain, closing, note_closing, number_closing, enders = {}, {}, {}, {}, []
         for tid, piece in enumerate(piece_table):
             if not piece:
                 continue
+            if piece[:1] in (b",", b"}", b"]"):
+                enders.append(tid)
+            run = len(piece) - len(piece.lstrip(b"0123456789.eE+-"))
+            if 0 < run < len(piece):
+                number_closing.setdefault(piece[:run], []).append(tid)
             q = piece.find(b'"')
             head = piece if q < 0 else piece[:q]
             if b"\\" in head:
@@ -330,6 +389,7 @@ class GroundingIndex:
             if q >= 0 and not piece[q + 1:].strip(_NOTE_TAIL):
                 note_closing.setdefault(head, []).append(tid)
         self.plain, self.closing, self.note_closing = plain, closing, note_closing
+        self.number_closing, self.number_enders = number_closing, enders
         self.size = len(piece_table)
 
 
@@ -408,7 +468,7 @@ def _member_candidates(members, buf, plain, closing, out):
 
 
 class _Frame:
-    __slots__ = ("kind", "schema", "key", "tool", "used", "refused", "keys")
+    __slots__ = ("kind", "schema", "key", "tool", "used", "refused", "keys", "numbers")
 
     def __init__(self, kind, schema):
         self.kind = kind        # "calls" | "call" | "object" | "array"
@@ -418,12 +478,13 @@ class _Frame:
         self.used = []          # array: the enum members already written (uniqueItems);
                                 # object: the keys already written (JSON-encoded bytes)
         self.refused = frozenset()  # object: keys grounding refuses (unsaid_number_keys)
+        self.numbers = {}       # object: optional number key -> the said values it may take
         self.keys = ()          # object with refused keys: all its property names, JSON-encoded
 
     def clone(self):
         f = _Frame(self.kind, self.schema)
-        f.key, f.tool, f.used, f.refused, f.keys = (self.key, self.tool, list(self.used),
-                                                    self.refused, self.keys)
+        f.key, f.tool, f.used, f.refused, f.keys, f.numbers = (
+            self.key, self.tool, list(self.used), self.refused, self.keys, self.numbers)
         return f
 
 
@@ -453,6 +514,7 @@ class ValueGrounder:
         self.esc = 0             # 0, 1 after a backslash, 2..5 inside \\uXXXX
         self.rule = None         # the rule of the string value being written
         self.refused_key = False  # a key (or a comma before one) was refused
+        self.number = None       # (bytes so far, values it may become) of a grounded number
 
     def clone(self):
         g = ValueGrounder.__new__(ValueGrounder)
@@ -464,6 +526,7 @@ class ValueGrounder:
         g.mode, g.in_str, g.str_key, g.buf, g.esc, g.rule = (
             self.mode, self.in_str, self.str_key, self.buf, self.esc, self.rule)
         g.refused_key = False
+        g.number = self.number
         return g
 
     def _rule(self, schema):
@@ -512,6 +575,14 @@ class ValueGrounder:
                 ok = self._string_byte(b) and ok
                 continue
             c = bytes((b,))
+            if self.number is not None:
+                written, values = self.number
+                if c in _NUMBER_BYTES:
+                    self.number = (written + c, values)
+                    ok = any(v.startswith(written + c) for v in values) and ok
+                    continue
+                self.number = None              # the number ends here: it must be whole
+                ok = written in values and ok
             if c in (b" ", b"\t", b"\r", b"\n"):
                 continue
             if c == b'"':
@@ -535,6 +606,7 @@ class ValueGrounder:
                     frame.refused = unsaid_number_keys(schema, self.number_said)
                     if frame.refused:
                         frame.keys = tuple(_json_bytes(p) for p in schema["properties"])
+                    frame.numbers = self._said_numbers(schema)
                 self.stack.append(frame)
                 self.mode = "value" if c == b"[" else "key"
                 continue
@@ -561,8 +633,46 @@ class ValueGrounder:
                         ok = False              # only refused keys could follow
                         self.refused_key = True
                 continue
+            if self.mode == "value" and c in _NUMBER_BYTES and self.stack:
+                values = self.stack[-1].numbers.get(self.stack[-1].key)
+                if values:
+                    self.number = (c, values)
+                    ok = any(v.startswith(c) for v in values) and ok
             self.mode = "after"                   # inside a number or literal
         return ok
+
+    def _number_candidates(self):
+        if self.number is not None:
+            written, values = self.number
+        else:
+            top = self.stack[-1] if self.stack and self.mode == "value" else None
+            values = top.numbers.get(top.key) if top is not None else None
+            written = b""
+            if not values:
+                return None
+        rests = [v[len(written):] for v in values if v.startswith(written)]
+        if not rests:
+            return None
+        out = set(self.index.number_enders) if b"" in rests else set()
+        plain, closing = self.index.plain, self.index.number_closing
+        for r in rests:
+            for i in range(1, len(r) + 1):
+                out.update(plain.get(r[:i], ()))
+            out.update(closing.get(r, ()))
+        return out
+
+    def _said_numbers(self, schema):
+        """{key: said values} for the optional number properties of an object ``schema``
+        (``optional_number_keys``) whose values some said number fits; cached per schema."""
+        hit = self._rules.get(("numbers", id(schema)))
+        if hit is None or hit[0] is not schema:
+            out = {}
+            for key in optional_number_keys(schema):
+                values = said_number_values(schema["properties"][key], self.sources_lower)
+                if values:
+                    out[key] = values
+            hit = self._rules[("numbers", id(schema))] = (schema, out)
+        return hit[1]
 
     @staticmethod
     def _keys_left(frame) -> bool:
@@ -663,8 +773,11 @@ class ValueGrounder:
         return self.in_str and not self.str_key and self.rule is not None
 
     def candidates(self):
-        """Token ids that may continue the grounded string being written, or None when
-        no proposal is made here (not in a grounded string, or mid-escape)."""
+        """Token ids that may continue the grounded string or number being written, or
+        None when no proposal is made here (not in a grounded value, or mid-escape).  A
+        finished number is followed by a token that begins with ``,``, ``}`` or ``]``."""
+        if not self.in_str:
+            return self._number_candidates()
         if not self.constrained or self.esc:
             return None
         buf = self.buf

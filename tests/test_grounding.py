@@ -191,6 +191,42 @@ def test_turn_leaves_an_unsaid_optional_number_to_the_tool(tok, index):
     assert kept.calls == free.calls
 
 
+def test_said_number_values_fit_the_schema():
+    from needle_cy.grounding import said_number_values
+    level = {"type": "integer", "minimum": 0, "maximum": 100}
+    assert said_number_values(level, "bathroom lights to full brightness") == (b"100",)
+    assert said_number_values(level, "open the blinds halfway") == (b"50",)
+    assert said_number_values(level, "lights at 80 percent and a 50 minute timer") == (b"80", b"50")
+    assert said_number_values(level, "twenty-five percent") == (b"25", b"20", b"5")
+    assert said_number_values(level, "set it to 150") == ()               # out of range
+    assert said_number_values(level, "set it to 2.5") == ()               # not an integer
+    assert said_number_values({"type": "number"}, "set it to 2.5") == (b"2.5",)
+    assert said_number_values({"type": "integer"}, "full please") == ()   # no bound to name
+
+
+def test_optional_number_is_a_said_number(index):
+    prefix = '[{"name":"order","arguments":{"dish":"soup","count":'
+    g = at(index, "order two soups", prefix)
+    assert g.accepts(b"2}}]") and g.accepts(b"2")
+    assert not g.accepts(b"3}}]") and not g.accepts(b"22") and not g.accepts(b"20")
+    g = at(index, "order soup for 12 people", prefix)
+    assert g.accepts(b"1") and g.accepts(b"12}}]") and not g.accepts(b"1}}]")
+    # the numbers said but out of the schema's range leave the value to the model
+    g = at(index, "order soup, table 0", prefix)
+    assert g.accepts(b"7}}]")
+
+
+def test_turn_writes_a_said_number(tok, index):
+    order = {"name": "order", "description": "Order food.", "parameters": TOOLS["order"]}
+    script = '<tool_call>[{"name":"order","arguments":{"dish":"soup","count":5}}]'
+    assert turn(tok, index, script, "order two soups", ground=False, tools=(order,)).calls == [
+        {"name": "order", "arguments": {"dish": "soup", "count": 5}}]
+    assert turn(tok, index, script, "order two soups", tools=(order,)).calls == [
+        {"name": "order", "arguments": {"dish": "soup", "count": 2}}]
+    assert turn(tok, index, script, "order soup for 5 of us", tools=(order,)).calls == [
+        {"name": "order", "arguments": {"dish": "soup", "count": 5}}]
+
+
 def test_state_follows_tokens_that_break_the_rules(index):
     # A fallback token (taken when nothing grounded fits) is tracked like any other.
     g = at(index, "roast", LABEL)
@@ -226,7 +262,19 @@ def test_proposals_match_the_exact_check_over_the_vocabulary(tok, index):
         assert {t for t in g.candidates() if g.accepts(pieces[t])} == exact
         assert exact
         checked += 1
-    assert checked >= 8
+    # A number: every proposal is accepted, and every accepted token that goes on with a
+    # digit or ends the number with , } ] is proposed (whitespace the grammar decides).
+    prefix = '[{"name":"order","arguments":{"dish":"soup","count":'
+    for said, value in (("order 12 or 150 soups for 2", ""), ("order 12 soups", "1"),
+                        ("order 12 or 2 soups", "1"), ("order 2 soups", "2")):
+        g = at(index, said, prefix + value)
+        cand = g.candidates()
+        assert all(g.accepts(pieces[t]) for t in cand)
+        lead = b"0123456789,}]" if value else b"0123456789"     # (no value yet: the grammar's)
+        exact = {t for t, p in enumerate(pieces) if p and p[:1] in lead and g.accepts(p)}
+        assert exact and exact <= cand
+        checked += 1
+    assert checked >= 12
 
 
 # ------------------------------------------------------------------ whole turns
