@@ -20,7 +20,9 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   can still be reached.  A copy does not cut through a name: it neither begins on a
   capitalized word right after another one nor ends on one right before another ("Play
   Fleetwood Mac" gives "Fleetwood Mac", never "Mac"; a sentence's first word and "I" are
-  not name words).  No copy begins or ends inside a number written with a colon,
+  not name words), and holds some word that is not the request's filler ("please",
+  "can", "you", "want", "ahead": "Can you add garr to the list" has item "garr").  No
+  copy begins or ends inside a number written with a colon,
   point or comma ("a 5" of "a 5:15 pm alarm").  A ``pattern`` string is grounded
   so only when some span of the sources is a value the pattern accepts (a PIN said as
   "1234");
@@ -57,6 +59,7 @@ the vocabulary); ``accepts`` is the exact check of one token's bytes, escapes an
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -417,7 +420,8 @@ def _span_ends(sources, starts, buf, final, held=None):
             continue
         p = src.find(buf)            # C-speed search; long tool results stay cheap
         while p >= 0:
-            if p in st and (_may_end(src, p + n) and _clear(ranges, p, p + n) if final
+            if p in st and (_may_end(src, p + n) and _clear(ranges, p, p + n)
+                            and p + n >= _content_end(src, p) if final
                             else _can_end(src, p, p + n, ranges)):
                 yield src, p + n
             p = src.find(buf, p + 1)
@@ -426,6 +430,29 @@ def _span_ends(sources, starts, buf, final, held=None):
 def _clear(ranges, start, end) -> bool:
     """True when [start, end) overlaps none of ``ranges``."""
     return all(b <= start or a >= end for a, b in ranges)
+
+
+# Words of the request around the value, never a value alone ("Can you add garr to the
+# list" has item "garr", not "Can"; "add cereal to the list please" not "please").
+_FILLER = frozenset(b"please pls plz thanks thank you can could would will want need ahead ok okay "
+                    b"quick quickly hey hi hello actually just needle like we i so also then right "
+                    b"sure go let".split())
+
+
+@functools.lru_cache(maxsize=4096)
+def _content_end(src: bytes, start: int) -> int:
+    """The end of the first word at or after ``start`` that is not filler (``_FILLER``):
+    a copied value begun at ``start`` must reach it; past the end when there is none."""
+    q = start
+    while q < len(src):
+        while q < len(src) and not _is_word_byte(src[q]):
+            q += 1
+        p = q
+        while q < len(src) and _is_word_byte(src[q]):
+            q += 1
+        if p < q and src[p:q].lower() not in _FILLER:
+            return q
+    return len(src) + 1
 
 
 def _can_end(src, start, pos, ranges) -> bool:
@@ -439,7 +466,7 @@ def _can_end(src, start, pos, ranges) -> bool:
             return False             # already inside a held word
         if a >= pos:
             limit = min(limit, a)
-    return any(_may_end(src, e) for e in range(max(pos, start + 1), limit + 1))
+    return any(_may_end(src, e) for e in range(max(pos, start + 1, _content_end(src, start)), limit + 1))
 
 
 def _span_candidates(ends, buf, plain, closing, out):

@@ -533,3 +533,13 @@ def test_a_copy_does_not_cut_through_a_name(index):
     assert at(index, "Fleetwood Mac, play it", LABEL).accepts(b'Mac"')
     assert at(index, "tell Tom I'm late", LABEL).accepts(b'I\'m late"')
     assert at(index, "play the album Believe now", LABEL).accepts(b'Believe"')
+
+
+def test_a_value_is_not_filler_alone(index):
+    g = at(index, "Can you add garr to the list, please?", LABEL)
+    assert g.accepts(b'garr"') and not g.accepts(b'Can"') and not g.accepts(b'please"')
+    assert not g.accepts(b'Can you"') and g.accepts(b'Can you add garr"')   # filler with content
+    assert g.accepts(b"Can")                    # begun: content can still be reached
+    # a copy is not begun where only filler can follow before the end
+    g = at(index, "add cereal, thank you", LABEL)
+    assert not g.accepts(b"thank") and g.accepts(b'cereal"')
