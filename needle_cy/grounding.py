@@ -43,7 +43,11 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   tool has its own default.  The key is refused, and so is a comma whose only keys
   left are such refused ones.  When numbers were said, the value is one of them that
   fits the schema (``said_number_values``: digits, number words, and "full", "max",
-  "halfway" for the schema's bounds), when one fits: "full brightness" is 100, not 50.
+  "halfway" for the schema's bounds), when one fits: "full brightness" is 100, not 50;
+* a **length of time** (a number property named for its unit: "minutes", "seconds",
+  "duration_hours", required or not) is one of the durations the sources say, read by
+  ``needle_cy.spoken_time`` and converted to that unit, when they say any: "three
+  quarters of an hour" is 45 minutes, "3 hours and forty-five minutes" 225.
 
 It never decides alone: at each step the model's best token that the grammar allows
 *and* grounding accepts is taken; when no such token exists (the value the person said
@@ -63,10 +67,11 @@ import functools
 import json
 import re
 
-from .spoken_time import said_time_spans, said_times, time_renderings
+from .spoken_time import said_durations, said_time_spans, said_times, time_renderings
 
 __all__ = ["ValueGrounder", "NoteGrounder", "GroundingIndex", "value_rule", "mentioned_members",
-           "says_number", "unsaid_number_keys", "optional_number_keys", "said_number_values"]
+           "says_number", "unsaid_number_keys", "optional_number_keys", "said_number_values",
+           "said_duration_values"]
 
 _WS = b" \t\r\n"
 _NUMBER_BYTES = frozenset(bytes((c,)) for c in b"0123456789.eE+-")
@@ -144,15 +149,42 @@ def said_number_values(schema, sources_lower: str):
             values.append(_WORD_NUMBERS[w])
         elif w in _BOUND_WORDS and bounds[_BOUND_WORDS[w]] is not None:
             values.append(bounds[_BOUND_WORDS[w]])
-    integer = schema.get("type") == "integer"
+    return _fitting_literals(values, schema)
+
+
+_DURATION_UNITS = ((re.compile(r"(?:^|_)(?:minutes?|mins?)(?:$|_)"), 60),
+                   (re.compile(r"(?:^|_)(?:seconds?|secs?)(?:$|_)"), 1),
+                   (re.compile(r"(?:^|_)(?:hours?|hrs?)(?:$|_)"), 3600))
+
+
+def said_duration_values(key, schema, sources):
+    """The JSON texts of the lengths of time the sources say (``said_durations``) in the
+    unit of a number property named for one ("minutes", "duration_seconds", "hrs"), that
+    fit its schema; empty for other properties or when none was said.  So "three quarters
+    of an hour" is 45 minutes and "3 hours and forty-five minutes" 225, never the 15 or
+    210 a small model's arithmetic writes."""
+    if not isinstance(schema, dict) or "enum" in schema or "const" in schema \
+            or schema.get("type") not in ("integer", "number"):
+        return ()
+    unit = next((u for rx, u in _DURATION_UNITS if rx.search(str(key).lower())), None)
+    if unit is None:
+        return ()
+    return _fitting_literals([seconds / unit for text in sources for seconds in said_durations(text)],
+                             schema)
+
+
+def _fitting_literals(values, schema):
+    """The JSON literals (b"90", b"16.5") of ``values`` within the number ``schema``'s
+    bounds (and whole, for an integer), in order, without repeats."""
+    lo, hi = schema.get("minimum"), schema.get("maximum")
     out = []
     for v in values:
         if (isinstance(lo, (int, float)) and v < lo) or (isinstance(hi, (int, float)) and v > hi) \
-                or (integer and not float(v).is_integer()):
+                or (schema.get("type") == "integer" and not float(v).is_integer()):
             continue
-        text = (str(int(v)) if float(v).is_integer() else repr(float(v))).encode()
-        if text not in out:
-            out.append(text)
+        literal = (str(int(v)) if float(v).is_integer() else repr(float(v))).encode()
+        if literal not in out:
+            out.append(literal)
     return tuple(out)
 
 
@@ -689,13 +721,18 @@ class ValueGrounder:
         return out
 
     def _said_numbers(self, schema):
-        """{key: said values} for the optional number properties of an object ``schema``
-        (``optional_number_keys``) whose values some said number fits; cached per schema."""
+        """{key: said values} for the number properties of an object ``schema`` that are
+        grounded: a length of time in a unit (``said_duration_values``), else an optional
+        number (``optional_number_keys``, ``said_number_values``); cached per schema."""
         hit = self._rules.get(("numbers", id(schema)))
         if hit is None or hit[0] is not schema:
             out = {}
-            for key in optional_number_keys(schema):
-                values = said_number_values(schema["properties"][key], self.sources_lower)
+            optional = optional_number_keys(schema)
+            props = schema.get("properties") if isinstance(schema, dict) else None
+            for key, sub in (props.items() if isinstance(props, dict) else ()):
+                values = said_duration_values(key, sub, self.texts)
+                if not values and key in optional:
+                    values = said_number_values(sub, self.sources_lower)
                 if values:
                     out[key] = values
             hit = self._rules[("numbers", id(schema))] = (schema, out)

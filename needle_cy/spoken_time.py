@@ -1,4 +1,4 @@
-"""Times of day as people say them, read as 24-hour clock values.
+"""Times of day and durations as people say them, read as clock values and seconds.
 
 "7am", "5:15 pm", "quarter to eight in the morning", "half past six", "noon", "19:30",
 "eight o'clock tonight": ``said_times(text)`` gives every (hour, minute) the text can
@@ -10,12 +10,16 @@ grounding (``needle_cy.grounding``) only keeps it from writing a time nobody sai
 The reading is deliberately narrow: a bare number counts as an hour only after "at",
 "for", "until", "till" or "by" and not before a unit ("for 20 minutes", "at 80 percent"),
 so a level or a duration is never taken for a time.
+
+``said_durations(text)`` reads the lengths of time said, in seconds: "an hour and a
+half" (5400), "three quarters of an hour", "2 hours and 15 minutes" (one duration, not
+two), "a 25 minute timer", "half an hour"; grounding narrows a minutes argument to them.
 """
 from __future__ import annotations
 
 import re
 
-__all__ = ["said_times", "said_time_spans", "time_renderings"]
+__all__ = ["said_times", "said_time_spans", "time_renderings", "said_durations"]
 
 _HOURS = {w: i for i, w in enumerate(
     "one two three four five six seven eight nine ten eleven twelve".split(), start=1)}
@@ -156,3 +160,60 @@ def time_renderings(times, pattern):
                 out.append(text)
                 break
     return out
+
+
+_SMALL = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+          "fifteen sixteen seventeen eighteen nineteen").split()
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+_COUNT = (r"(?:\d+(?:\.\d+)?|(?:" + "|".join(_TENS) + r")(?:[ -](?:" + "|".join(_SMALL[1:10])
+          + r"))?|" + "|".join(sorted(_SMALL, key=len, reverse=True)) + r"|an?)")
+_UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}
+_UNIT = r"(?:(?P<{0}h>hours?|hrs?)|(?P<{0}m>minutes?|mins?)|(?P<{0}s>seconds?|secs?))"
+_DURATION_FORMS = [
+    # "2 hours and 15 minutes", "an hour fifteen minutes": one duration
+    re.compile(_B + r"(?P<n1>" + _COUNT + r")[ -](?:hours?|hrs?),? (?:and )?(?P<n2>" + _COUNT
+               + r")[ -](?:minutes?|mins?)" + _E),
+    # "an hour and a half", "two hours and a half"
+    re.compile(_B + r"(?P<n1>" + _COUNT + r")[ -]" + _UNIT.format("a") + r" and a half" + _E),
+    # "one and a half hours"
+    re.compile(_B + r"(?P<n1>" + _COUNT + r") and a half " + _UNIT.format("b") + _E),
+    # "half an hour", "a quarter of an hour", "three quarters of an hour"
+    re.compile(_B + r"(?P<frac>half an?|(?:a )?quarter of an?|three quarters of an?) hour" + _E),
+    # "20 minutes", "a 25 minute timer", "two-hour"
+    re.compile(_B + r"(?P<n1>" + _COUNT + r")[ -]" + _UNIT.format("c") + _E),
+]
+def _count(text):
+    text = text.replace("-", " ")
+    if text in ("a", "an"):
+        return 1.0
+    words = text.split()
+    if words[0] in _TENS:
+        return 10.0 * (_TENS.index(words[0]) + 2) + (_SMALL.index(words[1]) if len(words) > 1 else 0)
+    if words[0] in _SMALL:
+        return float(_SMALL.index(words[0]))
+    return float(text)
+
+
+def said_durations(text: str):
+    """The lengths of time ``text`` says, in seconds, in order of mention, without repeats;
+    a span read by one form is not read again by a later one."""
+    lower = text.lower()
+    found, taken = [], []
+    for form in _DURATION_FORMS:
+        for m in form.finditer(lower):
+            if any(a < m.end() and m.start() < b for a, b in taken):
+                continue
+            taken.append((m.start(), m.end()))
+            groups = {k: v for k, v in m.groupdict().items() if v is not None}
+            if "frac" in groups:
+                frac = groups["frac"]
+                seconds = 1800 if frac.startswith("half") else 2700 if frac.startswith("three") else 900
+            elif "n2" in groups:
+                seconds = _count(groups["n1"]) * 3600 + _count(groups["n2"]) * 60
+            else:
+                unit = next(_UNIT_SECONDS[k[-1]] for k in groups if len(k) == 2 and k[-1] in "hms")
+                half = 0.5 if " and a half" in m.group(0) else 0.0
+                seconds = (_count(groups["n1"]) + half) * unit
+            if seconds not in found:
+                found.append(seconds)
+    return found

@@ -204,6 +204,20 @@ def test_said_number_values_fit_the_schema():
     assert said_number_values({"type": "integer"}, "full please") == ()   # no bound to name
 
 
+def test_a_duration_in_a_unit_is_a_said_duration(index):
+    from needle_cy.grounding import said_duration_values
+    minutes = {"type": "integer", "minimum": 1, "maximum": 600}
+    assert said_duration_values("minutes", minutes, ["three quarters of an hour"]) == (b"45",)
+    assert said_duration_values("duration_seconds", {"type": "number"}, ["half an hour"]) == (b"1800",)
+    assert said_duration_values("hours", {"type": "number"}, ["90 minutes"]) == (b"1.5",)
+    assert said_duration_values("minutes", minutes, ["a 2 second beep"]) == ()    # not whole
+    assert said_duration_values("count", minutes, ["half an hour"]) == ()         # no unit
+    assert said_duration_values("minutes", minutes, ["timer for 5"]) == ()        # no duration
+    # required or not, a minutes argument takes the duration said, not the model's sum
+    g = at(index, "a timer for 3 hours and forty-five minutes", '[{"name":"set_timer","arguments":{"minutes":')
+    assert g.accepts(b"225,") and not g.accepts(b"210,") and not g.accepts(b"3,")
+
+
 def test_optional_number_is_a_said_number(index):
     prefix = '[{"name":"order","arguments":{"dish":"soup","count":'
     g = at(index, "order two soups", prefix)

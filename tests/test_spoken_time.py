@@ -59,3 +59,26 @@ def test_renderings_follow_the_pattern():
     assert time_renderings([(7, 45)], "^.{1,40}$") == []
     assert time_renderings([(7, 45)], "^[0-9]{4}$") == []
     assert time_renderings([(7, 45)], "(") == []
+
+
+@pytest.mark.parametrize("said, minutes", [
+    ("Timer for an hour and a half for the roast", [90]),
+    ("set a 50 minute timer called focus", [50]),
+    ("three quarters of an hour", [45]),
+    ("a quarter of an hour", [15]),
+    ("half an hour", [30]),
+    ("one and a half hours", [90]),
+    ("two hours and a half", [150]),
+    ("a timer for 3 hours and forty-five minutes", [225]),        # one duration, not two
+    ("Set a one hour and forty-five minute timer", [105]),
+    ("an hour fifteen minutes", [75]),
+    ("a two-hour timer", [120]),
+    ("2 hrs", [120]),
+    ("90 seconds", [1.5]),
+    ("25 minutes of water and a 10 min timer", [25, 10]),
+    ("Set an alarm for 6:30", []),
+    ("lights at 80 percent", []),
+])
+def test_said_durations(said, minutes):
+    from needle_cy.spoken_time import said_durations
+    assert [s / 60 for s in said_durations(said)] == minutes
