@@ -4,8 +4,9 @@
 
 Without --model the embedded default model is used (needle_cy/models/default.cact).  Its
 confidence head was fitted on the smart-home catalogue's own wording, so on these
-differently described tools it often holds calls back (printed, not executed; pass
-escalate_below=None to Needle to execute them anyway).  Random-weight test archives run
+differently described tools it may hold calls back (printed, not executed; pass
+escalate_below=None to Needle to execute them anyway): of the three default requests the
+third asks to unlock a door, which these tools cannot, and is held back.  Random-weight test archives run
 too, but their calls are noise.
 """
 import argparse
