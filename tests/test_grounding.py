@@ -180,15 +180,24 @@ def test_optional_number_needs_a_said_number(index):
     assert said.accepts(b',"count":2}}]')
 
 
-def test_turn_leaves_an_unsaid_optional_number_to_the_tool(tok, index):
+def order_turn(tok, index, count, query, ground=True):
+    """The calls of a turn whose script orders soup with ``count``."""
     order = {"name": "order", "description": "Order food.", "parameters": TOOLS["order"]}
-    script = '<tool_call>[{"name":"order","arguments":{"dish":"soup","count":3}}]'
-    free = turn(tok, index, script, "order the soup", ground=False, tools=(order,))
-    assert free.calls == [{"name": "order", "arguments": {"dish": "soup", "count": 3}}]
-    grounded = turn(tok, index, script, "order the soup", tools=(order,))
-    assert grounded.calls == [{"name": "order", "arguments": {"dish": "soup"}}]
-    kept = turn(tok, index, script, "order soup for 3 people", tools=(order,))
-    assert kept.calls == free.calls
+    script = '<tool_call>[{"name":"order","arguments":{"dish":"soup","count":%d}}]' % count
+    return turn(tok, index, script, query, ground=ground, tools=(order,)).calls
+
+
+def soup(**arguments):
+    return [{"name": "order", "arguments": dict(dish="soup", **arguments)}]
+
+
+def test_turn_grounds_an_optional_number(tok, index):
+    assert order_turn(tok, index, 3, "order the soup", ground=False) == soup(count=3)
+    assert order_turn(tok, index, 3, "order the soup") == soup()       # nothing counted: the tool's
+    assert order_turn(tok, index, 3, "order soup for 3 people") == soup(count=3)
+    assert order_turn(tok, index, 5, "order two soups", ground=False) == soup(count=5)
+    assert order_turn(tok, index, 5, "order two soups") == soup(count=2)   # the number said
+    assert order_turn(tok, index, 5, "order soup for 5 of us") == soup(count=5)
 
 
 def test_said_number_values_fit_the_schema():
@@ -228,17 +237,6 @@ def test_optional_number_is_a_said_number(index):
     # the numbers said but out of the schema's range leave the value to the model
     g = at(index, "order soup, table 0", prefix)
     assert g.accepts(b"7}}]")
-
-
-def test_turn_writes_a_said_number(tok, index):
-    order = {"name": "order", "description": "Order food.", "parameters": TOOLS["order"]}
-    script = '<tool_call>[{"name":"order","arguments":{"dish":"soup","count":5}}]'
-    assert turn(tok, index, script, "order two soups", ground=False, tools=(order,)).calls == [
-        {"name": "order", "arguments": {"dish": "soup", "count": 5}}]
-    assert turn(tok, index, script, "order two soups", tools=(order,)).calls == [
-        {"name": "order", "arguments": {"dish": "soup", "count": 2}}]
-    assert turn(tok, index, script, "order soup for 5 of us", tools=(order,)).calls == [
-        {"name": "order", "arguments": {"dish": "soup", "count": 5}}]
 
 
 def test_state_follows_tokens_that_break_the_rules(index):
