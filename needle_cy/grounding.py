@@ -67,14 +67,16 @@ import functools
 import json
 import re
 
-from .spoken_time import said_durations, said_time_spans, said_times, time_renderings
+from .spoken_time import (SMALL_NUMBERS, TENS, WORD_NUMBERS, said_durations, said_time_spans,
+                          said_times, time_renderings)
 
 __all__ = ["ValueGrounder", "NoteGrounder", "GroundingIndex", "value_rule", "mentioned_members",
            "says_number", "unsaid_number_keys", "optional_number_keys", "said_number_values",
            "said_duration_values"]
 
 _WS = b" \t\r\n"
-_NUMBER_BYTES = frozenset(bytes((c,)) for c in b"0123456789.eE+-")
+_NUMBER_CHARS = b"0123456789.eE+-"    # the bytes of a JSON number
+_NUMBER_BYTES = frozenset(bytes((c,)) for c in _NUMBER_CHARS)
 _MAX_PIECE = 32            # longest continuation looked up per source position
 _MAX_PATTERN_SPAN = 64     # longest span tried against a pattern
 _NOTE_TAIL = b" ;\t\r\n"   # what may follow a note's closing quote in the same token
@@ -119,15 +121,10 @@ def unsaid_number_keys(schema, number_said: bool):
     return frozenset(_json_bytes(k) for k in optional_number_keys(schema))
 
 
-_WORD_NUMBERS = {w: i for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-    "fifteen sixteen seventeen eighteen nineteen".split())}
-_WORD_NUMBERS.update({w: 10 * i for i, w in enumerate(
-    "twenty thirty forty fifty sixty seventy eighty ninety".split(), start=2)})
-_WORD_NUMBERS.update({"hundred": 100, "dozen": 12, "couple": 2, "pair": 2, "once": 1, "twice": 2,
-                      "quarter": 25})
-_TENS_UNITS = re.compile(r"(?<![a-z])(twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)[ -]"
-                         r"(one|two|three|four|five|six|seven|eight|nine)(?![a-z])")
+_WORD_NUMBERS = dict(WORD_NUMBERS, hundred=100, dozen=12, couple=2, pair=2, once=1, twice=2,
+                     quarter=25)
+_TENS_UNITS = re.compile(r"(?<![a-z])(" + "|".join(TENS) + r")[ -](" + "|".join(SMALL_NUMBERS[1:10])
+                         + r")(?![a-z])")
 _DIGITS = re.compile(r"(?<![0-9.])[0-9]+(?:\.[0-9]+)?")
 # Words that name a bound of the schema: "full brightness" is its maximum, "halfway" the
 # middle of its range.
@@ -413,7 +410,7 @@ class GroundingIndex:
                 continue
             if piece[:1] in (b",", b"}", b"]"):
                 enders.append(tid)
-            run = len(piece) - len(piece.lstrip(b"0123456789.eE+-"))
+            run = len(piece) - len(piece.lstrip(_NUMBER_CHARS))
             if 0 < run < len(piece):
                 number_closing.setdefault(piece[:run], []).append(tid)
             q = piece.find(b'"')

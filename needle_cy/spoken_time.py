@@ -19,10 +19,16 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["said_times", "said_time_spans", "time_renderings", "said_durations"]
+__all__ = ["said_times", "said_time_spans", "time_renderings", "said_durations", "WORD_NUMBERS",
+           "SMALL_NUMBERS", "TENS"]
 
-_HOURS = {w: i for i, w in enumerate(
-    "one two three four five six seven eight nine ten eleven twelve".split(), start=1)}
+# Number words, shared with grounding's reading of said numbers.
+SMALL_NUMBERS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+                 "fourteen fifteen sixteen seventeen eighteen nineteen").split()
+TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+WORD_NUMBERS = {**{w: i for i, w in enumerate(SMALL_NUMBERS)},
+                **{w: 10 * i for i, w in enumerate(TENS, start=2)}}
+_HOURS = {w: WORD_NUMBERS[w] for w in SMALL_NUMBERS[1:13]}
 _HOUR = r"(?P<hour>1[0-2]|0?[1-9]|" + "|".join(sorted(_HOURS, key=len, reverse=True)) + r")"
 _OFFSETS = {"five": 5, "ten": 10, "quarter": 15, "a quarter": 15, "twenty": 20,
             "twenty-five": 25, "twenty five": 25, "half": 30}
@@ -162,11 +168,8 @@ def time_renderings(times, pattern):
     return out
 
 
-_SMALL = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-          "fifteen sixteen seventeen eighteen nineteen").split()
-_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
-_COUNT = (r"(?:\d+(?:\.\d+)?|(?:" + "|".join(_TENS) + r")(?:[ -](?:" + "|".join(_SMALL[1:10])
-          + r"))?|" + "|".join(sorted(_SMALL, key=len, reverse=True)) + r"|an?)")
+_COUNT = (r"(?:\d+(?:\.\d+)?|(?:" + "|".join(TENS) + r")(?:[ -](?:" + "|".join(SMALL_NUMBERS[1:10])
+          + r"))?|" + "|".join(sorted(SMALL_NUMBERS, key=len, reverse=True)) + r"|an?)")
 _UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}
 _UNIT = r"(?:(?P<{0}h>hours?|hrs?)|(?P<{0}m>minutes?|mins?)|(?P<{0}s>seconds?|secs?))"
 _DURATION_FORMS = [
@@ -187,10 +190,8 @@ def _count(text):
     if text in ("a", "an"):
         return 1.0
     words = text.split()
-    if words[0] in _TENS:
-        return 10.0 * (_TENS.index(words[0]) + 2) + (_SMALL.index(words[1]) if len(words) > 1 else 0)
-    if words[0] in _SMALL:
-        return float(_SMALL.index(words[0]))
+    if words[0] in WORD_NUMBERS:
+        return float(sum(WORD_NUMBERS[w] for w in words))     # "forty five" is 40 + 5
     return float(text)
 
 
