@@ -454,13 +454,13 @@ class Needle:
 
     def _envelope(self, res, entry, prefix_s, total_s, request=None):
         calls = res.calls if res.success else []
-        # Escalation (spec §5.4): calls whose confidence falls below the threshold are held
-        # back in suppressed_calls.  Only with a confidence head: the call-token
-        # probability alone is not calibrated, so a headless model is never escalated.
-        # The negation gate holds back a turn with a call the request negates (§8.2).
-        # Each call has the confidence of the calls up to it (generate._finish_confidence):
-        # the calls from the first one below the threshold on are held back, so a doubtful
-        # extra call does not take the confident ones before it down with it.
+        # Escalation (spec §5.4): each call has the confidence of the calls up to it
+        # (generate._finish_confidence), and the calls from the first one below the
+        # threshold on are held back in suppressed_calls, so a doubtful extra call does not
+        # take the confident ones before it down with it.  Only with a confidence head: the
+        # call-token probability alone is not calibrated, so a headless model is never
+        # escalated.  The negation gate (§8.2) holds back every call of a turn with a
+        # call the request negates.
         negated = negated_calls(request, calls) if self.negation_gate else []
         held = len(calls)
         if calls and self.escalate_below is not None and res.head_confidence is not None:
@@ -561,7 +561,7 @@ def _error_envelope(message, code):
     return {"type": "call", "success": False, "error": message, "error_code": code,
             "function_calls": [], "escalate": False, "suppressed_calls": [],
             "validation": {"negation": False}, "reasoning": "",
-            "confidence": None, "prefill_tps": 0.0,
+            "confidence": None, "call_confidences": [], "prefill_tps": 0.0,
             "decode_tps": 0.0, "peak_ram_mb": _peak_ram_mb(), "stop_reason": code}
 
 

@@ -78,12 +78,11 @@ def negated_calls(request: str, calls) -> list:
         name = str(call.get("name") or "")
         tool_words = {w for w in re.split(r"[^0-9a-z]+", name.lower()) if w}
         values = _string_values(call.get("arguments") or {}, [])
-        evidence = (tool_words - _LITTLE) | set().union(*(_words(v) for v in values)) if values \
-            else tool_words - _LITTLE
+        evidence = (tool_words - _LITTLE).union(*(_words(v) for v in values))
         for clause in clauses:
             if not (_words(clause) & evidence):
                 continue
-            cues = [m for m in _NEGATED.finditer(clause)]
+            cues = list(_NEGATED.finditer(clause))
             if not (tool_words & _UNDOING_TOOL):
                 cues += list(_UNDO.finditer(clause))
             if any(_outside(m, clause, values) for m in cues):
