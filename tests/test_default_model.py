@@ -48,6 +48,18 @@ FIXED = [
     ("Lock the front door and turn off the kitchen lights",
      [{"name": "lock_door", "arguments": {"door": "front door"}},
       {"name": "set_light", "arguments": {"room": "kitchen", "on": False}}]),
+    # said times, durations and numbers are read exactly; names are copied whole; filler
+    # is never a value (grounding)
+    ("Wake me at quarter past six in the morning", [{"name": "set_alarm", "arguments": {"time": "06:15"}}]),
+    ("Set a 6:45 pm alarm called yoga",
+     [{"name": "set_alarm", "arguments": {"time": "18:45", "label": "yoga"}}]),
+    ("Set a timer for three quarters of an hour", [{"name": "set_timer", "arguments": {"minutes": 45}}]),
+    ("Put the kitchen lights on at full brightness",
+     [{"name": "set_light", "arguments": {"room": "kitchen", "on": True, "brightness": 100}}]),
+    ("Play some Miles Davis in the kitchen",
+     [{"name": "play_music", "arguments": {"query": "Miles Davis", "room": "kitchen"}}]),
+    ("Can you add flour to the shopping list please",
+     [{"name": "add_to_shopping_list", "arguments": {"item": "flour"}}]),
 ]
 
 
@@ -83,6 +95,14 @@ def test_fixed_requests(agent, request_text, expected):
     got = predicted_calls(response)
     assert calls_equal(expected, got), f"{request_text!r}: got {got}"
     assert response["escalate"] is False and 0.1 <= response["confidence"] <= 1.0
+
+
+def test_a_negated_request_is_held_back(agent):
+    agent.reset()
+    response = agent.complete("Don't lock the front door")
+    assert response["function_calls"] == [] and response["escalate"] is True
+    assert response["validation"] == {"negation": True}
+    assert [c["name"] for c in response["suppressed_calls"]] == ["lock_door"]
 
 
 def test_a_new_tool_selection_resumes_from_a_prefix_checkpoint_exactly(catalogue):
