@@ -26,7 +26,8 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   point or comma ("a 5" of "a 5:15 pm alarm").  A ``pattern`` string is grounded
   so only when some span of the sources is a value the pattern accepts (a PIN said as
   "1234");
-* a **time of day** (a string whose ``pattern`` is a time's, e.g. ``HH:MM``) must be one
+* a **time of day** (a string whose ``pattern`` is a time's, e.g. ``HH:MM``, or with no
+  pattern and a description that says "HH:MM") must be one
   of the times the sources say, read by ``needle_cy.spoken_time`` ("quarter to eight in
   the morning" is ``07:45``; without a part of the day ``07:45`` or ``19:45``, the
   model's choice), when they say any; the other string values of a call whose tool takes
@@ -341,12 +342,9 @@ def _held_ranges(cache, sources, tool, sources_lower, tools):
 
 
 def _takes_time(schema) -> bool:
-    """True when the object ``schema`` has a string property whose pattern is a time's
-    (``time_renderings``)."""
+    """True when the object ``schema`` has a time-of-day string property (``_time_pattern``)."""
     props = schema.get("properties") if isinstance(schema, dict) else None
-    return isinstance(props, dict) and any(
-        isinstance(sub, dict) and isinstance(sub.get("pattern"), str)
-        and time_renderings([(7, 45)], sub["pattern"]) for sub in props.values())
+    return isinstance(props, dict) and any(_time_pattern(sub) is not None for sub in props.values())
 
 
 def _pattern_spans_match(pattern, sources) -> bool:
@@ -383,13 +381,35 @@ def value_rule(schema, sources_lower: str, sources=()):
     t = schema.get("type")
     if not (t == "string" or (isinstance(t, list) and "string" in t)):
         return None
-    if "pattern" in schema:
-        said = time_renderings([t for text in sources for t in said_times(text)], schema["pattern"])
+    clock = _time_pattern(schema)
+    if clock is not None:
+        said = time_renderings([t for text in sources for t in said_times(text)], clock)
         if said:
             return ("enum", [_json_bytes(t) for t in dict.fromkeys(said)])
-        if not _pattern_spans_match(schema["pattern"], sources):
-            return None
+    if "pattern" in schema and not _pattern_spans_match(schema["pattern"], sources):
+        return None
     return ("copy",)
+
+
+# A string described as a 24-hour clock without a pattern ("description": "HH:MM") is
+# read as one: the app says what it wants, only not in JSON Schema.
+_DESCRIBED_CLOCK = re.compile(r"(?<![A-Za-z])HH:MM(?![A-Za-z])")
+_CLOCK_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+
+
+def _time_pattern(schema):
+    """The pattern a time-of-day string under ``schema`` is written in: its own
+    ``pattern`` when that is a time's (``time_renderings``), a 24-hour ``HH:MM`` when it
+    has no pattern and its description says "HH:MM", else None."""
+    if not isinstance(schema, dict):
+        return None
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        return pattern if time_renderings([(7, 45)], pattern) else None
+    description = schema.get("description")
+    if pattern is None and isinstance(description, str) and _DESCRIBED_CLOCK.search(description):
+        return _CLOCK_PATTERN
+    return None
 
 
 class GroundingIndex:

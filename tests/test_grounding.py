@@ -519,6 +519,19 @@ def test_time_value_is_a_time_that_was_said(index):
     assert g.accepts(b'07:45"') and g.accepts(b'19:45"') and not g.accepts(b'08:45"')
 
 
+def test_a_string_described_as_hh_mm_is_a_time(index):
+    described = {"type": "string", "description": "24-hour HH:MM"}
+    assert value_rule(described, "", ["remind me at 6 p.m."]) == ("enum", [b"18:00"])
+    assert value_rule(described, "", ["remind me to call mum"]) == ("copy",)   # no time said
+    assert value_rule({"type": "string", "description": "hh:mm or a word"}, "", ["at 6 pm"]) == ("copy",)
+    tools = {"remind": {"type": "object", "properties": {"task": {"type": "string"}, "time": described}}}
+    g = grounder(index, "At 7:15 pm remind me to buy flowers", tools)
+    g.feed(b'[{"name":"remind","arguments":{"time":"')
+    assert g.accepts(b'19:15"') and not g.accepts(b'07:15"')
+    g.feed(b'19:15","task":"')
+    assert g.accepts(b'buy flowers"') and not g.accepts(b'7:15 pm"')     # the time's words are held
+
+
 def test_other_values_of_a_time_call_are_not_the_time(index):
     said = "Set a 5:15 pm alarm called gym."
     g = grounder(index, said, ALARM)
