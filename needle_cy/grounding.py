@@ -20,8 +20,9 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   can still be reached.  A copy does not cut through a name: it neither begins on a
   capitalized word right after another one nor ends on one right before another ("Play
   Fleetwood Mac" gives "Fleetwood Mac", never "Mac"; a sentence's first word and "I" are
-  not name words), and holds some word that is not the request's filler ("please",
-  "can", "you", "want", "ahead": "Can you add garr to the list" has item "garr").  No
+  not name words), and holds some word that is not the request's filler (politeness,
+  little words, the verbs that ask for a tool: "please", "can", "on", "Put": "Can you add
+  garr to the list" has item "garr"; a note's from-quote may cite "on").  No
   copy begins or ends inside a number written with a colon,
   point or comma ("a 5" of "a 5:15 pm alarm").  A ``pattern`` string is grounded
   so only when some span of the sources is a value the pattern accepts (a PIN said as
@@ -35,7 +36,7 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   is not "a 5:15");
 * an **enum string** value must be one of the members the sources *mention* (the
   member's text, case-insensitive, starting at a word start: "Saturday" mentions
-  ``sat``), when they mention any; an array of such members that requires unique items
+  ``sat``; "weekdays", "weekend", "every day" mention their days), when they mention any; an array of such members that requires unique items
   is not extended once the mentioned members are used up;
 * an **optional number** (a property of ``type`` integer or number, without ``enum`` or
   ``const``, that the object does not require) is written only when the sources say
@@ -259,14 +260,35 @@ def _ends_word(src: bytes, end: int) -> bool:
     return end == len(src) or not _is_word_byte(src[end]) or not _is_word_byte(last)
 
 
+# Words for groups of weekdays: a day enum ("mon".."sun" or "monday".."sunday") counts
+# them as mentions of their days ("on weekdays" mentions mon to fri).
+_DAY_GROUPS = ((re.compile(r"(?<![a-z])(?:week ?days?|work ?days?|working days)(?![a-z])"),
+                ("mon", "tue", "wed", "thu", "fri")),
+               (re.compile(r"(?<![a-z])weekends?(?![a-z])"), ("sat", "sun")),
+               (re.compile(r"(?<![a-z])(?:every ?day|daily)(?![a-z])"),
+                ("mon", "tue", "wed", "thu", "fri", "sat", "sun")))
+
+
 def mentioned_members(members, sources_lower: str):
-    """The enum members whose text starts at a word start somewhere in the sources."""
+    """The enum members whose text starts at a word start somewhere in the sources, and
+    the days of a day enum that a group word says ("weekdays", "weekend", "every day")."""
+    days = set()
+    for rx, group in _DAY_GROUPS:
+        if rx.search(sources_lower):
+            days.update(group)
     found = []
     for m in members:
         key = m.lower().strip()
-        if key and re.search(r"(?<![0-9a-z])" + re.escape(key), sources_lower):
+        if key and (re.search(r"(?<![0-9a-z])" + re.escape(key), sources_lower)
+                    or (key[:3] in days and _is_day(key))):
             found.append(m)
     return found
+
+
+def _is_day(key: str) -> bool:
+    """True for a weekday's name or its three-letter abbreviation ("tue", "tuesday")."""
+    return key[:3] in ("mon", "tue", "wed", "thu", "fri", "sat", "sun") and \
+        (len(key) == 3 or key.endswith("day"))
 
 
 # Words a said value never ends with: articles, possessives and the prepositions and
@@ -455,23 +477,25 @@ def _cached_rule(cache, schema, sources_lower, texts):
     return hit[1]
 
 
-def _span_ends(sources, starts, buf, final, held=None):
+def _span_ends(sources, starts, buf, final, held=None, value=True):
     """(source, end) of each place ``buf`` is copied from: spans begin at a word start
-    (``starts``: one set per source), when ``final`` end at a word end (``_may_end``), and
-    overlap none of the source's ``held`` word ranges (``_word_ranges``; None: none)."""
+    (``starts``: one set per source), when ``final`` end at a word end (``_may_end``),
+    overlap none of the source's ``held`` word ranges (``_word_ranges``; None: none) and,
+    for a ``value`` (not a note's from-quote, which may cite "on" or "up"), reach a word
+    that is not filler (``_content_end``)."""
     n = len(buf)
     for i, (src, st) in enumerate(zip(sources, starts)):
         ranges = held[i] if held else ()
         if not buf:
             for p in st:
-                if _can_end(src, p, p, ranges):
+                if _can_end(src, p, p, ranges, value):
                     yield src, p
             continue
         p = src.find(buf)            # C-speed search; long tool results stay cheap
         while p >= 0:
             if p in st and (_may_end(src, p + n) and _clear(ranges, p, p + n)
-                            and p + n >= _content_end(src, p) if final
-                            else _can_end(src, p, p + n, ranges)):
+                            and (not value or p + n >= _content_end(src, p)) if final
+                            else _can_end(src, p, p + n, ranges, value)):
                 yield src, p + n
             p = src.find(buf, p + 1)
 
@@ -481,11 +505,15 @@ def _clear(ranges, start, end) -> bool:
     return all(b <= start or a >= end for a, b in ranges)
 
 
-# Words of the request around the value, never a value alone ("Can you add garr to the
-# list" has item "garr", not "Can"; "add cereal to the list please" not "please").
+# Words of the request around the value (politeness, little words, the verbs that ask
+# for a tool), never a value alone ("Can you add garr to the list" has item "garr", not
+# "Can"; "add cereal to the list please" not "please"; "Put some hvaac on the list" not
+# "Put").
 _FILLER = frozenset(b"please pls plz thanks thank you can could would will want need ahead ok okay "
-                    b"quick quickly hey hi hello actually just needle like we i so also then right "
-                    b"sure go let".split())
+                    b"quick quickly hey hi hello actually just needle like we i i'd me so also then "
+                    b"right sure go let on in up off it to the a an of at for with my this that is "
+                    b"be do and or but put add set start play turn make get stream queue send tell "
+                    b"know".split())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -504,7 +532,7 @@ def _content_end(src: bytes, start: int) -> int:
     return len(src) + 1
 
 
-def _can_end(src, start, pos, ranges) -> bool:
+def _can_end(src, start, pos, ranges, value=True) -> bool:
     """True when a span of ``src`` begun at ``start`` and copied up to ``pos`` can still
     be completed: some end at or after ``pos`` where it may stop (``_may_end``) comes
     before any held word range.  (Without this look-ahead a copy could begin on "the" in
@@ -515,7 +543,8 @@ def _can_end(src, start, pos, ranges) -> bool:
             return False             # already inside a held word
         if a >= pos:
             limit = min(limit, a)
-    return any(_may_end(src, e) for e in range(max(pos, start + 1, _content_end(src, start)), limit + 1))
+    first = max(pos, start + 1, _content_end(src, start) if value else 0)
+    return any(_may_end(src, e) for e in range(first, limit + 1))
 
 
 def _span_candidates(ends, buf, plain, closing, out):
@@ -987,14 +1016,15 @@ class NoteGrounder:
         return ok
 
     def _spans(self):
-        """(sources, word starts, held word ranges) a copied quote is a span of under the
-        current rule."""
+        """(sources, word starts, held word ranges, is a value) a copied quote is a span of
+        under the current rule."""
         if self.rule[0] == "within":
-            return self.rule[1:]
+            return self.rule[1:] + (True,)
         if self.rule[0] == "copy":        # a key's value: not the tool's instruction words
             return (self.sources, self._value_starts,
-                    _held_ranges(self._held, self.sources, self.tool, self.sources_lower, self.tools))
-        return self.sources, self._starts, None
+                    _held_ranges(self._held, self.sources, self.tool, self.sources_lower, self.tools),
+                    True)
+        return self.sources, self._starts, None, False
 
     def _value_ok(self, final) -> bool:
         rule = self.rule
@@ -1003,8 +1033,8 @@ class NoteGrounder:
         if rule[0] in ("copy", "from", "within"):
             if final and not self.buf:
                 return False
-            sources, starts, held = self._spans()
-            return any(True for _ in _span_ends(sources, starts, self.buf, final, held))
+            sources, starts, held, value = self._spans()
+            return any(True for _ in _span_ends(sources, starts, self.buf, final, held, value))
         if final:
             return self.buf in rule[1]
         return any(m.startswith(self.buf) for m in rule[1])
@@ -1026,8 +1056,8 @@ class NoteGrounder:
         out = set()
         plain, closing = self.index.plain, self.index.note_closing
         if self.rule[0] in ("copy", "from", "within"):
-            sources, starts, held = self._spans()
-            _span_candidates(_span_ends(sources, starts, self.buf, False, held),
+            sources, starts, held, value = self._spans()
+            _span_candidates(_span_ends(sources, starts, self.buf, False, held, value),
                              self.buf, plain, closing, out)
         else:
             _member_candidates(self.rule[1], self.buf, plain, closing, out)

@@ -8,8 +8,8 @@ grounding (``needle_cy.grounding``) only keeps it from writing a time nobody sai
 ("01:45" for "quarter to eight in the morning").
 
 The reading is deliberately narrow: a bare number counts as an hour only after "at",
-"for", "until", "till" or "by" and not before a unit ("for 20 minutes", "at 80 percent"),
-so a level or a duration is never taken for a time.
+"until", "till" or "by" and not before a unit ("at 80 percent"; "a table for 7" is people),
+so a level, a count or a duration is never taken for a time.
 
 ``said_durations(text)`` reads the lengths of time said, in seconds: "an hour and a
 half" (5400), "three quarters of an hour", "2 hours and 15 minutes" (one duration, not
@@ -60,7 +60,8 @@ _FORMS = [
                              r"afternoon|evening)\b|this (?:morning|afternoon|evening)\b|"
                              r"at night\b|tonight\b)")),
     # "at 7", "until eight": a bare hour after a time preposition, not before a unit
-    ("hour_at", re.compile(r"\b(?:at|for|until|till|by) " + _HOUR + _E + r"(?!" + _UNITS + r")")),
+    # ("for 7" is left out: "a table for 7" counts people)
+    ("hour_at", re.compile(r"\b(?:at|until|till|by) " + _HOUR + _E + r"(?!" + _UNITS + r")")),
 ]
 _NAMED = [(re.compile(_B + r"(?:noon|midday)" + _E), (12, 0)),
           (re.compile(_B + r"midnight" + _E), (0, 0))]

@@ -86,6 +86,15 @@ def test_value_rule_by_schema():
     assert value_rule({"enum": ["a", 1]}, said) is None              # not all strings
 
 
+def test_day_group_words_mention_their_days():
+    days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+    assert mentioned_members(days, "at 6:30 on weekdays") == days[:5]
+    assert mentioned_members(days, "every weekend") == days[5:]
+    assert mentioned_members(days, "daily at 7") == days
+    assert mentioned_members(["Monday", "Saturday"], "on week days") == ["Monday"]
+    assert mentioned_members(["montage", "satin"], "on weekdays and weekends") == []   # not days
+
+
 def test_mentions_start_at_a_word_and_ignore_case():
     assert mentioned_members(["sat", "sun", "mon"], "on saturday and sunday") == ["sat", "sun"]
     assert mentioned_members(["room"], "the bedroom") == []           # not at a word start
@@ -486,8 +495,8 @@ def test_value_is_not_the_words_that_asked_for_the_tool(index):
     assert not g.accepts(b'timer"') and not g.accepts(b'Set"') and not g.accepts(b'timer called hope"')
     assert g.accepts(b'a 10 minute"')                      # not the tool's words: the model's call
     # A start that cannot be completed without the held word is not begun at all.
-    g = at(index, "put the timer on", LABEL)
-    assert not g.accepts(b"the") and g.accepts(b'put"')
+    g = at(index, "mind the timer on", LABEL)
+    assert not g.accepts(b"the") and g.accepts(b'mind"')
     # In the notes, a key's value likewise (its from-quote may name the instruction).
     note = notes_at(index, said, 'set_timer: label = "')
     assert note.accepts(b'hope"') and not note.accepts(b'timer"')
@@ -561,6 +570,11 @@ def test_a_copy_does_not_cut_through_a_name(index):
 
 
 def test_a_value_is_not_filler_alone(index):
+    for said, filler, value in (("I'd like you to stream salsa music", b"I'd like you", b"salsa"),
+                                ("Put some hvaac on the list", b"Put", b"hvaac"),
+                                ("Put on summer hits", b"on", b"summer hits")):
+        g = at(index, said, LABEL)
+        assert not g.accepts(filler + b'"') and g.accepts(value + b'"'), said
     g = at(index, "Can you add garr to the list, please?", LABEL)
     assert g.accepts(b'garr"') and not g.accepts(b'Can"') and not g.accepts(b'please"')
     assert not g.accepts(b'Can you"') and g.accepts(b'Can you add garr"')   # filler with content

@@ -37,7 +37,7 @@ def test_said_times(said, times):
 @pytest.mark.parametrize("said", [
     "set a timer for two hours", "lights at 80 percent", "a 50 minute timer called focus",
     "volume to 7", "for 20 minutes", "at 5 degrees", "I am home", "add 2 eggs", "version 2.5",
-    "at 10 and a half", "room 12:61",
+    "at 10 and a half", "room 12:61", "a table for 7 at a Greek place",
 ])
 def test_levels_durations_and_counts_are_not_times(said):
     assert said_times(said) == []
