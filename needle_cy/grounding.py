@@ -36,8 +36,9 @@ call block (``ValueGrounder``) and to the quotes of the ``<think>`` notes before
   is not "a 5:15");
 * an **enum string** value must be one of the members the sources *mention* (the
   member's text, case-insensitive, starting at a word start: "Saturday" mentions
-  ``sat``; "weekdays", "weekend", "every day" mention their days), when they mention any; an array of such members that requires unique items
-  is not extended once the mentioned members are used up;
+  ``sat``; "weekdays", "weekend", "every day" mention their days), when they mention
+  any; an array of such members that requires unique items is not extended once the
+  mentioned members are used up;
 * an **optional number** (a property of ``type`` integer or number, without ``enum`` or
   ``const``, that the object does not require) is written only when the sources say
   some number, in digits or in words ("a dozen", "half", "full"): a small model fills
@@ -262,11 +263,10 @@ def _ends_word(src: bytes, end: int) -> bool:
 
 # Words for groups of weekdays: a day enum ("mon".."sun" or "monday".."sunday") counts
 # them as mentions of their days ("on weekdays" mentions mon to fri).
-_DAY_GROUPS = ((re.compile(r"(?<![a-z])(?:week ?days?|work ?days?|working days)(?![a-z])"),
-                ("mon", "tue", "wed", "thu", "fri")),
-               (re.compile(r"(?<![a-z])weekends?(?![a-z])"), ("sat", "sun")),
-               (re.compile(r"(?<![a-z])(?:every ?day|daily)(?![a-z])"),
-                ("mon", "tue", "wed", "thu", "fri", "sat", "sun")))
+_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_DAY_GROUPS = ((re.compile(r"(?<![a-z])(?:week ?days?|work ?days?|working days)(?![a-z])"), _DAYS[:5]),
+               (re.compile(r"(?<![a-z])weekends?(?![a-z])"), _DAYS[5:]),
+               (re.compile(r"(?<![a-z])(?:every ?day|daily)(?![a-z])"), _DAYS))
 
 
 def mentioned_members(members, sources_lower: str):
@@ -287,8 +287,7 @@ def mentioned_members(members, sources_lower: str):
 
 def _is_day(key: str) -> bool:
     """True for a weekday's name or its three-letter abbreviation ("tue", "tuesday")."""
-    return key[:3] in ("mon", "tue", "wed", "thu", "fri", "sat", "sun") and \
-        (len(key) == 3 or key.endswith("day"))
+    return key[:3] in _DAYS and (len(key) == 3 or key.endswith("day"))
 
 
 # Words a said value never ends with: articles, possessives and the prepositions and
