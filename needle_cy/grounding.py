@@ -83,18 +83,6 @@ _NUMBER_BYTES = frozenset(bytes((c,)) for c in _NUMBER_CHARS)
 _MAX_PIECE = 32            # longest continuation looked up per source position
 _MAX_PATTERN_SPAN = 64     # longest span tried against a pattern
 _NOTE_TAIL = b" ;\t\r\n"   # what may follow a note's closing quote in the same token
-# Words that say a number (besides digits); what the training data writes for counts,
-# levels and durations ("a couple", "halfway", "full brightness", "quarter past").
-_NUMBER_WORDS = re.compile(
-    r"(?<![a-z])(zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|"
-    r"thirteen|fourteen|fifteen|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|"
-    r"fifty|sixty|seventy|eighty|ninety|hundred|dozen|couple|pair|half|halfway|quarter|"
-    r"full|max|maximum|min|minimum|once|twice)(?![a-z])")
-
-
-def says_number(sources_lower: str) -> bool:
-    """True when the (lowercased) sources say some number, in digits or in words."""
-    return any(c.isdigit() for c in sources_lower) or _NUMBER_WORDS.search(sources_lower) is not None
 
 
 def optional_number_keys(schema):
@@ -133,6 +121,16 @@ _DIGITS = re.compile(r"(?<![0-9.])[0-9]+(?:\.[0-9]+)?")
 # middle of its range.
 _BOUND_WORDS = {"full": "max", "max": "max", "maximum": "max", "min": "min", "minimum": "min",
                 "half": "mid", "halfway": "mid"}
+# Words that say a number (besides digits): the number words and the bound words above,
+# what the training data writes for counts, levels and durations ("a couple", "halfway",
+# "full brightness", "quarter past").
+_NUMBER_WORDS = re.compile(r"(?<![a-z])(" + "|".join(sorted({*_WORD_NUMBERS, *_BOUND_WORDS}))
+                           + r")(?![a-z])")
+
+
+def says_number(sources_lower: str) -> bool:
+    """True when the (lowercased) sources say some number, in digits or in words."""
+    return any(c.isdigit() for c in sources_lower) or _NUMBER_WORDS.search(sources_lower) is not None
 
 
 def said_number_values(schema, sources_lower: str):
