@@ -464,14 +464,18 @@ class GroundingIndex:
         self.size = len(piece_table)
 
 
-def _cached_rule(cache, schema, sources_lower, texts):
-    """``value_rule`` of ``schema`` for one grounder's sources, computed once per schema
+def _per_schema(cache, kind, schema, compute):
+    """``compute(schema)`` for one grounder's sources, computed once per ``kind`` and schema
     object (keyed by identity; the schema is kept so a recycled id cannot alias)."""
-    hit = cache.get(id(schema))
+    hit = cache.get((kind, id(schema)))
     if hit is None or hit[0] is not schema:
-        hit = (schema, value_rule(schema, sources_lower, texts))
-        cache[id(schema)] = hit
+        hit = cache[(kind, id(schema))] = (schema, compute(schema))
     return hit[1]
+
+
+def _cached_rule(cache, schema, sources_lower, texts):
+    """``value_rule`` of ``schema`` for one grounder's sources, once per schema object."""
+    return _per_schema(cache, "rule", schema, lambda s: value_rule(s, sources_lower, texts))
 
 
 def _span_ends(sources, starts, buf, final, held=None, value=True):
@@ -766,20 +770,20 @@ class ValueGrounder:
     def _said_numbers(self, schema):
         """{key: said values} for the number properties of an object ``schema`` that are
         grounded: a length of time in a unit (``said_duration_values``), else an optional
-        number (``optional_number_keys``, ``said_number_values``); cached per schema."""
-        hit = self._rules.get(("numbers", id(schema)))
-        if hit is None or hit[0] is not schema:
-            out = {}
-            optional = optional_number_keys(schema)
-            props = schema.get("properties") if isinstance(schema, dict) else None
-            for key, sub in (props.items() if isinstance(props, dict) else ()):
-                values = said_duration_values(key, sub, self.texts)
-                if not values and key in optional:
-                    values = said_number_values(sub, self.sources_lower)
-                if values:
-                    out[key] = values
-            hit = self._rules[("numbers", id(schema))] = (schema, out)
-        return hit[1]
+        number (``optional_number_keys``, ``said_number_values``); once per schema."""
+        return _per_schema(self._rules, "numbers", schema, self._compute_said_numbers)
+
+    def _compute_said_numbers(self, schema):
+        out = {}
+        optional = optional_number_keys(schema)
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        for key, sub in (props.items() if isinstance(props, dict) else ()):
+            values = said_duration_values(key, sub, self.texts)
+            if not values and key in optional:
+                values = said_number_values(sub, self.sources_lower)
+            if values:
+                out[key] = values
+        return out
 
     @staticmethod
     def _keys_left(frame) -> bool:
