@@ -402,7 +402,7 @@ def value_rule(schema, sources_lower: str, sources=()):
         return None
     clock = _time_pattern(schema)
     if clock is not None:
-        said = time_renderings([t for text in sources for t in said_times(text)], clock)
+        said = time_renderings([when for text in sources for when in said_times(text)], clock)
         if said:
             return ("enum", [_json_bytes(t) for t in dict.fromkeys(said)])
     if "pattern" in schema and not _pattern_spans_match(schema["pattern"], sources):
@@ -739,23 +739,25 @@ class ValueGrounder:
                         ok = False              # only refused keys could follow
                         self.refused_key = True
                 continue
-            if self.mode == "value" and c in _NUMBER_BYTES and self.stack:
-                values = self.stack[-1].numbers.get(self.stack[-1].key)
+            if c in _NUMBER_BYTES:
+                values = self._number_values_here()
                 if values:
                     self.number = (c, values)
                     ok = any(v.startswith(c) for v in values) and ok
             self.mode = "after"                   # inside a number or literal
         return ok
 
+    def _number_values_here(self):
+        """The said values a number beginning here may take (None: not grounded)."""
+        if self.mode != "value" or not self.stack:
+            return None
+        top = self.stack[-1]
+        return top.numbers.get(top.key)
+
     def _number_candidates(self):
-        if self.number is not None:
-            written, values = self.number
-        else:
-            top = self.stack[-1] if self.stack and self.mode == "value" else None
-            values = top.numbers.get(top.key) if top is not None else None
-            written = b""
-            if not values:
-                return None
+        written, values = self.number if self.number is not None else (b"", self._number_values_here())
+        if not values:
+            return None
         rests = [v[len(written):] for v in values if v.startswith(written)]
         if not rests:
             return None
