@@ -19,7 +19,7 @@ the full prompt plus the call the model just produced" — on the model's own be
    engine's online pooling returns the logit and the agent's ``confidence`` becomes
    ``min(sigmoid(head), min call-token probability)``.
 
-    python -m needle_cy.training.confidence collect MODEL.cact cells.npz [--n 600] [--seed 99]
+    python -m needle_cy.training.confidence collect MODEL.cact cells.npz [--n 600] [--seed 99] [--mix-share 0.5]
     python -m needle_cy.training.confidence fit cells.npz head.npz
     python -m needle_cy.training.confidence attach MODEL.cact head.npz OUT.cact
 
@@ -38,7 +38,12 @@ PROBES, QUERIES = 4, 4
 
 # ------------------------------------------------------------------ collect ---
 
-def collect(model_path, out_path, n=600, seed=99, threads=None, progress=True):
+def collect(model_path, out_path, n=600, seed=99, threads=None, progress=True, mix_share=0.0):
+    """``mix_share`` of the turns come from the schema-general mix (fresh catalogues of
+    the corpus's training split, ``needle_cy.training.mix``), the rest from the
+    smart-home generator (data version 2)."""
+    import random
+
     from ..agent import Needle
     from ..eval import calls_equal, predicted_calls
     from ..model import Model
@@ -48,10 +53,14 @@ def collect(model_path, out_path, n=600, seed=99, threads=None, progress=True):
     model = Model.load(model_path, threads=threads)
     tok = Tokenizer.from_archive(model_path)
     gen = data.Generator(seed=seed, version=2)
+    mixer, choose = None, random.Random(seed)
+    if mix_share:
+        from .mix import Mixer
+        mixer = Mixer(seed=seed, home_share=0.0)
     cells, offsets, labels, kinds, token_probs = [], [0], [], [], []
     t0 = time.time()
     while len(labels) < n:
-        ex = gen.example()
+        ex = mixer.example() if mixer is not None and choose.random() < mix_share else gen.example()
         if ex.get("history") or ex.get("is_result"):
             continue
         agent = Needle(model=model, tools=ex["tools"], system=ex["system"] or None, tokenizer=tok,
@@ -246,6 +255,8 @@ def main(argv=None):
     c.add_argument("out")
     c.add_argument("--n", type=int, default=600)
     c.add_argument("--seed", type=int, default=99)
+    c.add_argument("--mix-share", type=float, default=0.0,
+                   help="share of turns from the schema-general mix (the rest smart-home)")
     f = sub.add_parser("fit")
     f.add_argument("data")
     f.add_argument("out")
@@ -256,7 +267,7 @@ def main(argv=None):
     a.add_argument("out")
     args = parser.parse_args(argv)
     if args.cmd == "collect":
-        collect(args.model, args.out, args.n, args.seed)
+        collect(args.model, args.out, args.n, args.seed, mix_share=args.mix_share)
     elif args.cmd == "fit":
         fit(args.data, args.out, steps=args.steps)
     else:

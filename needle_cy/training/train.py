@@ -163,15 +163,20 @@ def _mask_turns(sp, p, t, header, im_start, im_end):
 def add_data(run_dir, name, examples, seed, version):
     """More training data for an existing run, tokenized with the run's own tokenizer:
     ``data_{name}.jsonl`` and ``tokens_{name}.npz``.  A run trains on it from the next
-    ``fit`` when control.json says ``"tokens": "tokens_{name}.npz"``."""
-    import sentencepiece as spm
+    ``fit`` when control.json says ``"tokens": "tokens_{name}.npz"``.  ``version``
+    "mix" is the schema-general mix (``needle_cy.training.mix``), else a smart-home
+    data version (``needle_cy.training.data``)."""
+    from . import mix
 
     t0 = time.time()
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(run_dir, "tokenizer.model"))
+    sp = run_tokenizer(run_dir)
     data_path = os.path.join(run_dir, f"data_{name}.jsonl")
-    data_mod.write_jsonl(data_path, examples, seed=seed, version=version)
+    if version == "mix":
+        mix.write_jsonl(data_path, examples, seed=seed)
+    else:
+        data_mod.write_jsonl(data_path, examples, seed=seed, version=version)
     out_path = os.path.join(run_dir, f"tokens_{name}.npz")
-    max_len = max(load_run(run_dir)["hyper"]["buckets"]) if version >= 3 else None
+    max_len = max(load_run(run_dir)["hyper"]["buckets"]) if version == "mix" or version >= 3 else None
     offsets = _tokenize(sp, data_path, out_path, max_len)
     lengths = np.diff(np.asarray(offsets))
     print(f"added {len(lengths)} examples (data version {version}, seed {seed}), "
@@ -191,6 +196,133 @@ def transformer_config(run):
     for key in ("global_layers", "engram_layers", "engram_orders"):
         fields[key] = tuple(fields[key])
     return TransformerConfig(**fields)
+
+
+# ----------------------------------------------------------------- warm start ---
+
+def _init_params(config, seed=0):
+    import jax
+    import jax.numpy as jnp
+    from needle.model.architecture import SimpleAttentionNetwork
+
+    params = SimpleAttentionNetwork(config).init(jax.random.PRNGKey(seed), jnp.zeros((1, 16), jnp.int32))["params"]
+    return jax.tree.map(np.asarray, params)
+
+
+_PROBE_HEADS = ("embedding_head", "confidence_head", "router_head")
+
+
+def params_from_archive(archive_path, config):
+    """The JAX parameter tree (numpy leaves) holding an archive's dequantized weights.
+
+    The exporter's layout (transposes, reshapes, splits) is inverted by exporting
+    index-coded parameters once: every leaf element holds 4 × (its global index + 1),
+    ``official_float_tensors`` lays them out as it lays out weights, and each archive
+    role's element then names the parameter element it came from.  The factor 4 proves
+    the layout is pure (a scaled or shifted value would not be a multiple of 4); a
+    parameter no role reaches keeps its seeded initial value (the probe heads, which the
+    loop does not train)."""
+    import jax
+
+    from needle_cy.archive import Archive
+
+    params = _init_params(config)
+    trained = {k: v for k, v in params.items() if k not in _PROBE_HEADS}
+    leaves, treedef = jax.tree.flatten(trained)
+    total = sum(leaf.size for leaf in leaves)
+    if 4 * (total + 1) >= 2 ** 24:
+        raise ValueError(f"{total} parameters are too many for float32 index coding")
+    coded, offset = [], 0
+    for leaf in leaves:
+        coded.append((4 * (np.arange(leaf.size, dtype=np.float64) + offset + 1))
+                     .reshape(leaf.shape).astype(np.float32))
+        offset += leaf.size
+    layout = official_float_tensors(jax.tree.unflatten(treedef, coded), config)
+    flat = np.concatenate([leaf.ravel().astype(np.float32) for leaf in leaves])
+    filled = np.zeros(total, bool)
+    archive = Archive.open(archive_path)
+    try:
+        for role, codes in layout.items():
+            codes = np.asarray(codes, np.float64)
+            if role in ("hada_p1", "hada_p2"):
+                continue                    # fixed permutations, not parameters
+            if not (np.all(codes % 4 == 0) and codes.min() >= 4 and codes.max() <= 4 * total):
+                raise ValueError(f"exporter role {role!r} is not a pure layout of parameters")
+            values = archive.dequantize(role)
+            if values.size != codes.size:
+                raise ValueError(f"archive role {role!r} has {values.size} values, "
+                                 f"the configuration lays out {codes.size}")
+            index = (codes.ravel() // 4 - 1).astype(np.int64)
+            flat[index] = values.reshape(-1)
+            filled[index] = True
+    finally:
+        archive.close()
+    if not filled.all():
+        raise ValueError(f"{int((~filled).sum())} parameters are in no archive role")
+    out, offset = [], 0
+    for leaf in leaves:
+        out.append(flat[offset:offset + leaf.size].reshape(leaf.shape).astype(leaf.dtype))
+        offset += leaf.size
+    restored = jax.tree.unflatten(treedef, out)
+    restored.update({k: v for k, v in params.items() if k in _PROBE_HEADS})
+    return restored
+
+
+class ArchiveTokenizer:
+    """The sentencepiece calls the run uses (encode, piece_to_id, id_to_piece,
+    get_piece_size), answered by needle_cy's own encoder over an archive's tokenizer
+    record: a warm-started run has the record, not a ``tokenizer.model``.  Encoding is
+    exact to sentencepiece's (tests/conformance)."""
+
+    def __init__(self, record_bytes):
+        from needle_cy.tokenizer import Tokenizer
+
+        self.tok = Tokenizer.from_record_bytes(record_bytes)
+        self._ids = {p: i for i, p in enumerate(self.tok.record.pieces)}
+
+    def encode(self, text):
+        return list(self.tok.encode(text))
+
+    def piece_to_id(self, piece):
+        return self._ids.get(piece, self.tok.unk_id)
+
+    def id_to_piece(self, i):
+        return self.tok.piece(i)
+
+    def get_piece_size(self):
+        return self.tok.vocab_size
+
+
+def run_tokenizer(run_dir):
+    """The run's tokenizer: ``tokenizer.model`` (a run from scratch) or the archive
+    record ``tokenizer.record`` (a warm start)."""
+    model = os.path.join(run_dir, "tokenizer.model")
+    if os.path.exists(model):
+        import sentencepiece as spm
+        return spm.SentencePieceProcessor(model_file=model)
+    with open(os.path.join(run_dir, "tokenizer.record"), "rb") as handle:
+        return ArchiveTokenizer(handle.read())
+
+
+def warm_start(run_dir, archive_path, **hyper):
+    """A run folder whose step-0 state holds ``archive_path``'s dequantized weights (and
+    a fresh optimizer), with the archive's tokenizer record; ``hyper`` overrides HYPER."""
+    from needle_cy.archive import Archive
+
+    os.makedirs(run_dir, exist_ok=True)
+    run = {"model": MODEL_CONFIG, "hyper": dict(HYPER, **hyper), "warm_start": os.path.abspath(archive_path)}
+    with Archive.open(archive_path) as archive:
+        if archive.tokenizer_bytes is None:
+            raise ValueError(f"{archive_path} has no tokenizer record")
+        record = archive.tokenizer_bytes
+        run["hyper"]["vocab_size"] = archive.config.vocab
+    with open(os.path.join(run_dir, "tokenizer.record"), "wb") as handle:
+        handle.write(record)
+    with open(os.path.join(run_dir, "run.json"), "w") as handle:
+        json.dump(run, handle, indent=1)
+    params = params_from_archive(archive_path, transformer_config(run))
+    _save_state(run_dir, {"params": params, "opt_state": None, "step": 0, "tokens": 0,
+                          "target_tokens": 0, "seconds": 0.0})
 
 
 # -------------------------------------------------------------------- batches ---
@@ -502,7 +634,7 @@ def official_float_tensors(params, config):
     return roles
 
 
-def export_ours(run_dir, out_path, bits=2):
+def export_ours(run_dir, out_path, bits=2, state_path=None):
     """Write the run's parameters with needle_cy.archive.write_archive at ``bits``."""
     from needle.model.architecture import effective_kv_window
     from needle.model.export import _tokenizer_blob
@@ -510,7 +642,11 @@ def export_ours(run_dir, out_path, bits=2):
 
     run = load_run(run_dir)
     config = transformer_config(run)
-    state = load_state(run_dir)
+    if state_path:
+        with open(state_path, "rb") as handle:
+            state = pickle.load(handle)
+    else:
+        state = load_state(run_dir)
     params = {k: v for k, v in state["params"].items()
               if k not in ("embedding_head", "confidence_head", "router_head")}
     tensors = official_float_tensors(params, config)
@@ -525,9 +661,14 @@ def export_ours(run_dir, out_path, bits=2):
         engram_heads=m["engram_heads"], engram_seed_heads=m["engram_seed_heads"],
         engram_sites=tuple(m["engram_layers"]), rope_theta=m["rope_theta"],
         kv_window=effective_kv_window(config), kv_bits=m["kv_bits"])
-    tok = _SpHolder(os.path.join(run_dir, "tokenizer.model"))
+    record = os.path.join(run_dir, "tokenizer.record")
+    if os.path.exists(record):          # a warm start keeps its archive's record
+        with open(record, "rb") as handle:
+            tokenizer_bytes = handle.read()
+    else:
+        tokenizer_bytes = _tokenizer_blob(_SpHolder(os.path.join(run_dir, "tokenizer.model")))
     write_archive(out_path, cfg, tensors, bits=bits, group_size=128,
-                  tokenizer_bytes=_tokenizer_blob(tok))
+                  tokenizer_bytes=tokenizer_bytes)
     size = os.path.getsize(out_path)
     print(f"wrote {out_path} {size / 1e6:.2f} MB at {bits} bits (step {state['step']})")
     return out_path
@@ -546,7 +687,7 @@ def main(argv=None):
     a.add_argument("name")
     a.add_argument("--examples", type=int, default=60000)
     a.add_argument("--seed", type=int, default=1)
-    a.add_argument("--version", type=int, default=2)
+    a.add_argument("--version", default="2", help="a smart-home data version (1-7) or 'mix'")
     f = sub.add_parser("fit")
     f.add_argument("run_dir")
     f.add_argument("--steps", type=int)
@@ -561,7 +702,8 @@ def main(argv=None):
     if args.cmd == "prepare":
         prepare(args.run_dir, args.examples, args.seed, args.vocab)
     elif args.cmd == "add-data":
-        add_data(args.run_dir, args.name, args.examples, args.seed, args.version)
+        version = args.version if args.version == "mix" else int(args.version)
+        add_data(args.run_dir, args.name, args.examples, args.seed, version)
     elif args.cmd == "fit":
         fit(args.run_dir, args.steps, args.until_step, args.qat)
     elif args.writer == "ours":

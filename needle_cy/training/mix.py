@@ -1,0 +1,348 @@
+"""The training mix: a fresh catalogue for every conversation, requests on it, refusals
+that depend on it.
+
+Each conversation draws 2–5 tools (what the agent shows at most): a gold tool from the
+corpus's training split (``needle_cy.training.corpus``), the smart-home catalogue or
+randomly invented tools, plus near-miss distractors (same corpus domain: same device,
+other action), random ones and smart-home ones.  In ``rename_share`` of the
+conversations every tool and property name is replaced by a random identifier, the
+descriptions kept, so only reading them tells the tools apart.  One to four requests
+then share the tool list (``packed``), each one of:
+
+* one call, or two or three calls joined as people join them, in the order said;
+* a refusal (``[]``): chit-chat or a general question; the request for a tool that is
+  not in the catalogue; a required value left unsaid; a value outside the schema's
+  range or enum; a negated or deferred request;
+* after calls, sometimes their ``<tool_result>`` (answer ``[]``).
+
+``home_share`` of the conversations come from the smart-home generator
+(``needle_cy.training.data``, version 5) so the shipped catalogue keeps its accuracy.
+The examples have ``needle_cy.training.data``'s shape (``render`` and the tokenizer read
+them), every call validated against its schema.
+"""
+import json
+import random
+import string
+
+from needle_cy.toolspec import normalize_tool
+
+from . import corpus
+from . import data as home
+from .tool_requests import NEGATIONS, QUESTIONS, INDIRECT, ToolPlan, _pick, validate_call
+
+MAX_TOOLS = home.MAX_RENDERED_TOOLS
+REFUSAL_NOTE = "no tool covers this request"
+
+
+def _rng(seed):
+    rng = home._VersionedRandom(seed)
+    rng.diverse, rng.more_phrasings, rng.vocab_values = 0.8, True, True
+    return rng
+
+
+def random_identifier(rng, prefix=None):
+    """'fn_q7x2', 'tool_ab31', 'p3k' …: a name that says nothing."""
+    body = "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(rng.randint(3, 5)))
+    return (prefix or _pick(rng, ["fn_", "tool_", "f", "op_", "do_", "x", "api_", "t"])) + body
+
+
+def rename(rng, tool):
+    """A copy of ``tool`` with a random name and random property names (only properties
+    that carry a description are renamed: the description must say what they are)."""
+    params = tool.get("parameters") or {}
+    props = params.get("properties") or {}
+    mapping = {}
+    for key, schema in props.items():
+        if isinstance(schema, dict) and schema.get("description"):
+            mapping[key] = random_identifier(rng, _pick(rng, ["p", "a", "arg_", "v", "k"]))
+        else:
+            mapping[key] = key
+    new_params = dict(params)
+    new_params["properties"] = {mapping[k]: v for k, v in props.items()}
+    if "required" in params:
+        new_params["required"] = [mapping.get(k, k) for k in params["required"]]
+    return {"name": random_identifier(rng), "description": tool.get("description", ""),
+            "parameters": new_params}
+
+
+class Mixer:
+    """Draws training conversations; all randomness from one seeded Random."""
+
+    def __init__(self, seed=0, tools=None, home_share=0.35, rename_share=0.25, think_rate=0.5,
+                 typo_rate=0.04):
+        self.rng = _rng(seed)
+        self.home = home.Generator(seed=seed + 7919, version=5)
+        self.home_share, self.rename_share = home_share, rename_share
+        self.think_rate, self.typo_rate = think_rate, typo_rate
+        tools = corpus.load("train") if tools is None else tools
+        self.plans = [p for p in (ToolPlan(corpus.schema_tool(t), t.get("source"), t.get("domain"))
+                                  for t in tools) if p.ok]
+        self.home_plans = [ToolPlan(t, "home") for t in home.load_catalogue()]
+        self.by_domain = {}
+        for p in self.plans:
+            self.by_domain.setdefault((p.source, p.domain), []).append(p)
+
+    # ------------------------------------------------------------ catalogue ---
+    def _invented(self):
+        tool, _, _, _ = home._invent_tool(self.rng)
+        return ToolPlan(tool, "invented")
+
+    def _gold(self):
+        r = self.rng.random()
+        if r < 0.8:
+            return _pick(self.rng, self.plans)
+        if r < 0.9:
+            return _pick(self.rng, self.home_plans)
+        return self._invented()
+
+    def _catalogue(self, gold):
+        """The gold plans plus distractors, 2–5 in all, shuffled, names unique."""
+        rng = self.rng
+        k = max(len(gold), _pick(rng, [2, 3, 3, 4, 4, 5]))
+        chosen = list(gold)
+        names = {p.name for p in chosen}
+        near = [p for g in gold for p in self.by_domain.get((g.source, g.domain), [])
+                if p.name not in names]
+        rng.shuffle(near)
+        while len(chosen) < k:
+            r = rng.random()
+            if near and r < 0.5:
+                cand = near.pop()
+            elif r < 0.8:
+                cand = _pick(rng, self.plans)
+            elif r < 0.93:
+                cand = _pick(rng, self.home_plans)
+            else:
+                cand = self._invented()
+            if cand.name not in names:
+                chosen.append(cand)
+                names.add(cand.name)
+        rng.shuffle(chosen)
+        return chosen
+
+    def _renamed(self, plans):
+        """The catalogue with random names (a plan whose description gives no action
+        keeps its names: it could not be asked for)."""
+        out = []
+        for p in plans:
+            if p.source != "home" or self.rng.random() < 0.5:
+                r = ToolPlan(rename(self.rng, p.tool), p.source, p.domain, renamed=True)
+                if r.ok:
+                    r.original = p
+                    out.append(r)
+                    continue
+            out.append(p)
+        return out
+
+    # ------------------------------------------------------------- requests ---
+    def _calls(self, plans):
+        """(query, calls, notes, copied) for calls on ``plans`` in order, or None."""
+        rng = self.rng
+        drawn = []
+        for p in plans:
+            for _ in range(4):
+                got = p.request(rng)
+                if got is not None:
+                    break
+            if got is None:
+                return None
+            drawn.append(got)
+        clauses = [d[0] for d in drawn]
+        if len(clauses) == 1:
+            query = (_pick(rng, INDIRECT).replace("{c}", clauses[0]) if rng.random() < 0.15
+                     else home._wrap(rng, clauses[0]))
+        else:
+            query = clauses[0]
+            for c in clauses[1:]:
+                j = _pick(rng, home.JOINERS)
+                query += j + (c[:1].upper() + c[1:] if j.startswith(". ") else c)
+            if rng.random() < 0.4:
+                query = home._wrap(rng, query)
+        return query, [d[1] for d in drawn], [d[2] for d in drawn], [s for d in drawn for s in d[3]]
+
+    def _turn(self, catalogue, first):
+        """One request on ``catalogue``: (query, answers, reasoning, copied, kind)."""
+        rng = self.rng
+        r = rng.random()
+        callable_plans = [p for p in catalogue]
+        if r < 0.55 or (first and r < 0.62):
+            got = self._calls([_pick(rng, callable_plans)])
+            kind = "single"
+        elif r < 0.70 and len(callable_plans) >= 2:
+            got = self._calls(rng.sample(callable_plans, min(len(callable_plans), _pick(rng, [2, 2, 3]))))
+            kind = "multi"
+        else:
+            return self._refusal(catalogue)
+        if got is None:
+            return self._refusal(catalogue)
+        query, calls, notes, copied = got
+        return query, calls, home._reasoning(calls, notes), copied, kind
+
+    def _refusal(self, catalogue):
+        rng = self.rng
+        r = rng.random()
+        names = {p.name for p in catalogue}
+        if r < 0.35:
+            text = _pick(rng, QUESTIONS + home.CHITCHAT)
+            if not _mentions_catalogue(text, catalogue):
+                return home._wrap(rng, text) if rng.random() < 0.3 else text, [], REFUSAL_NOTE, [], "refuse"
+        if r < 0.6:     # a tool that is not in the catalogue (a near miss when there is one)
+            pool = [p for p in catalogue if getattr(p, "original", p).domain]
+            base = _pick(rng, pool) if pool else None
+            near = [p for p in self.by_domain.get((base.source, base.domain), [])
+                    if p.name not in names] if base else []
+            other = _pick(rng, near) if near else _pick(rng, self.plans)
+            if other.name not in names and not _same_action(other, catalogue):
+                got = other.request(rng)
+                if got is not None:
+                    return home._wrap(rng, got[0]), [], REFUSAL_NOTE, got[3], "refuse_missing_tool"
+        plan = _pick(rng, catalogue)
+        if r < 0.72:    # a required value left unsaid
+            needed = [p for p in plan.params if p.required and p.kind not in ("const", "boolean")]
+            if needed:
+                key = _pick(rng, needed).key
+                got = plan.request(rng, optional_rate=0.2, leave_out=key)
+                if got is not None:
+                    note = f"{plan.name}: {key} is not given"
+                    return home._wrap(rng, got[0]), [], note, got[3], "refuse_missing_value"
+        if r < 0.86:    # a value outside the range or the enum
+            got = plan.request(rng, optional_rate=0.2, bad_value=True)
+            if got is not None:
+                note = f"{plan.name}: a value is outside what the tool accepts"
+                return home._wrap(rng, got[0]), [], note, got[3], "refuse_bad_value"
+        got = plan.request(rng)         # negated or deferred
+        if got is not None:
+            query = _pick(rng, NEGATIONS).replace("{c}", got[0])
+            return query, [], "the request says not to do it", got[3], "refuse_negated"
+        text = _pick(rng, QUESTIONS)
+        return text, [], REFUSAL_NOTE, [], "refuse"
+
+    # -------------------------------------------------------- conversations ---
+    def example(self):
+        rng = self.rng
+        if rng.random() < self.home_share:
+            ex = self.home.example()
+            ex["source"] = "home"
+            return ex
+        for _ in range(10):
+            ex = self._conversation()
+            if ex is not None:
+                return ex
+        raise RuntimeError("could not draw a conversation in 10 tries")
+
+    def _conversation(self):
+        rng = self.rng
+        r = rng.random()
+        gold = [self._gold()] + ([self._gold()] if r < 0.2 else [])
+        catalogue = self._catalogue(gold)
+        renamed = rng.random() < self.rename_share
+        if renamed:
+            catalogue = self._renamed(catalogue)
+        tools = [normalize_tool(p.tool).schema for p in catalogue]
+        if len({t["name"] for t in tools}) != len(tools):
+            return None
+        turns = []
+        for i in range(_pick(rng, [1, 1, 2, 2, 3, 4])):
+            query, answers, reasoning, copied, kind = self._turn(catalogue, first=(i == 0))
+            for call in answers:
+                tool = next(t for t in tools if t["name"] == call["name"])
+                if not validate_call(tool, call["arguments"]):
+                    return None
+            if self.typo_rate and rng.random() < 0.35:
+                query = home._typos(rng, query, copied, self.typo_rate * 4)
+            query = home._capitalise(rng, query)
+            turn = {"query": query, "answers": answers, "kind": kind,
+                    "reasoning": reasoning if rng.random() < self.think_rate else ""}
+            if answers and rng.random() < 0.15:
+                turn["results"] = json.dumps([{"name": c["name"], "result": _result(rng)} for c in answers])
+            turns.append(turn)
+        last = turns[-1]
+        ex = {"kind": last["kind"] if len(turns) == 1 else turns[0]["kind"], "source": "mix",
+              "system": home._system(rng), "tools": tools, "renamed": renamed,
+              "history": [{k: t[k] for k in ("query", "reasoning", "answers", "results") if k in t}
+                          for t in turns[:-1]],
+              "query": last["query"], "reasoning": last["reasoning"], "answers": last["answers"]}
+        if last.get("results"):        # the conversation ends on the results: answer []
+            ex["history"].append({k: last[k] for k in ("query", "reasoning", "answers")})
+            ex.update(query=last["results"], is_result=True, answers=[], reasoning="")
+        if len(turns) > 1:
+            ex["packed"] = len(turns)
+        return ex
+
+
+def _result(rng):
+    return _pick(rng, ["ok", "done", {"status": "ok"}, {"ok": True}, {"status": "success"},
+                       {"result": "completed"}])
+
+
+def _mentions_catalogue(text, catalogue):
+    """Whether a refusal text shares a content word with a catalogue tool's name (then
+    it may be a request the catalogue covers: "tell me a joke" beside get_joke)."""
+    words = {w for w in text.lower().replace("?", " ").replace("'", " ").split() if len(w) > 3}
+    for p in catalogue:
+        if words & set(p.tool_words) or words & set(corpus.name_words(p.tool.get("description", ""))[:6]):
+            return True
+    return False
+
+
+def _same_action(plan, catalogue):
+    """Whether a catalogue tool has the same name words as ``plan`` (then a request for
+    ``plan`` may be one for it)."""
+    words = set(plan.tool_words)
+    return any(set(p.tool_words) == words for p in catalogue)
+
+
+def generate(n, seed=0, **kwargs):
+    mixer = Mixer(seed=seed, **kwargs)
+    return [mixer.example() for _ in range(n)]
+
+
+def write_jsonl(path, n, seed=0, **kwargs):
+    mixer = Mixer(seed=seed, **kwargs)
+    with open(path, "w", encoding="utf-8") as handle:
+        for _ in range(n):
+            handle.write(json.dumps(mixer.example(), ensure_ascii=False) + "\n")
+
+
+def eval_cases(n, seed, split="heldout"):
+    """Single-turn cases in ``needle_cy.eval``'s format on fresh catalogues of the
+    corpus's ``split`` (default: the per-tool held-out split, tools no training
+    conversation drew as gold or distractor), each with its own tools."""
+    mixer = Mixer(seed=seed, tools=corpus.load(split), home_share=0.0)
+    category = {"single": "single", "multi": "multi"}
+    out, i = [], 0
+    while len(out) < n:
+        ex = mixer._conversation()
+        i += 1
+        if ex is None:
+            continue
+        first = ex["history"][0] if ex["history"] else ex
+        kind = ex["kind"]
+        cat = category.get(kind, "refuse")
+        out.append({"id": f"m{seed}-{i}", "category": cat, "kind": kind, "tools": ex["tools"],
+                    "query": first["query"], "answers": first["answers"]})
+    return out
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m needle_cy.training.mix",
+                                     description="Training conversations or held-out cases from the tool corpus.")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("-n", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-cases", action="store_true",
+                        help="write needle_cy.eval cases on the corpus's held-out tools")
+    parser.add_argument("--split", default="heldout", choices=("train", "heldout"))
+    args = parser.parse_args(argv)
+    if args.eval_cases:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            for case in eval_cases(args.n, args.seed, args.split):
+                handle.write(json.dumps(case, ensure_ascii=False) + "\n")
+        return
+    write_jsonl(args.out, args.n, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()

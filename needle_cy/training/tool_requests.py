@@ -1,0 +1,836 @@
+"""Requests and their answers for any tool definition: the schema-general generator.
+
+Given a tool (name, description, JSON-Schema ``parameters``) this module writes what a
+person would say to have it called, and the call that answers it, by reading the schema
+alone: nothing here knows a particular tool.
+
+* **The action** comes from the tool's name (split at ``_``, ``.`` and camelCase; Home
+  Assistant's ``<domain>_<service>`` read as "<service> the <domain>") and from its
+  description turned imperative ("Schedules the wallbox to …" → "schedule the wallbox
+  to …"), with verb synonyms people use ("switch on" for turn on, "look up" for search).
+* **Each argument** is drawn from its schema and said as people say it: enum members
+  with spaces for underscores, numbers inside the bounds in digits or words with the
+  description's unit, booleans as "with …" / "without …", times of day and dates in
+  spoken forms where a pattern, format or description asks for them, pattern strings
+  sampled from the pattern, and free strings from open word and name pools, copied
+  verbatim.  Optional arguments appear only when said.
+* **Answers** list the calls in the order said, arguments in schema order, each
+  validated with ``jsonschema`` (``validate_call``) before it is written.
+* **Refusals depend on the catalogue shown**: the request for a tool whose tool was
+  removed, a required value missing, a value outside the range or enum, a negated or
+  deferred request, chit-chat.
+
+``needle_cy.training.mix`` draws the catalogues (corpus tools, the smart-home tools,
+renamed tools) and packs several requests into one conversation.
+"""
+import json
+import random
+import re
+
+from . import data as home
+from .corpus import name_words
+
+# ------------------------------------------------------------------ words ---
+
+# verbs a tool name may start with, and what people say instead
+VERB_SYNONYMS = {
+    "set": ["set", "change", "adjust", "put"], "get": ["get", "check", "show me", "tell me"],
+    "fetch": ["fetch", "get", "show me"], "retrieve": ["retrieve", "get", "show me"],
+    "check": ["check", "look at", "tell me"], "show": ["show", "show me", "display"],
+    "list": ["list", "show me", "what are"], "find": ["find", "look for", "search for"],
+    "search": ["search", "search for", "look up", "find"], "lookup": ["look up", "find"],
+    "start": ["start", "begin", "kick off", "launch"], "stop": ["stop", "end", "halt"],
+    "pause": ["pause", "hold"], "resume": ["resume", "continue", "restart"],
+    "create": ["create", "make", "add", "set up"], "add": ["add", "put", "include"],
+    "delete": ["delete", "remove", "erase"], "remove": ["remove", "delete", "take off"],
+    "update": ["update", "change", "edit"], "send": ["send", "dispatch"],
+    "book": ["book", "reserve"], "reserve": ["reserve", "book"], "cancel": ["cancel", "call off"],
+    "schedule": ["schedule", "plan", "set up"], "open": ["open"], "close": ["close", "shut"],
+    "turn": ["turn", "switch"], "enable": ["enable", "turn on", "activate", "switch on"],
+    "disable": ["disable", "turn off", "deactivate", "switch off"],
+    "activate": ["activate", "turn on", "enable"], "deactivate": ["deactivate", "turn off"],
+    "play": ["play", "put on"], "record": ["record", "log"], "log": ["log", "record", "note"],
+    "increase": ["increase", "raise", "turn up"], "decrease": ["decrease", "lower", "turn down"],
+    "calculate": ["calculate", "compute", "work out", "figure out"], "compute": ["compute", "calculate"],
+    "convert": ["convert", "change"], "translate": ["translate"], "order": ["order", "get me"],
+    "request": ["request", "ask for"], "report": ["report", "flag"], "share": ["share", "send"],
+    "locate": ["locate", "find"], "suggest": ["suggest", "recommend"], "run": ["run", "execute"],
+    "reset": ["reset"], "toggle": ["toggle", "flip"], "lock": ["lock"], "unlock": ["unlock"],
+    "arm": ["arm"], "disarm": ["disarm"], "select": ["select", "choose", "pick"],
+    "generate": ["generate", "make", "create"], "analyze": ["analyze", "analyse", "examine"],
+    "read": ["read", "show me"], "write": ["write"], "post": ["post", "publish"],
+    "upload": ["upload"], "download": ["download"], "notify": ["notify", "alert"],
+    "assign": ["assign"], "move": ["move"], "copy": ["copy"], "rename": ["rename"],
+    "mark": ["mark", "flag"], "clear": ["clear", "empty"], "save": ["save", "store", "keep"],
+    "load": ["load", "open"], "reload": ["reload", "refresh"], "refresh": ["refresh", "reload"],
+    "sync": ["sync", "synchronise"], "predict": ["predict", "forecast", "estimate"],
+    "estimate": ["estimate", "work out"], "measure": ["measure"], "scan": ["scan"],
+    "query": ["query", "look up"], "edit": ["edit", "change"], "register": ["register", "sign up"],
+    "subscribe": ["subscribe to"], "join": ["join"], "invite": ["invite"], "mute": ["mute"],
+    "unmute": ["unmute"], "skip": ["skip"], "rate": ["rate"], "review": ["review"],
+    "verify": ["verify", "confirm"], "validate": ["validate", "check"], "count": ["count"],
+    "sort": ["sort"], "filter": ["filter"], "restart": ["restart", "reboot"],
+    "reboot": ["reboot", "restart"], "press": ["press", "push"], "trigger": ["trigger", "fire"],
+    "apply": ["apply"], "install": ["install"], "print": ["print"], "dim": ["dim"],
+}
+VERBS = set(VERB_SYNONYMS) | {"make", "do", "go", "give", "take", "tell", "find", "view", "use",
+                              "watch", "listen", "buy", "sell", "pay", "transfer", "track",
+                              "close", "plan", "note", "issue", "fill", "empty", "wake", "raise"}
+# verbs a description may begin with (third person or imperative)
+DESCRIPTION_VERBS = VERBS | set("""
+heat cool warm chill provide perform allow adjust obtain compute determine identify display
+return access schedule lock unlock set sets create request order book reserve report share
+locate suggest convert scale check start stop send add remove delete update fetch retrieve
+search find list show get open close turn enable disable activate deactivate play pause
+resume record log calculate estimate predict measure scan query edit register subscribe join
+invite mute unmute skip rate review verify validate count sort filter restart reboot press
+trigger apply install print dim brighten increase decrease raise lower change modify manage
+control configure monitor notify alert remind announce speak say read write post upload
+download sync backup restore clean vacuum water feed move copy rename assign mark clear save
+load reload refresh analyze analyse evaluate compare summarize summarise translate transcribe
+generate make build compose draft submit approve reject cancel confirm track follow unfollow
+like block unblock buy sell pay transfer withdraw deposit charge refund invest plan arrange
+prepare cook bake brew boil preheat defrost thaw mix blend grind wash dry iron fold light
+illuminate shade tint color colour set-up initiate launch execute run invoke call fire shut
+reset toggle select choose pick fill empty drain pump spray mist sprinkle ventilate open
+sound ring beep flash blink wake sleep snooze dismiss silence stream cast mirror project zoom
+focus capture photograph film convert encode decode encrypt decrypt hash sign authenticate
+""".split())
+NAME_VERBS = DESCRIPTION_VERBS | {"solve", "sum", "multiply", "divide", "plot", "draw", "roll",
+                               "flip", "spin", "reverse", "greet", "square", "sort", "shuffle",
+                               "repeat", "merge", "split", "join", "parse", "format", "extract"}
+GETTERS = {"get", "fetch", "retrieve", "check", "show", "list", "find", "search", "lookup",
+           "read", "query", "view", "track", "count", "calculate", "compute", "estimate",
+           "predict", "measure"}
+_DESC_LEADS = re.compile(r"^(this (tool|function|api|endpoint|service|method) (is used to |will |can |lets you |allows you to )?|"
+                         r"(a |the )?(tool|function|api|method|service) (that|to|which|for) |"
+                         r"use this (tool |function )?to |used to |allows (the user |you )?to |"
+                         r"lets (the user |you )?|helps (you )?|service to |call this to )", re.I)
+_DESC_CUT = re.compile(r"(\. |\.$|; | \(| - | — |, (given|based on|using|which|returning|"
+                       r"and returns?|with (the|a|an) option|if |where |such as|e\.g)| given | based on )")
+_IRREGULAR = {"does": "do", "goes": "go", "has": "have", "is": "be"}
+QUESTION_FORMS = ["what's the {o}", "what is the {o}", "tell me the {o}", "show me the {o}",
+                  "check the {o}", "get me the {o}", "how's the {o}", "{o}?", "I'd like to know the {o}",
+                  "can you check the {o}"]
+INDIRECT = ["I need to {c}", "I want to {c}", "let's {c}", "it would be great if you could {c}",
+            "time to {c}", "I'd like to {c}", "help me {c}", "we should {c}", "{c}, if you can",
+            "is it possible to {c}?", "I was hoping you could {c}"]
+NEGATIONS = ["don't {c}", "do not {c}", "don't {c} yet", "please don't {c}", "no need to {c}",
+             "hold off, don't {c} yet", "never mind, don't {c}", "I'll {c} myself later, don't do it now",
+             "wait, do not {c}", "not now, don't {c}", "forget it, don't {c}",
+             "don't {c} until I say so", "you don't need to {c}"]
+QUESTIONS = [
+    "what's the tallest building in the world", "who painted the Mona Lisa", "how do magnets work",
+    "what's the boiling point of water", "how many legs does a spider have", "why is the sky blue",
+    "what year did the Berlin Wall fall", "what rhymes with orange", "give me a fun fact",
+    "what's the difference between a virus and a bacterium", "who invented the telephone",
+    "how long is a marathon", "how do you say thank you in Japanese", "what's a haiku",
+    "can you help me with my homework", "what's your favourite colour", "are you a robot",
+    "I had a long day", "that's great, thank you", "ok, that's everything", "good night",
+    "sorry, wrong button", "just testing", "what's the largest ocean", "who discovered penicillin",
+    "how many planets are there", "what's the speed of light", "tell me something interesting",
+]
+PLACES = ["Paris", "Berlin", "Tokyo", "Lagos", "Lima", "Oslo", "Cairo", "Toronto", "Madrid",
+          "Nairobi", "Sydney", "Mumbai", "Seoul", "Dublin", "Lisbon", "Prague", "Vienna",
+          "Chicago", "Denver", "Boston", "Austin", "Glasgow", "Leeds", "Bristol", "Cardiff",
+          "Kyoto", "Hanoi", "Quito", "Accra", "Tunis", "Athens", "Krakow", "Porto", "Zurich",
+          "San Diego", "New York", "Buenos Aires", "Cape Town", "Hong Kong", "Mexico City",
+          "Rio de Janeiro", "Kuala Lumpur", "Las Vegas", "St Albans", "Milton Keynes"]
+ENTITY_DOMAINS = ["light", "switch", "sensor", "climate", "media_player", "camera", "cover",
+                  "fan", "lock", "vacuum", "binary_sensor", "input_boolean", "scene", "script"]
+COMPANIES = ["Acme", "Globex", "Initech", "Umbrella", "Stark Industries", "Wayne Enterprises",
+             "Hooli", "Vandelay", "Soylent", "Tyrell", "Cyberdyne", "Wonka", "Aperture"]
+_PERSON = {"name", "contact", "recipient", "person", "user", "username", "friend", "attendee",
+           "assignee", "author", "owner", "player", "customer", "guest", "patient", "employee",
+           "sender", "receiver", "participant", "member", "who", "artist", "singer", "host",
+           "manager", "driver", "student", "teacher", "doctor", "client", "caller", "invitee"}
+_PLACE = {"city", "location", "place", "address", "origin", "venue", "country", "region",
+          "town", "state", "area", "zone", "where", "site", "street", "neighborhood", "station"}
+_MESSAGE = {"message", "text", "body", "content", "note", "comment", "reason", "caption",
+            "memo", "details", "reply", "prompt", "question", "statement", "sentence",
+            "feedback", "summary", "instructions", "input", "speech", "announcement"}
+_TITLE = {"title", "subject", "topic", "event", "task", "item", "product", "query", "keyword",
+          "keywords", "search", "term", "phrase", "song", "movie", "book", "dish", "food",
+          "brand", "model", "company", "team", "label", "tag", "category", "genre", "album",
+          "playlist", "show", "game", "course", "project", "list", "folder", "file", "filename",
+          "word", "language", "color", "colour", "style", "type", "mode", "channel", "group",
+          "description", "activity", "service", "app", "application", "device", "entity", "scene"}
+_CODE = {"id", "code", "sku", "isbn", "zip", "postcode", "serial", "pin", "account", "number",
+         "ticker", "symbol", "version", "key", "token", "hash", "ref", "reference", "plate"}
+UNITS = [(r"\bper ?cent\w*|%|\bpercentage\b", ["percent", "%", "per cent"]),
+         (r"\bcelsius\b|°c\b", ["degrees", "degrees Celsius", "°C"]),
+         (r"\bfahrenheit\b|°f\b", ["degrees", "degrees Fahrenheit", "°F"]),
+         (r"\bdegrees?\b", ["degrees"]), (r"\bminutes?\b", ["minutes", "mins"]),
+         (r"\bseconds?\b", ["seconds", "secs"]), (r"\bhours?\b", ["hours"]),
+         (r"\bdays?\b", ["days"]), (r"\bweeks?\b", ["weeks"]), (r"\bkilomet\w+|\bkm\b", ["km", "kilometres"]),
+         (r"\bmiles?\b", ["miles"]), (r"\bmet(er|re)s?\b", ["metres", "meters"]),
+         (r"\bkilograms?\b|\bkg\b", ["kg", "kilos"]), (r"\bgrams?\b", ["grams", "g"]),
+         (r"\bmillilit\w+|\bml\b", ["ml"]), (r"\blit(er|re)s?\b", ["litres", "liters"]),
+         (r"\bdollars?\b|\busd\b", ["dollars"]), (r"\beuros?\b", ["euros"]),
+         (r"\bpeople\b|\bpersons?\b|\bguests?\b", ["people"]), (r"\bservings?\b", ["servings"]),
+         (r"\bmm\b|\bmillimet\w+", ["mm"]), (r"\bcm\b|\bcentimet\w+", ["cm"]),
+         (r"\bwatts?\b", ["watts", "W"]), (r"\bkelvin\b", ["kelvin", "K"]),
+         (r"\bbpm\b", ["bpm"]), (r"\bpixels?\b|\bpx\b", ["pixels"])]
+_UNITS = [(re.compile(p, re.I), words) for p, words in UNITS]
+
+
+def _pick(rng, seq):
+    return seq[rng.randrange(len(seq))]
+
+
+def _words_of(text):
+    return [w for w in re.findall(r"[A-Za-z][A-Za-z']*", text.lower())]
+
+
+def third_to_imperative(word):
+    """'Schedules' -> 'schedule', 'Applies' -> 'apply', 'Watches' -> 'watch'."""
+    w = word.lower()
+    if w in _IRREGULAR:
+        return _IRREGULAR[w]
+    if w.endswith("ies") and len(w) > 4:
+        return w[:-3] + "y"
+    if re.search(r"(ches|shes|sses|xes|zes|oes)$", w):
+        return w[:-2]
+    if w.endswith("s") and not w.endswith(("ss", "us", "is")) and len(w) > 3:
+        return w[:-1]
+    return w
+
+
+def description_action(description):
+    """The description's first clause as an imperative, lower case, or None."""
+    text = _DESC_LEADS.sub("", description.strip())
+    text = _DESC_CUT.split(text, maxsplit=1)[0].strip().rstrip(".")
+    words = text.split()
+    if not words or len(words) > 14:
+        return None
+    words[0] = words[0].split("/")[0]
+    first = third_to_imperative(words[0])
+    if first not in DESCRIPTION_VERBS:
+        return None
+    if len(words) > 2 and words[1] in ("or", "and") and third_to_imperative(words[2]) in DESCRIPTION_VERBS:
+        words[2] = third_to_imperative(words[2])        # "Heats or cools" -> "heat or cool"
+    rest = " ".join(words[1:])
+    rest = re.sub(r"\bthe user's\b|\buser's\b", "my", rest)
+    rest = re.sub(r"\b(a|the) (specified|given|provided|particular|specific)\b", "the", rest)
+    rest = re.sub(r"\b(specified|given|provided)\s", "", rest)
+    phrase = (first + " " + rest).strip()
+    if first == "return":               # "Returns the car's range" is a question
+        phrase = "get " + rest
+    return phrase if len(phrase) > 3 else None
+
+
+class Param:
+    """One property: how its value is drawn and said."""
+
+    def __init__(self, key, schema, required):
+        self.key, self.schema, self.required = key, schema, required
+        self.description = str(schema.get("description", ""))
+        self.words = name_words(key)
+        self.kind = self._kind()
+        self.unit = self._unit()
+
+    def _kind(self):
+        s = self.schema
+        t = s.get("type")
+        hint = set(self.words)
+        desc = self.description.lower()
+        if "const" in s:
+            return "const"
+        if "enum" in s and s["enum"] and all(isinstance(v, (str, int)) and not isinstance(v, bool)
+                                             for v in s["enum"]):
+            return "enum"
+        if t == "boolean":
+            return "boolean"
+        if t in ("integer", "number"):
+            return t
+        if t == "array":
+            items = s.get("items") if isinstance(s.get("items"), dict) else {}
+            if items.get("enum") and all(isinstance(v, str) for v in items["enum"]):
+                return "enum_array"
+            if items.get("type") == "string" and not items.get("pattern") and not items.get("format"):
+                return "string_array"
+            return None
+        if t != "string":
+            return None
+        pattern, fmt = s.get("pattern"), s.get("format")
+        if fmt == "date" or (not pattern and re.search(r"yyyy-mm-dd(?![ t]?hh)", desc)):
+            return "date"
+        if pattern and re.search(r"\[0-5\]\[0-9\]", pattern) and ":" in pattern and \
+                not re.search(r"\{4\}|\\d\{4\}|yyyy", pattern, re.I):      # a time of day, no date
+            return "time"
+        if not pattern and not fmt and re.search(r"\bhh:mm\b", desc) and "yyyy" not in desc:
+            return "time"
+        if fmt == "email" or "email" in hint:
+            return "email" if not pattern else None
+        if fmt in ("uri", "url") or hint & {"url", "link", "website", "uri"}:
+            return "url" if not pattern else None
+        if pattern:
+            return "pattern" if sample_pattern(random.Random(0), pattern) is not None else None
+        if fmt:
+            return None
+        if "entity" in hint or "entity id" in desc:
+            return "entity"
+        if hint & {"area", "room", "zone"}:
+            return "room"
+        if hint & {"time", "when"} and not hint & {"zone"}:
+            return "clock_text"
+        if "date" in hint:
+            return "date_text"
+        if hint & _PERSON:
+            return "person"
+        if hint & _PLACE:
+            return "place"
+        if hint & _MESSAGE:
+            return "message"
+        if hint & _CODE:
+            return "code"
+        return "text"
+
+    def _unit(self):
+        text = self.description + " " + " ".join(self.words)
+        for pattern, words in _UNITS:
+            if pattern.search(text):
+                return words
+        return None
+
+    def mention(self, rng, renamed=False):
+        """A phrase for the property: its name words, or its description's noun."""
+        from_desc = None
+        if self.description:
+            d = re.sub(r"^(the|a|an)\s+", "", self.description.strip(), flags=re.I)
+            d = re.split(r"[,.;:(]| to | of | for | in | that | which | e\.g| when | if | like ", d)[0]
+            ws = d.split()
+            if 0 < len(ws) <= 4:
+                from_desc = " ".join(ws).lower()
+        own = " ".join(self.words)
+        if renamed or not own or (len(own) <= 2 and from_desc):
+            return from_desc
+        return from_desc if from_desc and rng.random() < 0.3 else own
+
+
+def sample_pattern(rng, pattern, tries=8):
+    """A string matching ``pattern`` (``re.search`` semantics, as JSON Schema), from a
+    small regex sampler (literals, escapes, classes, groups, alternation, quantifiers),
+    or None when the pattern is outside what it reads."""
+    for _ in range(tries):
+        try:
+            out = _Sampler(pattern, rng).sample()
+        except (ValueError, IndexError, RecursionError):
+            return None
+        if out is not None and re.search(pattern, out) and len(out) <= 40:
+            return out
+    return None
+
+
+class _Sampler:
+    """Reads a pattern once, drawing as it reads; a quantified atom is re-read per copy."""
+    _CLASSES = {"d": "0123456789", "w": "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_",
+                "s": " "}
+
+    def __init__(self, pattern, rng):
+        self.p, self.i, self.rng = pattern, 0, rng
+
+    def sample(self):
+        out = self._alt()
+        if self.i != len(self.p):
+            raise ValueError("unread pattern")
+        return out
+
+    def _alt(self):
+        branches, cur = [], []
+        while self.i < len(self.p) and self.p[self.i] != ")":
+            if self.p[self.i] == "|":
+                branches.append(cur)
+                cur = []
+                self.i += 1
+                continue
+            cur.append(self._piece())
+        branches.append(cur)
+        return "".join(_pick(self.rng, branches))
+
+    def _piece(self):
+        """An atom and its quantifier: the atom is read again for every further copy."""
+        start = self.i
+        first = self._atom()
+        end = self.i
+        if end >= len(self.p) or self.p[end] not in "*+?{":
+            return first
+        if self.p[end] == "{":
+            close = self.p.index("}", end)
+            spec = self.p[end + 1:close]
+            lo, _, hi = spec.partition(",")
+            lo = int(lo or 0)
+            hi = (int(hi) if hi else lo + 3) if "," in spec else lo
+            self.i = close + 1
+        else:
+            lo, hi = {"*": (0, 3), "+": (1, 4), "?": (0, 1)}[self.p[end]]
+            self.i = end + 1
+        if self.i < len(self.p) and self.p[self.i] in "?+":
+            self.i += 1                 # lazy or possessive: the same language
+        n = self.rng.randint(lo, min(hi, lo + 6))
+        after, parts = self.i, [first] if n else []
+        for _ in range(n - 1):
+            self.i = start
+            parts.append(self._atom())
+        self.i = after
+        return "".join(parts)
+
+    def _atom(self):
+        c = self.p[self.i]
+        self.i += 1
+        if c in "^$":
+            return ""
+        if c == "(":
+            if self.p.startswith("?:", self.i):
+                self.i += 2
+            elif self.p.startswith("?", self.i):
+                raise ValueError("look-around")
+            inner = self._alt()
+            if self.p[self.i] != ")":
+                raise ValueError("group")
+            self.i += 1
+            return inner
+        if c == "[":
+            return self._class()
+        if c == ".":
+            return _pick(self.rng, "abcdefghijklmnopqrstuvwxyz0123456789")
+        if c == "\\":
+            e = self.p[self.i]
+            self.i += 1
+            if e in self._CLASSES:
+                return _pick(self.rng, self._CLASSES[e])
+            if e.isalnum():
+                raise ValueError("escape")
+            return e
+        if c in "*+?{":
+            raise ValueError("quantifier")
+        return c
+
+    def _class(self):
+        if self.p[self.i] == "^":
+            raise ValueError("negated class")
+        chars = []
+        while self.p[self.i] != "]":
+            c = self.p[self.i]
+            if c == "\\":
+                e = self.p[self.i + 1]
+                chars.extend(self._CLASSES.get(e, e))
+                self.i += 2
+                continue
+            if self.p[self.i + 1] == "-" and self.p[self.i + 2] != "]":
+                a, b = ord(c), ord(self.p[self.i + 2])
+                if b < a or b - a > 200:
+                    raise ValueError("range")
+                chars.extend(chr(x) for x in range(a, b + 1))
+                self.i += 3
+                continue
+            chars.append(c)
+            self.i += 1
+        self.i += 1
+        return _pick(self.rng, chars)
+
+
+# ---------------------------------------------------------------- values ---
+
+def _value_words():
+    return home._value_words()
+
+
+def _open_word(rng):
+    """A word of the open pool; three in ten are the tokenizer's own word pieces (a word
+    that is one piece is written at a string's start as a piece the request never shows,
+    so each must be learned)."""
+    w = _value_words()
+    return rng.choice(w["vocab_words"] if rng.random() < 0.3 else w["words"])
+
+
+def _person(rng):
+    w = _value_words()
+    r = rng.random()
+    if r < 0.45:
+        return rng.choice(w["first_names"])
+    if r < 0.85:
+        return rng.choice(w["first_names"]) + " " + rng.choice(w["last_names"])
+    return _pick(rng, ["mum", "dad", "grandma", "Mom", "the boss", "my sister", "Dr Patel", "Uncle Joe"])
+
+
+def _words(rng, lo, hi, capital=0.0):
+    out = []
+    for _ in range(rng.randint(lo, hi)):
+        word = _open_word(rng)
+        out.append(word.capitalize() if rng.random() < capital else word)
+    return " ".join(out)
+
+
+def _free_string(rng, kind):
+    """A free-string value of a kind (person, place, message, code, text), from open
+    pools, so that only copying it from the request gets it right."""
+    if kind == "person":
+        value = _person(rng)
+        return value[3:] if value.startswith("my ") else value
+    if kind == "place":
+        return _pick(rng, PLACES) if rng.random() < 0.6 else _words(rng, 1, 2, capital=0.9)
+    if kind == "room":
+        return _pick(rng, home.ROOMS + home.NOT_ROOMS)
+    if kind == "entity":
+        return f"{_pick(rng, ENTITY_DOMAINS)}.{_pick(rng, home.ROOMS).replace(' ', '_')}" + \
+            (f"_{_open_word(rng).lower()}" if rng.random() < 0.3 else "")
+    if kind == "clock_text":
+        return home._clock(rng)[1].strip()
+    if kind == "date_text":
+        return _date(rng)[1]
+    if kind == "message":
+        if rng.random() < 0.3:
+            return _pick(rng, home.MESSAGES)
+        return _words(rng, 2, 6)
+    if kind == "code":
+        r = rng.random()
+        if r < 0.4:
+            return str(rng.randint(10, 99999))
+        if r < 0.7:
+            return "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(rng.randint(2, 4))) + \
+                str(rng.randint(1, 9999))
+        return _open_word(rng).lower() + "_" + str(rng.randint(1, 99))
+    if kind == "email":
+        w = _value_words()
+        return (f"{rng.choice(w['first_names']).lower()}.{rng.choice(w['last_names']).lower()}"
+                f"@{_pick(rng, ['example.com', 'mail.com', 'work.org', 'uni.edu'])}")
+    if kind == "url":
+        return f"https://{_pick(rng, ['www.', ''])}{_open_word(rng).lower()}.{_pick(rng, ['com', 'org', 'io'])}" + \
+            (f"/{_open_word(rng).lower()}" if rng.random() < 0.4 else "")
+    r = rng.random()
+    if r < 0.15:
+        return _pick(rng, COMPANIES)
+    return _words(rng, 1, 3, capital=0.35 if r < 0.6 else 0.0)
+
+
+def _bounds(schema, integer):
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    if isinstance(schema.get("exclusiveMinimum"), (int, float)) and not isinstance(schema.get("exclusiveMinimum"), bool):
+        lo = schema["exclusiveMinimum"] + (1 if integer else 0.5)
+    if isinstance(schema.get("exclusiveMaximum"), (int, float)) and not isinstance(schema.get("exclusiveMaximum"), bool):
+        hi = schema["exclusiveMaximum"] - (1 if integer else 0.5)
+    return lo, hi
+
+
+def _number(rng, param):
+    """(value, said) inside the schema's bounds, in digits or words, with the unit."""
+    s = param.schema
+    integer = param.kind == "integer"
+    lo, hi = _bounds(s, integer)
+    hint = set(param.words)
+    if lo is None and hi is None:
+        if hint & {"year"}:
+            lo, hi = 1990, 2030
+        elif param.unit and param.unit[0] == "percent":
+            lo, hi = 0, 100
+        else:
+            lo, hi = _pick(rng, [(1, 10), (1, 20), (1, 100), (1, 500), (10, 5000)])
+    elif lo is None:
+        lo = min(0, hi - 10)
+    elif hi is None:
+        hi = lo + _pick(rng, [10, 20, 100, 1000])
+    if hi < lo:
+        return None
+    step = s.get("multipleOf")
+    if step:
+        first, last = int(-(-lo // step)), int(hi // step)
+        if last < first:
+            return None
+        value = rng.randint(first, last) * step
+        value = int(value) if float(value).is_integer() and (integer or rng.random() < 0.7) else round(value, 6)
+    elif integer or rng.random() < 0.6:
+        lo_i, hi_i = int(-(-lo // 1)), int(hi // 1)
+        if hi_i < lo_i:
+            return None
+        hi_i = min(hi_i, max(lo_i, 0) + 100000)         # people do not say 2**63
+        span = hi_i - lo_i
+        if span > 30 and rng.random() < 0.5:            # round numbers, as people say them
+            step = 5 if span < 200 else 10 ** max(1, len(str(span)) - 2)
+            first = -(-lo_i // step)
+            value = step * rng.randint(first, max(first, hi_i // step))
+            value = value if lo_i <= value <= hi_i else rng.randint(lo_i, hi_i)
+        else:
+            value = rng.randint(lo_i, hi_i)
+    else:
+        value = round(rng.uniform(lo, min(hi, max(lo, 0) + 100000)), 1)
+        if not lo <= value <= hi:
+            value = lo
+    if isinstance(value, float) and value.is_integer() and integer:
+        value = int(value)
+    return value, _say_number(rng, value, param.unit)
+
+
+def _say_number(rng, value, unit):
+    if isinstance(value, int) or float(value).is_integer():
+        n = int(value)
+        said = home.say_int(rng, n, 0.25) if 0 <= n <= 99 else str(n)
+    else:
+        said = f"{value:g}"
+    if unit and rng.random() < 0.7:
+        u = _pick(rng, unit)
+        said = said + u if u in ("%", "°C", "°F") else f"{said} {u}"
+    return said
+
+
+_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
+           "September", "October", "November", "December"]
+
+
+def _date(rng):
+    year, month, day = rng.randint(2024, 2030), rng.randint(1, 12), rng.randint(1, 28)
+    value = f"{year:04d}-{month:02d}-{day:02d}"
+    m = _MONTHS[month - 1]
+    said = _pick(rng, [value, f"{m} {day}, {year}", f"{day} {m} {year}", f"{m} {day} {year}",
+                       f"the {home.number_words(day) if day < 20 else day}{'st' if day in (1, 21) else 'nd' if day in (2, 22) else 'rd' if day in (3, 23) else 'th'} of {m} {year}"])
+    return value, said
+
+
+def draw_value(rng, param):
+    """(value, said, note source) for ``param``, or None when none can be drawn.  The note
+    source is the request's words when they differ from the JSON value."""
+    kind, s = param.kind, param.schema
+    if kind == "const":
+        return s["const"], None, None
+    if kind == "enum":
+        value = _pick(rng, s["enum"])
+        if isinstance(value, int):
+            return value, _say_number(rng, value, param.unit), None
+        said = value.replace("_", " ") if rng.random() < 0.8 else value
+        if said.isupper() and len(said) > 3 and rng.random() < 0.5:
+            said = said.lower()
+        elif rng.random() < 0.3:
+            said = said.lower()
+        return value, said, said if said != value else None
+    if kind == "boolean":
+        return rng.random() < 0.7, None, None
+    if kind in ("integer", "number"):
+        drawn = _number(rng, param)
+        if drawn is None:
+            return None
+        value, said = drawn
+        return value, said, said if said != home.compact(value) else None
+    if kind == "time":
+        value, said = home._clock(rng)
+        return value, said, said if said != value else None
+    if kind == "date":
+        value, said = _date(rng)
+        return value, said, said if said != value else None
+    if kind == "pattern":
+        value = sample_pattern(rng, s["pattern"])
+        return (value, value, None) if value is not None else None
+    if kind in ("enum_array", "string_array"):
+        n = rng.randint(1, min(3, len(s["items"]["enum"])) if kind == "enum_array" else 3)
+        if kind == "enum_array":
+            value = rng.sample(list(s["items"]["enum"]), n)
+            saids = [v.replace("_", " ") for v in value]
+        else:
+            value = [_free_string(rng, "text") for _ in range(n)]
+            value = list(dict.fromkeys(value))
+            saids = list(value)
+        said = saids[0] if len(saids) == 1 else ", ".join(saids[:-1]) + " and " + saids[-1]
+        return value, said, said
+    value = _free_string(rng, kind)
+    lo, hi = s.get("minLength", 0), s.get("maxLength", 10 ** 6)
+    if not lo <= len(value) <= hi:
+        return None
+    return value, value, None
+
+
+# --------------------------------------------------------------- phrases ---
+
+def _the(rng, obj):
+    return obj if rng.random() < 0.25 or obj.startswith(("my ", "the ", "a ")) else "the " + obj
+
+
+def action_phrases(tool, source=None, domain=None, renamed=False):
+    """[(phrase, object words or None)] that ask for ``tool``: from its name (unless the
+    name is a random identifier) and its description."""
+    out = []
+    words = name_words(tool["name"])
+    desc = description_action(tool.get("description") or "")
+    if not renamed and words:
+        dom = name_words(domain or "")
+        if source == "home_assistant" and dom and words[:len(dom)] == dom and len(words) > len(dom):
+            service, obj = words[len(dom):], " ".join(dom)
+            if service[0] in NAME_VERBS:          # light_turn_on: "turn on the light"
+                out.append((" ".join(service) + " {the} " + obj, obj))
+        elif words[0] in NAME_VERBS:
+            obj = " ".join(words[1:])
+            out.append(("{verb}" + (" {the} " + obj if obj else ""), obj or None))
+        elif not desc:
+            obj = " ".join(w for w in words if not w.isdigit())
+            out.append(("{get} {the} " + obj, obj))
+    if desc:
+        out.append((desc, None))
+    return out
+
+
+def _action_text(rng, template, tool_words):
+    verb = tool_words[0] if tool_words else "get"
+    syn = _pick(rng, VERB_SYNONYMS.get(verb, [verb]))
+    text = template.replace("{verb}", syn).replace("{get}", _pick(rng, ["get", "check", "show me", "find"]))
+    while "{the}" in text:
+        text = text.replace("{the}", "the" if rng.random() < 0.75 else "", 1)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+COPIED_KINDS = ("person", "place", "message", "text", "code", "email", "url", "pattern",
+                "string_array", "room", "entity", "clock_text", "date_text")
+ARG_FORMS = {
+    "enum": ["{s}", "to {s}", "{m} {s}", "with {m} {s}", "{s} {m}", "using {s}", "as {s}", "on {s}",
+             "set to {s}", "in {s}"],
+    "number": ["to {s}", "{m} {s}", "with {m} {s}", "{m} of {s}", "for {s}", "at {s}", "{s}", "{m} to {s}",
+               "with {s}", "by {s}"],
+    "time": ["at {s}", "for {s}", "{m} {s}", "at {s}", "from {s}"],
+    "date": ["on {s}", "for {s}", "{m} {s}", "on {s}"],
+    "person": ["for {s}", "to {s}", "with {s}", "{m} {s}", "{s}", "from {s}", "{m}: {s}"],
+    "place": ["in {s}", "to {s}", "at {s}", "for {s}", "near {s}", "{m} {s}", "from {s}"],
+    "message": ["saying {s}", "that says {s}", ": {s}", "with the {m} {s}", "{m}: {s}", "that {s}",
+                "with {m} \"{s}\"", "reading {s}"],
+    "text": ["{m} {s}", "with {m} {s}", "called {s}", "named {s}", "for {s}", "{s}", "{m}: {s}",
+             "{m} set to {s}", "with the {m} {s}", "about {s}", "{m} \"{s}\""],
+    "code": ["{m} {s}", "with {m} {s}", "{s}", "number {s}", "{m}: {s}", "for {s}"],
+    "email": ["to {s}", "{m} {s}", "at {s}", "{s}", "for {s}"],
+    "url": ["{s}", "at {s}", "{m} {s}", "from {s}", "for {s}"],
+    "pattern": ["{m} {s}", "{s}", "for {s}", "with {m} {s}", "{m}: {s}", "number {s}"],
+    "list": ["{s}", "with {s}", "for {s}", "{m} {s}", "including {s}"],
+    "room": ["in the {s}", "in {s}", "for the {s}", "{m} {s}", "{s}"],
+    "entity": ["{s}", "{m} {s}", "for {s}", "on {s}"],
+}
+_FORM_OF_KIND = {"clock_text": "time", "date_text": "date"}
+_FORM_OF = {"integer": "number", "number": "number", "enum_array": "list", "string_array": "list"}
+
+
+def arg_phrase(rng, param, value, said, renamed=False, named_only=False):
+    """The words that say one argument."""
+    mention = param.mention(rng, renamed) or "the " + " ".join(param.words or ["value"])
+    if param.kind == "boolean":
+        on = _pick(rng, ["with {m}", "and {m}", "{m} on", "enable {m}", "including {m}", "and turn on {m}"])
+        off = _pick(rng, ["without {m}", "{m} off", "no {m}", "disable {m}", "and turn off {m}", "not {m}"])
+        m = re.sub(r"^(is|enable|enabled|include|use|should|do|has|allow|with) ", "", mention)
+        return (on if value else off).replace("{m}", m)
+    kind = _FORM_OF_KIND.get(param.kind, param.kind)
+    forms = ARG_FORMS.get(_FORM_OF.get(kind, kind), ARG_FORMS["text"])
+    if not named_only:
+        form = _pick(rng, forms)
+    else:           # another argument of the same kind is said: say which is which
+        form = _pick(rng, [f for f in forms if "{m}" in f] or ["{m} {s}"])
+    return form.replace("{m}", mention).replace("{s}", said)
+
+
+def _join_args(rng, phrases):
+    if not phrases:
+        return ""
+    if len(phrases) == 1:
+        return " " + phrases[0]
+    sep = _pick(rng, [" ", " ", ", ", " and "])
+    head = sep.join(phrases[:-1])
+    last = _pick(rng, [" and ", " ", ", "]) if sep != " and " else " and "
+    return " " + head + last + phrases[-1]
+
+
+def validate_call(tool, arguments):
+    """True when ``arguments`` meet ``tool``'s parameters (jsonschema, Draft 2020-12)."""
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator(tool["parameters"]).validate(arguments)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+class ToolPlan:
+    """A tool read for phrasing: its properties' kinds and the phrases that ask for it."""
+
+    def __init__(self, tool, source=None, domain=None, renamed=False):
+        self.tool, self.source, self.domain, self.renamed = tool, source, domain, renamed
+        params = tool.get("parameters") or {}
+        required = set(params.get("required") or [])
+        self.params = [Param(k, v if isinstance(v, dict) else {}, k in required)
+                       for k, v in (params.get("properties") or {}).items()]
+        self.actions = action_phrases(tool, source, domain, renamed)
+        self.tool_words = name_words(tool["name"])
+        self.ok = bool(self.actions) and all(p.kind is not None for p in self.params if p.required)
+
+    @property
+    def name(self):
+        return self.tool["name"]
+
+    def request(self, rng, optional_rate=0.35, leave_out=None, bad_value=False):
+        """(clause, call, notes, copied strings) for one call, or None.  ``leave_out``: a
+        required key not said (a refusal); ``bad_value``: one value said outside its
+        range or enum (a refusal)."""
+        template, obj = _pick(rng, self.actions)
+        args, phrases, notes, copied = {}, [], [], []
+        said_kinds = [_FORM_OF.get(p.kind, p.kind) for p in self.params]
+        bad_done = False
+        for p in self.params:
+            if p.key == leave_out or p.kind is None:
+                continue
+            if not p.required and (rng.random() > optional_rate or p.kind == "const"):
+                continue
+            if bad_value and not bad_done and p.kind in ("integer", "number", "enum"):
+                said = _bad_value_said(rng, p)
+                if said is not None:
+                    phrases.append(arg_phrase(rng, p, None, said, self.renamed))
+                    bad_done = True
+                    continue
+            drawn = draw_value(rng, p)
+            if drawn is None:
+                if p.required:
+                    return None
+                continue
+            value, said, source = drawn
+            args[p.key] = value
+            if p.kind == "const":
+                notes.append(f"{p.key} = {home.compact(value)}")
+                continue
+            kind = _FORM_OF.get(p.kind, p.kind)
+            phrases.append(arg_phrase(rng, p, value, said, self.renamed,
+                                      named_only=said_kinds.count(kind) > 1))
+            if p.kind in COPIED_KINDS:
+                copied.append(said)
+            notes.append(f"{p.key} = {home.compact(value)}" + (f' from "{source}"' if source else ""))
+        if bad_value and not bad_done:
+            return None
+        if not bad_value and leave_out is None and not validate_call(self.tool, args):
+            return None
+        if len(phrases) > 1 and rng.random() < 0.5:
+            order = list(range(len(phrases)))
+            rng.shuffle(order)
+            phrases = [phrases[i] for i in order]
+        action = _action_text(rng, template, self.tool_words)
+        r = rng.random()
+        if obj and r < 0.12 and self.tool_words and self.tool_words[0] in GETTERS and not phrases:
+            clause = _pick(rng, QUESTION_FORMS).replace("{o}", obj)
+        elif obj and r < 0.2 and phrases and self.tool_words[:1] in (["set"], ["change"], ["adjust"], ["update"]):
+            clause = obj + _join_args(rng, phrases)         # verbless: "charge limit to 80"
+        else:
+            clause = action + _join_args(rng, phrases)
+        order = [p.key for p in self.params]
+        call = {"name": self.name, "arguments": {k: args[k] for k in order if k in args}}
+        return clause, call, notes, copied
+
+
+def _bad_value_said(rng, p):
+    """Words for a value the schema forbids: outside the bounds, or not in the enum."""
+    if p.kind == "enum":
+        members = {str(v).lower() for v in p.schema["enum"]}
+        for _ in range(5):
+            word = _open_word(rng).lower()
+            if word not in members and all(word not in m for m in members):
+                return word
+        return None
+    lo, hi = _bounds(p.schema, p.kind == "integer")
+    options = []
+    if hi is not None:
+        options.append(int(hi) + _pick(rng, [1, 5, 10, 50, 100]) if hi >= 10 else int(hi) + 1)
+    if lo is not None and lo > -1000:
+        below = int(lo) - _pick(rng, [1, 5, 10, 20])
+        if below >= 0 or lo < 0:
+            options.append(below)
+    if not options:
+        return None
+    return _say_number(rng, _pick(rng, options), p.unit)

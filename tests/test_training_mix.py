@@ -1,0 +1,235 @@
+"""The schema-general training data: corpus splits, the per-tool request generator and
+the conversation mix (needle_cy.training.corpus, tool_requests, mix)."""
+import json
+import os
+import random
+import re
+
+import pytest
+
+from conftest import shared_path
+from needle_cy.training import corpus, data, mix
+from needle_cy.training.tool_requests import (Param, ToolPlan, description_action,
+                                              sample_pattern, third_to_imperative, validate_call)
+
+jsonschema = pytest.importorskip("jsonschema")
+
+
+@pytest.fixture(scope="module")
+def corpus_root():
+    root = shared_path("data", "tool_corpus")
+    os.environ.setdefault(corpus.CORPUS_ENV, str(root))
+    return root
+
+
+@pytest.fixture(scope="module")
+def train_tools(corpus_root):
+    return corpus.load("train", corpus_root)
+
+
+@pytest.fixture(scope="module")
+def conversations(corpus_root, train_tools):
+    mixer = mix.Mixer(seed=3, tools=train_tools)
+    return [mixer.example() for _ in range(400)]
+
+
+def _turns(ex):
+    """(query, answers) of every turn of a conversation, results turns excluded."""
+    out = [(t["query"], t["answers"]) for t in ex.get("history") or []]
+    if not ex.get("is_result"):
+        out.append((ex["query"], ex["answers"]))
+    return out
+
+
+def test_splits_are_disjoint_and_stable(corpus_root):
+    train = corpus.load("train", corpus_root)
+    held = corpus.load("heldout", corpus_root)
+    key = lambda t: corpus.tool_key(t)
+    assert train and held
+    assert not {key(t) for t in train} & {key(t) for t in held}
+    assert len(train) + len(held) == len(corpus.load("all", corpus_root))
+    assert all(corpus.split_of(t) == "heldout" for t in held)
+    assert 0.05 < len(held) / (len(train) + len(held)) < 0.15
+
+
+def test_unseen_dev_domains_are_held_out(corpus_root):
+    """No usable corpus tool belongs to one of unseen_dev.jsonl's ten domains, and none
+    shares a name with one of its tools (only the tool names are read)."""
+    unseen = shared_path("eval", "unseen_dev.jsonl")
+    names = set()
+    with open(unseen, encoding="utf-8") as handle:
+        for line in handle:
+            names.update(t["name"] for t in json.loads(line)["tools"])
+    kept = corpus.load("all", corpus_root)
+    assert not names & {t["name"] for t in kept}
+    assert all(corpus.held_out_domain(t) is None for t in kept)
+    probe = {"name": "set_charge_limit", "description": "Sets the charge limit.", "domain": "x",
+             "parameters": {"type": "object", "properties": {}}}
+    assert corpus.held_out_domain(probe) == "electric car"
+    assert corpus.held_out_domain(dict(probe, name="get_soil_moisture",
+                                       description="Reads the soil moisture.")) == "greenhouse"
+
+
+def test_the_corpus_is_not_in_the_package():
+    package = os.path.join(os.path.dirname(corpus.__file__), "..")
+    for root, _, files in os.walk(package):
+        assert not any(f in corpus.CORPUS_FILES for f in files), root
+
+
+def test_every_answer_validates_against_the_schema_it_was_drawn_from(conversations):
+    n_calls = 0
+    for ex in conversations:
+        by_name = {t["name"]: t for t in ex["tools"]}
+        assert len(by_name) == len(ex["tools"]) <= data.MAX_RENDERED_TOOLS
+        for _, answers in _turns(ex):
+            for call in answers:
+                tool = by_name[call["name"]]
+                jsonschema.Draft202012Validator(tool["parameters"]).validate(call["arguments"])
+                assert list(call["arguments"]) == [k for k in tool["parameters"].get("properties", {})
+                                                   if k in call["arguments"]]
+                n_calls += 1
+    assert n_calls > 300
+
+
+def test_the_mix_has_every_kind(conversations):
+    kinds = {ex["kind"] for ex in conversations if ex.get("source") == "mix"}
+    for kind in ("single", "multi", "refuse", "refuse_missing_tool", "refuse_missing_value",
+                 "refuse_bad_value", "refuse_negated"):
+        assert kind in kinds
+    sources = [ex["source"] for ex in conversations]
+    assert 0.2 < sources.count("home") / len(sources) < 0.5
+    assert any(ex.get("renamed") for ex in conversations)
+    assert any(ex.get("packed") for ex in conversations if ex["source"] == "mix")
+
+
+def test_copied_strings_are_said_verbatim(conversations):
+    """Every free string of an answer (no enum, pattern or time) appears in its request."""
+    for ex in conversations:
+        if ex["source"] != "mix":
+            continue
+        by_name = {t["name"]: t for t in ex["tools"]}
+        for query, answers in _turns(ex):
+            for call in answers:
+                props = by_name[call["name"]]["parameters"].get("properties", {})
+                for key, value in call["arguments"].items():
+                    schema = props.get(key, {})
+                    if not isinstance(value, str) or "enum" in schema or "pattern" in schema:
+                        continue
+                    if Param(key, schema, False).kind in ("time", "date"):
+                        continue
+                    assert value in query, (value, query)
+
+
+def test_renamed_tools_keep_descriptions_and_say_nothing_by_name():
+    rng = random.Random(0)
+    tool = {"name": "set_desk_lamp", "description": "Sets the desk lamp's brightness.",
+            "parameters": {"type": "object", "properties": {
+                "level": {"type": "integer", "minimum": 0, "maximum": 10, "description": "Brightness level"},
+                "room": {"type": "string"}}, "required": ["level"]}}
+    renamed = mix.rename(rng, tool)
+    assert renamed["description"] == tool["description"]
+    assert renamed["name"] != tool["name"]
+    props = renamed["parameters"]["properties"]
+    assert "level" not in props and "room" in props          # only described keys change
+    assert renamed["parameters"]["required"] == [k for k in props if k != "room"]
+    plan = ToolPlan(renamed, renamed=True)
+    got = plan.request(random.Random(1), optional_rate=0.0)
+    assert got is not None
+    clause, call, _, _ = got
+    assert "set the desk lamp's brightness" in clause
+    assert validate_call(renamed, call["arguments"])
+
+
+def test_refusal_kinds_on_one_tool():
+    tool = {"name": "set_pump_flow", "description": "Sets the pump's flow.",
+            "parameters": {"type": "object", "properties": {
+                "litres": {"type": "integer", "minimum": 500, "maximum": 1000,
+                           "description": "Flow in litres per hour."}}, "required": ["litres"]}}
+    plan = ToolPlan(tool)
+    rng = random.Random(2)
+    for _ in range(20):
+        clause, call, _, _ = plan.request(rng)
+        assert 500 <= call["arguments"]["litres"] <= 1000
+        assert str(call["arguments"]["litres"]) in clause
+        bad = plan.request(rng, bad_value=True)
+        said = [int(n) for n in re.findall(r"\d+", bad[0])]
+        assert bad[1]["arguments"] == {} and len(said) == 1 and not 500 <= said[0] <= 1000
+    missing = plan.request(rng, leave_out="litres")
+    assert missing[1]["arguments"] == {} and not re.search(r"\d", missing[0])
+
+
+def test_values_are_said_as_people_say_them():
+    rng = random.Random(4)
+    enum = Param("mode", {"type": "string", "enum": ["every_night", "once"]}, True)
+    assert enum.kind == "enum"
+    time_ = Param("start_time", {"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"}, True)
+    assert time_.kind == "time"
+    date = Param("day", {"type": "string", "format": "date"}, True)
+    assert date.kind == "date"
+    temp = Param("target_celsius", {"type": "number", "minimum": 15, "maximum": 28,
+                                     "description": "Cabin temperature in degrees Celsius"}, False)
+    assert temp.unit and "degrees" in temp.unit[0]
+    flag = Param("flight", {"type": "string", "pattern": "^[A-Z0-9]{2}[0-9]{1,4}$"}, True)
+    assert flag.kind == "pattern"
+    for _ in range(30):
+        assert re.search(flag.schema["pattern"], sample_pattern(rng, flag.schema["pattern"]))
+    assert sample_pattern(rng, "^(?!x)a$") is None            # look-around is not read
+
+
+def test_descriptions_become_imperatives():
+    assert third_to_imperative("Schedules") == "schedule"
+    assert third_to_imperative("Applies") == "apply"
+    assert third_to_imperative("Watches") == "watch"
+    assert description_action("Heats or cools the parked car's cabin ahead of a trip.") == \
+        "heat or cool the parked car's cabin ahead of a trip"
+    assert description_action("Returns the estimated range in kilometres.") == \
+        "get the estimated range in kilometres"
+    assert description_action("Calculate the area of a triangle given its base and height.") == \
+        "calculate the area of a triangle"
+    assert description_action("Playback mode that selects the media in randomized order.") is None
+
+
+def test_deterministic_for_a_seed(train_tools):
+    m1, m2, m3 = (mix.Mixer(seed=s, tools=train_tools) for s in (5, 5, 6))
+    a = [json.dumps(m1.example()) for _ in range(30)]
+    assert a == [json.dumps(m2.example()) for _ in range(30)]
+    assert a != [json.dumps(m3.example()) for _ in range(30)]
+
+
+def test_render_and_tokenizer_masks_cover_every_answer(conversations, tmp_path):
+    """Every assistant turn of a packed conversation is a target of the token file."""
+    from needle_cy.training import train
+
+    path = tmp_path / "d.jsonl"
+    packed = [ex for ex in conversations if ex.get("packed")][:20]
+    path.write_text("".join(json.dumps(ex) + "\n" for ex in packed), encoding="utf-8")
+    record = os.path.join(os.path.dirname(data.__file__), "..", "models", "default.cact")
+    from needle_cy.archive import Archive
+    with Archive.open(record) as archive:
+        tok = train.ArchiveTokenizer(archive.tokenizer_bytes)
+    train._tokenize(tok, str(path), str(tmp_path / "t.npz"), max_len=1024)
+    import numpy as np
+    z = np.load(tmp_path / "t.npz")
+    im_end = tok.piece_to_id("<|im_end|>")
+    call = tok.piece_to_id("<tool_call>")
+    for i in range(len(z["offsets"]) - 1):
+        ids = z["ids"][z["offsets"][i]:z["offsets"][i + 1]]
+        mask = z["target_mask"][z["offsets"][i]:z["offsets"][i + 1]]
+        # every <tool_call> marker is inside a target span
+        assert all(mask[j] for j in np.nonzero(ids == call)[0])
+        assert mask.sum() < len(mask)
+
+
+def test_held_out_cases_come_from_the_held_out_split(corpus_root, train_tools):
+    """No gold tool of the held-out cases is a training-split tool."""
+    cases = mix.eval_cases(40, seed=11)
+    train_keys = {(t["name"], json.dumps(t["parameters"], sort_keys=True)) for t in train_tools}
+    assert {c["category"] for c in cases} == {"single", "multi", "refuse"}
+    n = 0
+    for case in cases:
+        for call in case["answers"]:
+            tool = next(t for t in case["tools"] if t["name"] == call["name"])
+            assert validate_call(tool, call["arguments"])
+            assert (tool["name"], json.dumps(tool["parameters"], sort_keys=True)) not in train_keys
+            n += 1
+    assert n > 20
