@@ -61,11 +61,13 @@ def _log(run_dir, record):
 
 # ------------------------------------------------------------------ prepare ---
 
-def prepare(run_dir, examples=None, seed=None, vocab_size=None):
+def prepare(run_dir, examples=None, seed=None, vocab_size=None, **more):
+    """A run from scratch: smart-home data, a tokenizer trained on it, its token file;
+    ``more`` overrides further hyper-parameters (``tokenizer_examples`` …)."""
     from .tokenizer import check_tokenizer, train_tokenizer
 
     os.makedirs(run_dir, exist_ok=True)
-    hyper = dict(HYPER)
+    hyper = dict(HYPER, **more)
     if examples:
         hyper["examples"] = examples
     if seed is not None:
@@ -76,6 +78,7 @@ def prepare(run_dir, examples=None, seed=None, vocab_size=None):
     data_path = os.path.join(run_dir, "data.jsonl")
     data_mod.write_jsonl(data_path, hyper["examples"], seed=hyper["seed"])
     model_path = train_tokenizer(os.path.join(run_dir, "tokenizer"), hyper["vocab_size"],
+                                 n_examples=hyper.get("tokenizer_examples", 20000),
                                  seed=1234 + hyper["seed"])
     sp = check_tokenizer(model_path)
     offsets = _tokenize(sp, data_path, os.path.join(run_dir, "tokens.npz"))

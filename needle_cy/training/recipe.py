@@ -1,0 +1,121 @@
+"""One declarative config and one command for the default model.
+
+    python -m needle_cy.training.recipe --run-dir DIR --out needle_cy/models/default.cact \\
+        [--config needle_cy/training/recipe.json] [--base BASE.cact]
+
+The config (``recipe.json`` beside this file is the shipped model's) names:
+
+* ``start``: ``"scratch"`` (a tokenizer and a model trained from nothing on the
+  smart-home data, ``train.prepare``) or ``"warm"`` (the weights and tokenizer of a base
+  archive, read back exactly by ``train.warm_start``).  A warm start takes ``--base``,
+  else ``base_recipe``'s archive, built first when absent: ``"train_default"`` is the
+  previous release's recipe (data versions 1-5, ``train_default.py``).
+* ``model`` / ``hyper``: overrides of ``train.MODEL_CONFIG`` and ``train.HYPER``;
+* ``data``: token files to add, each ``{"name", "generator": "mix" | a data version,
+  "examples", "seed"}``;
+* ``phases``: ``[until_step, schedule_end, decay_steps, token_file(, min_lr_ratio)]``,
+  trained in order (warmup-stable-decay, ``train.lr_at``);
+* ``confidence``: the post-hoc head (``collect`` / ``fit`` on the model's own turns);
+* ``export``: the CQ width.
+
+Every step resumes: a run folder that holds a state, a token file or an export skips
+what is done.  Seeds are fixed, so a rerun reproduces the data exactly and the weights
+closely (float32 XLA sums differ across thread counts).
+"""
+import argparse
+import json
+import os
+import time
+
+from . import confidence, train
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe.json")
+
+
+def load_config(path=None):
+    with open(path or DEFAULT_CONFIG, encoding="utf-8") as handle:
+        config = json.load(handle)
+    for key in ("start", "phases"):
+        if key not in config:
+            raise ValueError(f"recipe config {path or DEFAULT_CONFIG}: missing {key!r}")
+    if config["start"] not in ("scratch", "warm"):
+        raise ValueError(f"recipe config: start must be 'scratch' or 'warm', got {config['start']!r}")
+    return config
+
+
+def _base_archive(config, run_dir, base):
+    if base:
+        return base
+    if config.get("base_recipe") != "train_default":
+        raise ValueError("a warm start needs --base or base_recipe 'train_default'")
+    path = os.path.join(run_dir, "base", "base.cact")
+    if not os.path.exists(path):
+        from . import train_default
+        train_default.main(["--out", path, "--run-dir", os.path.join(run_dir, "base")])
+    return path
+
+
+def _start(config, run_dir, base):
+    if train.load_state(run_dir) is not None:
+        return
+    hyper = config.get("hyper", {})
+    if config["start"] == "warm":
+        train.warm_start(run_dir, _base_archive(config, run_dir, base), **hyper)
+        return
+    if not os.path.exists(os.path.join(run_dir, "tokens.npz")):
+        more = {k: v for k, v in hyper.items() if k not in ("examples", "seed", "vocab_size")}
+        train.prepare(run_dir, hyper.get("examples"), hyper.get("seed"), hyper.get("vocab_size"), **more)
+    run = train.load_run(run_dir)          # the config's geometry and hyper-parameters
+    run["model"] = dict(run["model"], **config.get("model", {}))
+    run["hyper"] = dict(run["hyper"], **hyper)
+    with open(os.path.join(run_dir, "run.json"), "w") as handle:
+        json.dump(run, handle, indent=1)
+
+
+def run(config, run_dir, out, base=None, threads=None):
+    t0 = time.time()
+    os.makedirs(run_dir, exist_ok=True)
+    _start(config, run_dir, base)
+    for spec in config.get("data", []):
+        if not os.path.exists(os.path.join(run_dir, f"tokens_{spec['name']}.npz")):
+            train.add_data(run_dir, spec["name"], spec["examples"], spec["seed"], spec["generator"])
+    for phase in config["phases"]:
+        until = phase[0]
+        state = train.load_state(run_dir)
+        if state is not None and state["step"] >= until:
+            continue
+        control = {"end": phase[1], "decay_steps": phase[2], "tokens": phase[3]}
+        if len(phase) > 4:
+            control["min_lr_ratio"] = phase[4]
+        with open(os.path.join(run_dir, "control.json"), "w") as handle:
+            json.dump(control, handle)
+        train.fit(run_dir, until_step=until)
+    bits = config.get("export", {}).get("bits", 4)
+    bare = os.path.join(run_dir, "model_no_head.cact")
+    train.export_ours(run_dir, bare, bits=bits)
+    head_cfg = config.get("confidence")
+    if head_cfg:
+        cells = os.path.join(run_dir, "confidence_cells.npz")
+        head = os.path.join(run_dir, "confidence_head.npz")
+        confidence.collect(bare, cells, n=head_cfg["n"], seed=head_cfg["seed"], threads=threads,
+                           mix_share=head_cfg.get("mix_share", 0.0))
+        confidence.fit(cells, head, steps=head_cfg["steps"], seed=head_cfg.get("fit_seed", 0))
+        confidence.attach(bare, head, out)
+    else:
+        os.replace(bare, out)
+    print(f"recipe done in {(time.time() - t0) / 3600:.2f} h: {out}")
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m needle_cy.training.recipe")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--config", default=None, help=f"recipe JSON (default {DEFAULT_CONFIG})")
+    parser.add_argument("--base", default=None, help="base archive of a warm start")
+    args = parser.parse_args(argv)
+    run(load_config(args.config), args.run_dir, args.out, base=args.base)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The one-command recipe (needle_cy.training.recipe) end to end on a tiny
+configuration: a tokenizer and a model from scratch, a schema-general token file, a
+phase of training, the export, the confidence head, and the engine running the result.
+Needs the ``train`` extra (jax, cactus-needle, sentencepiece); skips, saying why,
+without it."""
+import json
+
+import pytest
+
+pytest.importorskip("jax", reason="the train extra (jax, cactus-needle) is not installed")
+pytest.importorskip("needle.model.architecture", reason="cactus-needle[train] is not installed")
+pytest.importorskip("sentencepiece", reason="sentencepiece (train extra) is not installed")
+
+from conftest import shared_path
+
+TINY = {
+    "start": "scratch",
+    "model": {"d_model": 64, "num_heads": 2, "num_kv_heads": 1, "num_layers": 2, "qk_head_dim": 16,
+              "v_head_dim": 16, "global_layers": [1], "engram_layers": [0], "engram_slots": 61,
+              "sliding_window": 64, "embedding_dim": 32},
+    "hyper": {"examples": 40, "seed": 3, "vocab_size": 512, "tokenizer_examples": 300,
+              "tokens_per_batch": 1024, "buckets": [1024], "checkpoint_every": 2, "log_every": 1},
+    "data": [{"name": "tiny", "generator": "mix", "examples": 12, "seed": 5}],
+    "phases": [[2, 4, 2, "tokens.npz"], [4, 4, 2, "tokens_tiny.npz"]],
+    "confidence": {"n": 4, "seed": 7, "mix_share": 0.5, "steps": 2},
+    "export": {"bits": 4},
+}
+
+
+@pytest.mark.slow
+def test_tiny_recipe_runs_end_to_end(tmp_path, monkeypatch):
+    from needle_cy import Needle
+    from needle_cy.archive import Archive
+    from needle_cy.training import corpus, recipe, train
+
+    monkeypatch.setenv(corpus.CORPUS_ENV, str(shared_path("data", "tool_corpus")))
+    config_path = tmp_path / "tiny.json"
+    config_path.write_text(json.dumps(TINY))
+    out = tmp_path / "tiny.cact"
+    recipe.main(["--run-dir", str(tmp_path / "run"), "--out", str(out), "--config", str(config_path)])
+    state = train.load_state(str(tmp_path / "run"))
+    assert state["step"] == 4
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert {r.get("tokens_file") for r in log if r.get("event") == "start"} == {"tokens.npz", "tokens_tiny.npz"}
+    with Archive.open(str(out)) as archive:
+        assert archive.config.d_model == 64 and "heads.confidence.probes" in archive.roles
+    agent = Needle(str(out), tools=[{"name": "lock_door", "description": "Lock a door",
+                                     "parameters": {"type": "object", "properties": {}}}])
+    response = agent.complete("lock the door")
+    assert isinstance(response["function_calls"], list)
+    # a second run resumes: nothing left to train
+    recipe.main(["--run-dir", str(tmp_path / "run"), "--out", str(out), "--config", str(config_path)])
+    assert train.load_state(str(tmp_path / "run"))["step"] == 4
