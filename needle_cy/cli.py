@@ -187,12 +187,9 @@ def cmd_run(args):
         if not calls and not held:
             print("(no call)")
         for call in calls:
-            print(render_partial_calls(json.dumps([call], ensure_ascii=False)))
-        why = ("the request negates it" if (response.get("validation") or {}).get("negation")
-               else "low confidence")
-        for call in held:
-            print(f"held back ({why}, escalate): "
-                  + render_partial_calls(json.dumps([call], ensure_ascii=False)))
+            print(_call_text(call))
+        for line in _held_back_lines(response):
+            print(line)
         conf = response["confidence"]
         print(f"confidence: {conf:.3f}" if conf is not None else "confidence: n/a", file=sys.stderr)
     return 0 if response["success"] else 1
@@ -242,16 +239,48 @@ def cmd_batch(args):
     return 0
 
 
+def _simulated(name):
+    """A stand-in for a tool's function in ``chat``: it reports success and echoes the call."""
+    def simulate(**arguments):
+        return {"ok": True, "tool": name, "arguments": arguments}
+    return simulate
+
+
+def _call_text(call):
+    """``name(key=value, …)`` of one call (only its name and arguments)."""
+    return render_partial_calls(json.dumps([{"name": call["name"], "arguments": call.get("arguments") or {}}],
+                                           ensure_ascii=False))
+
+
+def _held_back_lines(response):
+    why = ("the request negates it" if (response.get("validation") or {}).get("negation")
+           else "low confidence")
+    return [f"held back ({why}, escalate): {_call_text(c)}" for c in response.get("suppressed_calls") or []]
+
+
+_LOOP_STOP_NOTES = {
+    "max_steps": "(stopped: --max-steps reached)",
+    "repeated_calls": "(stopped: the model asked again for the calls it just ran; not run twice)",
+}
+
+
 def cmd_chat(args):
     tools = load_tools(args.tools)
     agent = _make_agent(args, tools)
+    for spec in agent.specs:         # JSON-Schema tools have no function: simulate them
+        if spec.function is None:
+            spec.function = _simulated(spec.name)
     print("needle-cy chat — calls are simulated; /reset starts over, /quit leaves.", file=sys.stderr)
+    from .errors import ContextOverflowError
     while True:
         try:
             line = input("> ")
         except EOFError:
             print()
             return 0
+        except UnicodeDecodeError as exc:
+            print(f"error: that line is not UTF-8 text (byte {exc.start}); type it again", flush=True)
+            continue
         line = line.strip()
         if not line:
             continue
@@ -261,20 +290,22 @@ def cmd_chat(args):
             agent.reset()
             print("(conversation reset)")
             continue
-        response = agent.complete(line)
-        for _ in range(args.max_steps):
-            if not response["success"]:
-                print(f"error: {response['error']}")
-                break
-            calls = response["function_calls"]
-            if not calls:
-                print("(no call)" if not response.get("reasoning") else f"(no call) {response['reasoning']}")
-                break
-            results = []
-            for call in calls:
-                print("  " + render_partial_calls(json.dumps([call], ensure_ascii=False)))
-                results.append({"ok": True, "tool": call["name"], **call["arguments"]})
-            response = agent.complete(json.dumps(results))
+        try:
+            response = agent.run(line, max_steps=args.max_steps)
+        except ContextOverflowError as exc:
+            print(f"error: {exc} (/reset starts a new conversation)")
+            continue
+        for done in response["executed_calls"]:
+            print(f"  {_call_text(done)} -> {json.dumps(done['result'], ensure_ascii=False, default=str)}")
+        for held in _held_back_lines(response):
+            print("  " + held)
+        if not response["success"]:
+            print(f"error: {response['error']}")
+        elif not response["executed_calls"] and not response["suppressed_calls"]:
+            print("(no call)" if not response.get("reasoning") else f"(no call) {response['reasoning']}")
+        note = _LOOP_STOP_NOTES.get(response["loop_stop"])
+        if note:
+            print(note)
 
 
 def cmd_inspect(args):

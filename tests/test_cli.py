@@ -1,4 +1,5 @@
 """needle-cy: user errors are one line on stderr with a non-zero exit; run/batch/inspect work."""
+import io
 import json
 import subprocess
 import sys
@@ -142,7 +143,10 @@ def test_run_end_to_end_on_a_fixture_archive(tmp_path, tools_file):
                            "--json", "--reasoning-limit", "16", "--max-new-tokens", "32")
     assert rc in (0, 1), err
     env = json.loads(out)
-    assert env["type"] == "call" and set(env) >= {"success", "function_calls", "confidence", "prefill_tps"}
+    assert set(env) >= {"success", "function_calls", "confidence", "prefill_tps"}
+    expected = ("error" if not env["success"] else
+                "call" if env["function_calls"] or env["suppressed_calls"] else "refusal")
+    assert env["type"] == expected
     assert env["timings"]["n_reasoning"] <= 16
     assert env["confidence"] is None or 0 <= env["confidence"] <= 1
 
@@ -155,3 +159,23 @@ def test_chat_repl_on_a_fixture_archive(tools_file):
                           text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "(conversation reset)" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_chat_runs_each_call_once_and_shows_its_result(scripted, tools_file, capsys, monkeypatch):
+    # The script asks for the same call on every turn: chat must not run it again.
+    monkeypatch.setattr("sys.stdin", io.StringIO("kitchen light on\n/reset\nkitchen light on\n/quit\n"))
+    assert cli.main(["chat", "--tools", str(tools_file)]) == 0
+    out = capsys.readouterr().out
+    executed = [line for line in out.splitlines() if "set_light(" in line]
+    assert len(executed) == 2, out                       # once per conversation
+    assert all('set_light(room="kitchen", on=true) -> {"ok": true, "tool": "set_light"' in line
+               for line in executed)
+    assert "(no call)" not in out and out.count("not run twice") == 2
+
+
+def test_chat_shows_held_back_calls(scripted, tools_file, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("don't turn on the kitchen light\n"))
+    assert cli.main(["chat", "--tools", str(tools_file)]) == 0
+    out = capsys.readouterr().out
+    assert 'held back (the request negates it, escalate): set_light(room="kitchen", on=true)' in out
+    assert "->" not in out and "(no call)" not in out
