@@ -34,6 +34,7 @@ from pathlib import Path
 from .errors import ContextOverflowError, ModelNotAvailableError, NeedleError
 from .generate import CLOSING_RESERVE, Cancelled, DecodeSettings, run_turn
 from .grounding import GroundingIndex, NoteGrounder, ValueGrounder
+from .hub import resolve_model
 from .negation import negated_calls
 from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
 from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
@@ -113,8 +114,12 @@ class Needle:
 
     Parameters follow the official ``needle.Needle`` where the concept is the same:
 
-    model: path to a ``.cact`` archive, an ``Archive``, a loaded ``Model``, or ``None`` for
-        the embedded default model (``needle_cy/models/default.cact``).
+    model: path to a ``.cact`` archive, a folder holding one, a Hugging Face model id
+        (``"org/name"`` or ``"org/name@revision"``, from the local Hugging Face cache first;
+        ``needle_cy.hub``), an ``Archive``, a loaded ``Model``, or ``None`` for the embedded
+        default model (``needle_cy/models/default.cact``).
+    model_file: which ``.cact`` file of a folder or Hugging Face model (a relative path);
+        by default the only one, else ``model.cact`` (``needle_cy.hub.pick_archive``).
     tools: functions (``@tool`` or plain), JSON-Schema dicts, JSON strings, pydantic models.
     system: facts placed in the system block (``date: …; location: …``).
     auto_date: add today's ``date:`` fact as the official package does (spec §8.4); off
@@ -153,7 +158,7 @@ class Needle:
                  max_new_tokens=512, string_token_cap=64, tool_index_path=None,
                  tokenizer=None, stateless=False, force_call=False, auto_date=False,
                  escalate_below=0.1, ground_values=True, prefix_checkpoint_mb=32,
-                 query_expansion="default", ground_notes=True, negation_gate=True):
+                 query_expansion="default", ground_notes=True, negation_gate=True, model_file=None):
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -163,7 +168,7 @@ class Needle:
         max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
         reasoning_limit = _int_at_least("reasoning_limit", reasoning_limit, 0)
         string_token_cap = _int_at_least("string_token_cap", string_token_cap, 0)
-        self.model, self.tokenizer, self.model_path = _load(model, backend, threads, tokenizer)
+        self.model, self.tokenizer, self.model_path = _load(model, backend, threads, tokenizer, model_file)
         self.specs = normalize_tools(list(tools) if isinstance(tools, (list, tuple)) else tools)
         self.tools = {s.name: s for s in self.specs}
         self.system = with_date_fact(system) if auto_date else system
@@ -742,7 +747,7 @@ def _head_names(model):
     return tuple(heads or ())
 
 
-def _load(model, backend, threads, tokenizer):
+def _load(model, backend, threads, tokenizer, model_file=None):
     """(model, tokenizer, path or None) from whatever ``model=`` was given."""
     path = None
     if model is None:
@@ -751,10 +756,11 @@ def _load(model, backend, threads, tokenizer):
                 f"no model given and the embedded default model is not installed "
                 f"({DEFAULT_MODEL_PATH} is missing); pass model='path/to/model.cact' (CLI: --model)")
         model = DEFAULT_MODEL_PATH
+    elif model_file is not None and not isinstance(model, (str, os.PathLike)):
+        raise ValueError("model_file= picks the archive inside a folder or a Hugging Face model; "
+                         f"model is a {type(model).__name__}")
     if isinstance(model, (str, os.PathLike)):
-        path = Path(model)
-        if not path.exists():
-            raise FileNotFoundError(f"model archive not found: {path}")
+        path = resolve_model(model, model_file)
         from .model import Model
         loaded = Model.load(str(path), backend=backend, threads=threads)
         if tokenizer is None:
