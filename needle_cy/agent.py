@@ -6,7 +6,7 @@
     def set_light(room: str, on: bool):
         "Turn the lights in a room on or off."
 
-    agent = Needle("model.cact", tools=[set_light])
+    agent = Needle(tools=[set_light])      # the embedded default model
     print(agent.run("turn on the kitchen light")["results"])
 
 A conversation is the trained template (``needle_cy.prompt``): the BOS + system + tools
@@ -30,7 +30,9 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
+from .envelope import Response, RunResponse
 from .errors import ContextOverflowError, ModelNotAvailableError, NeedleError
 from .generate import CLOSING_RESERVE, Cancelled, DecodeSettings, run_turn
 from .grounding import GroundingIndex, NoteGrounder, ValueGrounder
@@ -39,9 +41,16 @@ from .negation import negated_calls
 from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
 from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
                         rank_bm25, select_prefix)
-from .toolspec import normalize_tool, normalize_tools
+from .toolspec import ToolSpec, normalize_tool, normalize_tools
 
 __all__ = ["Needle", "extract", "DEFAULT_MODEL_PATH"]
+
+# A model: a .cact path, a folder holding one, a Hugging Face id, an Archive or a loaded
+# Model, or None for the embedded default.
+ModelSource = Union[str, "os.PathLike[str]", Any, None]
+# A turn: the request text, or the tool results of the last turn's calls (a list, or
+# their JSON text).
+TurnInput = Union[str, Sequence[Any]]
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "models" / "default.cact"
 _PREFIX_CACHE_SIZE = 4
@@ -152,13 +161,18 @@ class Needle:
         (``_PrefixCheckpoints``); 0 turns this off.
     """
 
-    def __init__(self, model=None, tools=(), system=None, max_calls_per_turn=4,
-                 tool_token_budget=None, max_retrieved_tools=5, retrieval="auto",
-                 reasoning_limit=256, constrained=True, threads=None, backend="cython",
-                 max_new_tokens=512, string_token_cap=64, tool_index_path=None,
-                 tokenizer=None, stateless=False, force_call=False, auto_date=False,
-                 escalate_below=0.1, ground_values=True, prefix_checkpoint_mb=32,
-                 query_expansion="default", ground_notes=True, negation_gate=True, model_file=None):
+    def __init__(self, model: ModelSource = None, tools: Any = (), system: Optional[str] = None,
+                 max_calls_per_turn: int = 4, tool_token_budget: Optional[int] = None,
+                 max_retrieved_tools: Optional[int] = 5, retrieval: str = "auto",
+                 reasoning_limit: int = 256, constrained: bool = True, threads: Optional[int] = None,
+                 backend: str = "cython", max_new_tokens: int = 512, string_token_cap: int = 64,
+                 tool_index_path: Union[str, "os.PathLike[str]", None] = None,
+                 tokenizer: Any = None, stateless: bool = False, force_call: bool = False,
+                 auto_date: bool = False, escalate_below: Optional[float] = 0.1,
+                 ground_values: bool = True, prefix_checkpoint_mb: float = 32,
+                 query_expansion: Union[str, "os.PathLike[str]", QueryExpansion, None] = "default",
+                 ground_notes: bool = True, negation_gate: bool = True,
+                 model_file: Optional[str] = None) -> None:
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -215,7 +229,7 @@ class Needle:
 
     # ------------------------------------------------------------ tool selection
     @property
-    def has_embedding_head(self):
+    def has_embedding_head(self) -> bool:
         return "embedding" in _head_names(self.model)
 
     def _token_counts(self):
@@ -238,7 +252,7 @@ class Needle:
             else:
                 model.reset()
 
-    def rank_tools(self, query):
+    def rank_tools(self, query: str) -> List[int]:
         """Catalogue indices in retrieval order for ``query``."""
         method = self.retrieval
         if method == "auto":
@@ -253,7 +267,7 @@ class Needle:
             return self._ranker.rank(query, [s.compact_json() for s in self.specs])
         return rank_bm25(query, self.specs, expansion=self.query_expansion)
 
-    def select_tools(self, query):
+    def select_tools(self, query: str) -> List[ToolSpec]:
         """The tools the prompt will hold for a conversation starting with ``query``."""
         n = len(self.specs)
         counts = self._token_counts() if self.tool_token_budget is not None else [0] * n
@@ -280,28 +294,28 @@ class Needle:
         return entry
 
     @property
-    def piece_table(self):
+    def piece_table(self) -> list:
         if self._piece_table is None:
             self._piece_table = self.tokenizer.piece_table(size=self._out_vocab)
         return self._piece_table
 
     # ------------------------------------------------------------------ turns
-    def reset(self):
+    def reset(self) -> None:
         """Rewind to the post-init prefix (the cached snapshot); keep model and tools."""
         self._active = None
         self.turns = 0
 
-    def conversation_ids(self) -> list:
+    def conversation_ids(self) -> List[int]:
         """Token ids of the conversation so far (BOS, system, tools, the turns and the
         assistant's output): the sequence the model state holds, e.g. to score it with
         the probe heads or to train them (``needle_cy.training.confidence``)."""
         return list(self._active.conversation.ids) if self._active is not None else []
 
-    def cancel(self):
+    def cancel(self) -> None:
         """Cancel the turn in flight (from another thread); the agent stays usable."""
         self._cancel.set()
 
-    def stream(self, text, max_new_tokens=None):
+    def stream(self, text: TurnInput, max_new_tokens: Optional[int] = None) -> Iterator[Dict[str, Any]]:
         """Yield the events of one turn; the last is exactly one ``done`` or ``error``.
 
         ``text`` is a query, or (right after a turn with calls) the tool results as a list
@@ -518,7 +532,7 @@ class Needle:
                         "n_prefix": n_prefix, "n_prefix_reused": entry.reused if prefix_s > 0 else 0},
         }
 
-    def complete(self, text, max_new_tokens=None):
+    def complete(self, text: TurnInput, max_new_tokens: Optional[int] = None) -> Response:
         """One turn; returns the envelope.  User errors (context overflow, bad tools) raise."""
         final = None
         for event in self.stream(text, max_new_tokens=max_new_tokens):
@@ -601,7 +615,8 @@ class Needle:
             low, high = (mid, high) if size(cut_to(mid)) <= room else (low, mid)
         return cut_to(low), sum(len(t) > low for t in texts)
 
-    def run(self, query, max_steps=8, max_new_tokens=None, repeat_calls=False, tool_timeout=30.0):
+    def run(self, query: str, max_steps: int = 8, max_new_tokens: Optional[int] = None,
+            repeat_calls: bool = False, tool_timeout: Optional[float] = 30.0) -> RunResponse:
         """Complete, execute the calls, feed results back; stop at ``[]``, an error or
         ``max_steps`` executions.  Returns the last envelope with ``results`` (all
         executed results, in order), ``executed_calls`` (each executed call beside its
@@ -787,7 +802,7 @@ def _load(model, backend, threads, tokenizer, model_file=None):
     return loaded, tokenizer, (str(path) if path else None)
 
 
-def extract(text, schema, model=None, **kwargs):
+def extract(text: str, schema: Any, model: ModelSource = None, **kwargs: Any) -> Any:
     """Structured extraction as a single-tool call: the arguments of the first call, or
     ``None`` when the model declines.  ``schema`` is a tool definition, a pydantic model,
     or a bare object schema (wrapped as a tool named after its ``title`` or ``extract``)."""
