@@ -108,20 +108,26 @@ def _how_to_get(repo_id: str, revision: str) -> str:
             f"the path of a .cact file")
 
 
+def _what(repo_id: str, revision: str, model_file: Optional[str]) -> str:
+    model = f"the model {repo_id}@{revision}"
+    return f"{model_file} of {model}" if model_file is not None else model
+
+
 def _download(repo_id: str, revision: str, model_file: Optional[str], cache: Path) -> Path:
+    what = _what(repo_id, revision, model_file)
     try:
         from huggingface_hub import HfApi, hf_hub_download
     except ImportError:
         raise ModelNotAvailableError(
-            f"the model {repo_id}@{revision} is not in the Hugging Face cache ({cache}) and the "
-            f"optional huggingface_hub package is not installed; {_how_to_get(repo_id, revision)}"
+            f"{what} is not in the Hugging Face cache ({cache}) and the optional "
+            f"huggingface_hub package is not installed; {_how_to_get(repo_id, revision)}"
         ) from None
     where = f"the Hugging Face model {repo_id}@{revision}"
     try:
         files = HfApi().list_repo_files(repo_id, revision=revision)
     except Exception as exc:     # network, authentication, unknown repository
         raise ModelNotAvailableError(
-            f"the model {repo_id}@{revision} is not in the Hugging Face cache ({cache}) and "
+            f"{what} is not in the Hugging Face cache ({cache}) and "
             f"cannot be downloaded ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
             f"{_how_to_get(repo_id, revision)}") from None
     name = pick_archive(files, model_file, where)
@@ -159,7 +165,7 @@ def resolve_model(model: Union[str, "os.PathLike[str]"], model_file: Optional[st
                 raise    # archives but no unique choice: downloading more would not help
     if _offline():
         raise ModelNotAvailableError(
-            f"the model {repo_id}@{revision} is not in the Hugging Face cache ({cache}) and "
-            f"HF_HUB_OFFLINE is set; {_how_to_get(repo_id, revision)} while online")
+            f"{_what(repo_id, revision, model_file)} is not in the Hugging Face cache ({cache}) "
+            f"and HF_HUB_OFFLINE is set; {_how_to_get(repo_id, revision)} while online")
     return _download(repo_id, revision, model_file, cache)
 
