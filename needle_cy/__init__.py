@@ -38,6 +38,9 @@ _LAZY = {
     "extract": ("needle_cy.agent", "extract"),
     "set_num_threads": ("needle_cy.threads", "set_num_threads"),
     "get_num_threads": ("needle_cy.threads", "get_num_threads"),
+    "Response": ("needle_cy.envelope", "Response"),
+    "RunResponse": ("needle_cy.envelope", "RunResponse"),
+    "ExecutedCall": ("needle_cy.envelope", "ExecutedCall"),
 }
 
 __all__ = sorted(_LAZY) + [
@@ -53,6 +56,11 @@ __all__ = sorted(_LAZY) + [
     "TokenizerError",
     "UnsupportedSchemaError",
 ]
+
+
+def __dir__():
+    """The public names, the lazily loaded ones included (``dir(needle_cy)``, completion)."""
+    return sorted(set(__all__) | {"__version__"})
 
 
 def __getattr__(name):

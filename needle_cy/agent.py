@@ -6,7 +6,7 @@
     def set_light(room: str, on: bool):
         "Turn the lights in a room on or off."
 
-    agent = Needle("model.cact", tools=[set_light])
+    agent = Needle(tools=[set_light])      # the embedded default model
     print(agent.run("turn on the kitchen light")["results"])
 
 A conversation is the trained template (``needle_cy.prompt``): the BOS + system + tools
@@ -23,27 +23,40 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 import resource
 import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
-from .errors import ModelNotAvailableError, NeedleError
-from .generate import Cancelled, DecodeSettings, run_turn
+from .envelope import Response, RunResponse
+from .errors import ContextOverflowError, ModelNotAvailableError, NeedleError
+from .generate import CLOSING_RESERVE, Cancelled, DecodeSettings, run_turn
 from .grounding import GroundingIndex, NoteGrounder, ValueGrounder
+from .hub import resolve_model
 from .negation import negated_calls
 from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
 from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
                         rank_bm25, select_prefix)
-from .toolspec import normalize_tool, normalize_tools
+from .toolspec import ToolSpec, normalize_tool, normalize_tools
 
 __all__ = ["Needle", "extract", "DEFAULT_MODEL_PATH"]
+
+# A model: a .cact path, a folder holding one, a Hugging Face id, an Archive or a loaded
+# Model, or None for the embedded default.
+ModelSource = Union[str, "os.PathLike[str]", Any, None]
+# A turn: the request text, or the tool results of the last turn's calls (a list, or
+# their JSON text).
+TurnInput = Union[str, Sequence[Any]]
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "models" / "default.cact"
 _PREFIX_CACHE_SIZE = 4
 _PREFILL_CHUNK = 64       # prefix tokens per prefill call; checkpoints sit at its multiples
+_TOOL_POLL_S = 0.02       # how often a wait on a running tool looks at cancel() and the timeout
+_ANSWER_ROOM = 48         # tokens a tool-result turn leaves the model to answer (at most max_new_tokens)
 
 
 def _peak_ram_mb():
@@ -110,8 +123,12 @@ class Needle:
 
     Parameters follow the official ``needle.Needle`` where the concept is the same:
 
-    model: path to a ``.cact`` archive, an ``Archive``, a loaded ``Model``, or ``None`` for
-        the embedded default model (``needle_cy/models/default.cact``).
+    model: path to a ``.cact`` archive, a folder holding one, a Hugging Face model id
+        (``"org/name"`` or ``"org/name@revision"``, from the local Hugging Face cache first;
+        ``needle_cy.hub``), an ``Archive``, a loaded ``Model``, or ``None`` for the embedded
+        default model (``needle_cy/models/default.cact``).
+    model_file: which ``.cact`` file of a folder or Hugging Face model (a relative path);
+        by default the only one, else ``model.cact`` (``needle_cy.hub.pick_archive``).
     tools: functions (``@tool`` or plain), JSON-Schema dicts, JSON strings, pydantic models.
     system: facts placed in the system block (``date: …; location: …``).
     auto_date: add today's ``date:`` fact as the official package does (spec §8.4); off
@@ -144,20 +161,28 @@ class Needle:
         (``_PrefixCheckpoints``); 0 turns this off.
     """
 
-    def __init__(self, model=None, tools=(), system=None, max_calls_per_turn=4,
-                 tool_token_budget=None, max_retrieved_tools=5, retrieval="auto",
-                 reasoning_limit=256, constrained=True, threads=None, backend="cython",
-                 max_new_tokens=512, string_token_cap=64, tool_index_path=None,
-                 tokenizer=None, stateless=False, force_call=False, auto_date=False,
-                 escalate_below=0.1, ground_values=True, prefix_checkpoint_mb=32,
-                 query_expansion="default", ground_notes=True, negation_gate=True):
+    def __init__(self, model: ModelSource = None, tools: Any = (), system: Optional[str] = None,
+                 max_calls_per_turn: int = 4, tool_token_budget: Optional[int] = None,
+                 max_retrieved_tools: Optional[int] = 5, retrieval: str = "auto",
+                 reasoning_limit: int = 256, constrained: bool = True, threads: Optional[int] = None,
+                 backend: str = "cython", max_new_tokens: int = 512, string_token_cap: int = 64,
+                 tool_index_path: Union[str, "os.PathLike[str]", None] = None,
+                 tokenizer: Any = None, stateless: bool = False, force_call: bool = False,
+                 auto_date: bool = False, escalate_below: Optional[float] = 0.1,
+                 ground_values: bool = True, prefix_checkpoint_mb: float = 32,
+                 query_expansion: Union[str, "os.PathLike[str]", QueryExpansion, None] = "default",
+                 ground_notes: bool = True, negation_gate: bool = True,
+                 model_file: Optional[str] = None) -> None:
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
             raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn!r}")
         if max_retrieved_tools is not None and int(max_retrieved_tools) < 1:
             raise ValueError(f"max_retrieved_tools must be >= 1 or None, got {max_retrieved_tools!r}")
-        self.model, self.tokenizer, self.model_path = _load(model, backend, threads, tokenizer)
+        max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
+        reasoning_limit = _int_at_least("reasoning_limit", reasoning_limit, 0)
+        string_token_cap = _int_at_least("string_token_cap", string_token_cap, 0)
+        self.model, self.tokenizer, self.model_path = _load(model, backend, threads, tokenizer, model_file)
         self.specs = normalize_tools(list(tools) if isinstance(tools, (list, tuple)) else tools)
         self.tools = {s.name: s for s in self.specs}
         self.system = with_date_fact(system) if auto_date else system
@@ -173,9 +198,9 @@ class Needle:
             raise ValueError(f"query_expansion must be 'default', a path, a QueryExpansion or None, "
                              f"got {type(query_expansion).__name__}")
         self.query_expansion = query_expansion
-        self.settings = DecodeSettings(max_new_tokens=int(max_new_tokens),
-                                       reasoning_limit=int(reasoning_limit),
-                                       string_token_cap=int(string_token_cap),
+        self.settings = DecodeSettings(max_new_tokens=max_new_tokens,
+                                       reasoning_limit=reasoning_limit,
+                                       string_token_cap=string_token_cap,
                                        constrained=bool(constrained),
                                        force_call=bool(force_call),
                                        ground_values=bool(ground_values),
@@ -204,7 +229,7 @@ class Needle:
 
     # ------------------------------------------------------------ tool selection
     @property
-    def has_embedding_head(self):
+    def has_embedding_head(self) -> bool:
         return "embedding" in _head_names(self.model)
 
     def _token_counts(self):
@@ -227,7 +252,7 @@ class Needle:
             else:
                 model.reset()
 
-    def rank_tools(self, query):
+    def rank_tools(self, query: str) -> List[int]:
         """Catalogue indices in retrieval order for ``query``."""
         method = self.retrieval
         if method == "auto":
@@ -242,7 +267,7 @@ class Needle:
             return self._ranker.rank(query, [s.compact_json() for s in self.specs])
         return rank_bm25(query, self.specs, expansion=self.query_expansion)
 
-    def select_tools(self, query):
+    def select_tools(self, query: str) -> List[ToolSpec]:
         """The tools the prompt will hold for a conversation starting with ``query``."""
         n = len(self.specs)
         counts = self._token_counts() if self.tool_token_budget is not None else [0] * n
@@ -269,36 +294,40 @@ class Needle:
         return entry
 
     @property
-    def piece_table(self):
+    def piece_table(self) -> list:
         if self._piece_table is None:
             self._piece_table = self.tokenizer.piece_table(size=self._out_vocab)
         return self._piece_table
 
     # ------------------------------------------------------------------ turns
-    def reset(self):
+    def reset(self) -> None:
         """Rewind to the post-init prefix (the cached snapshot); keep model and tools."""
         self._active = None
         self.turns = 0
 
-    def conversation_ids(self) -> list:
+    def conversation_ids(self) -> List[int]:
         """Token ids of the conversation so far (BOS, system, tools, the turns and the
         assistant's output): the sequence the model state holds, e.g. to score it with
         the probe heads or to train them (``needle_cy.training.confidence``)."""
         return list(self._active.conversation.ids) if self._active is not None else []
 
-    def cancel(self):
+    def cancel(self) -> None:
         """Cancel the turn in flight (from another thread); the agent stays usable."""
         self._cancel.set()
 
-    def stream(self, text, max_new_tokens=None):
+    def stream(self, text: TurnInput, max_new_tokens: Optional[int] = None) -> Iterator[Dict[str, Any]]:
         """Yield the events of one turn; the last is exactly one ``done`` or ``error``.
 
         ``text`` is a query, or (right after a turn with calls) the tool results as a list
         or a JSON list string.
         """
+        _check_turn_input(text)
+        if max_new_tokens is not None:
+            max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
         if not self._lock.acquire(blocking=False):
             raise NeedleError("this Needle agent is already running a turn; one turn at a time")
-        self._cancel.clear()
+        # A cancel() made while no turn runs is kept for this one (it was meant for the
+        # turn about to start); the flag is cleared when a turn ends.
         model = self.model
         snapshot = None
         prev_active, prev_turns = self._active, self.turns
@@ -310,11 +339,14 @@ class Needle:
             if self.stateless:
                 self._active = None
             is_results = self._is_tool_results(text)
-            said = (self._said if self._active is not None else []) + [
-                text if isinstance(text, str) else _results_json(list(text))]
-            if self._active is None:
-                if is_results:
+            if isinstance(text, (list, tuple)):
+                if not is_results:
                     raise NeedleError("tool results were given but no turn with calls precedes them")
+                text = _results_json(list(text))    # serialized one way, as run() feeds them
+            elif not is_results and not text.strip():
+                raise ValueError("the request is blank: give the text of a request")
+            said = (self._said if self._active is not None else []) + [text]
+            if self._active is None:
                 entry = self._prefix_for(self.select_tools(str(text)))
                 entry.conversation.reset()
                 prefix_s = yield from self._restore_prefix(entry)
@@ -326,19 +358,19 @@ class Needle:
             conv_len = len(conv.ids)
             snapshot = model.snapshot()
             if is_results:
-                new_ids = conv.tool_result_ids(text if isinstance(text, (list, tuple)) else str(text))
+                new_ids = conv.tool_result_ids(text)
             else:
-                new_ids = conv.query_ids(str(text))
+                new_ids = conv.query_ids(text)
             settings = self.settings
             if max_new_tokens is not None:
-                settings = dataclasses.replace(settings, max_new_tokens=int(max_new_tokens))
+                settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
             value_grounder, note_grounder = self._grounders(entry, said)
             res = yield from run_turn(model, self.tokenizer, entry.grammar, new_ids, settings,
                                       self.piece_table, cancel=self._cancel,
                                       grounder=value_grounder, note_grounder=note_grounder)
             envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start,
-                                      None if is_results else str(text))
-            if is_results and res.success and not res.calls:
+                                      None if is_results else text)
+            if is_results and envelope["type"] == "refusal":
                 envelope["type"] = "respond"     # the tool loop is finished (spec §8.2)
             if res.success:
                 conv.append_user(new_ids)
@@ -395,7 +427,6 @@ class Needle:
         ids = list(entry.conversation.prefix_ids)
         max_seq = int(getattr(model.config, "max_seq_len", 1 << 30))
         if len(ids) + 8 > max_seq:
-            from .errors import ContextOverflowError
             raise ContextOverflowError(
                 f"the system text and tools take {len(ids)} tokens but the model's context is "
                 f"{max_seq}; pass fewer tools, a tool_token_budget, or a shorter system text")
@@ -445,7 +476,7 @@ class Needle:
             return False
         if isinstance(text, (list, tuple)):
             return True
-        if isinstance(text, str) and text.lstrip().startswith("["):
+        if text.lstrip().startswith("["):
             try:
                 return isinstance(json.loads(text), list)
             except ValueError:
@@ -472,8 +503,12 @@ class Needle:
         n_prefix = len(entry.conversation.prefix_ids) - entry.reused if prefix_s > 0 else 0
         n_prefill = res.n_prefill + n_prefix
         decode_s = res.reasoning_s + res.constrained_s
+        if not res.success:
+            kind = "error"
+        else:
+            kind = "call" if calls else "refusal"
         return {
-            "type": "call",
+            "type": kind,
             "success": res.success,
             "error": res.error,
             "error_code": res.error_code,
@@ -497,7 +532,7 @@ class Needle:
                         "n_prefix": n_prefix, "n_prefix_reused": entry.reused if prefix_s > 0 else 0},
         }
 
-    def complete(self, text, max_new_tokens=None):
+    def complete(self, text: TurnInput, max_new_tokens: Optional[int] = None) -> Response:
         """One turn; returns the envelope.  User errors (context overflow, bad tools) raise."""
         final = None
         for event in self.stream(text, max_new_tokens=max_new_tokens):
@@ -508,44 +543,161 @@ class Needle:
             raise exc
         return final["response"]
 
-    def _execute(self, call):
+    def _execute(self, call, timeout=None):
+        """(result, status) of one call: status ``ok``, ``error`` (the result is
+        ``{"error": message}``, fed back to the model as the official ``run()`` does) or
+        ``timeout``.  The function runs in a worker thread so that a timeout and
+        ``cancel()`` can stop the wait; raises ``Cancelled`` on a cancel.  Python cannot
+        stop a thread, so a timed-out or cancelled function keeps running in the
+        background until it returns (its result is dropped)."""
         name = call.get("name")
         spec = self.tools.get(name)
         if spec is None:
-            return {"error": f"Unknown tool: {name}"}
+            return {"error": f"Unknown tool: {name}"}, "error"
         if spec.function is None:
-            return {"error": f"Tool {name} has no Python function to execute"}
-        try:
-            return spec.function(**(call.get("arguments") or {}))
-        except Exception as exc:  # fed back to the model, as the official run() does
-            return {"error": str(exc) or type(exc).__name__}
+            return {"error": f"Tool {name} has no Python function to execute"}, "error"
+        outcome = {}
+        finished = threading.Event()
 
-    def run(self, query, max_steps=8, max_new_tokens=None, repeat_calls=False):
+        def work():
+            try:
+                outcome["result"] = spec.function(**(call.get("arguments") or {}))
+            except BaseException as exc:   # SystemExit, KeyboardInterrupt too: a tool's failure
+                outcome["exception"] = exc
+            finally:
+                finished.set()
+
+        threading.Thread(target=work, name=f"needle-tool-{name}", daemon=True).start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not finished.wait(_TOOL_POLL_S):
+            if self._cancel.is_set():
+                raise Cancelled(f"tool {name}")
+            if deadline is not None and time.monotonic() >= deadline:
+                return {"error": f"Tool {name} timed out after {timeout:g} s"}, "timeout"
+        exc = outcome.get("exception")
+        if exc is None:
+            return outcome.get("result"), "ok"
+        if isinstance(exc, Exception):
+            return {"error": str(exc) or type(exc).__name__}, "error"
+        return {"error": f"Tool {name} raised {type(exc).__name__}({exc})"}, "error"
+
+    def _results_that_fit(self, results):
+        """(results to feed back, number of results cut) so that the tool-result turn
+        leaves the next turn ``_ANSWER_ROOM`` tokens to answer.  A result too long for
+        that is replaced by the start of its JSON text and a visible marker
+        (``...[cut: N of M characters]``); ``ContextOverflowError`` when even the markers
+        do not fit.  The model's context is never overrun."""
+        conv = self._active.conversation
+        max_seq = int(getattr(self.model.config, "max_seq_len", 1 << 30))
+        answer = min(self.settings.max_new_tokens, _ANSWER_ROOM)
+        room = max_seq - self.model.position - CLOSING_RESERVE - answer
+
+        def size(items):
+            return len(conv.tool_result_ids(_results_json(items)))
+
+        if size(results) <= room:
+            return results, 0
+        texts = [_results_json(r) for r in results]
+
+        def cut_to(limit):
+            return [r if len(t) <= limit else
+                    f"{t[:limit]}...[cut: {len(t) - limit} of {len(t)} characters]"
+                    for r, t in zip(results, texts)]
+
+        if size(cut_to(0)) > room:
+            raise ContextOverflowError(
+                f"the tool results do not fit in what is left of the model's context "
+                f"({max(room, 0)} tokens of {max_seq} after this conversation, with room to "
+                f"answer); start a new conversation or make the tools return less")
+        low, high = 0, max(len(t) for t in texts)     # low fits, high does not
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if size(cut_to(mid)) <= room else (low, mid)
+        return cut_to(low), sum(len(t) > low for t in texts)
+
+    def run(self, query: str, max_steps: int = 8, max_new_tokens: Optional[int] = None,
+            repeat_calls: bool = False, tool_timeout: Optional[float] = 30.0) -> RunResponse:
         """Complete, execute the calls, feed results back; stop at ``[]``, an error or
         ``max_steps`` executions.  Returns the last envelope with ``results`` (all
-        executed results, in order) and ``steps``.
+        executed results, in order), ``executed_calls`` (each executed call beside its
+        result), ``steps`` and ``loop_stop`` (why the loop ended).
 
         A turn that asks again for exactly the calls whose results it was just given is
         not executed (``repeated_calls: true``): a small model's loop, not a new request,
         and running it again would repeat the side effects (an item added twice).
-        ``repeat_calls=True`` executes such turns too (polling tools)."""
-        response = self.complete(query, max_new_tokens=max_new_tokens)
-        results_all, steps, previous = [], 0, None
-        while response.get("success") and response.get("function_calls"):
-            if steps >= max_steps:
-                response["max_steps_reached"] = True
-                break
-            if not repeat_calls and response["function_calls"] == previous:
-                response["repeated_calls"] = True
-                break
-            previous = response["function_calls"]
-            results = [self._execute(c) for c in response["function_calls"]]
-            results_all.extend(results)
-            steps += 1
-            response = self.complete(_results_json(results), max_new_tokens=max_new_tokens)
-        response["results"] = results_all
+        ``repeat_calls=True`` executes such turns too (polling tools).
+
+        A turn calling a tool that has no Python function (a JSON-Schema tool) ends the
+        loop with the turn's calls unexecuted in ``function_calls`` and the reason in
+        ``unexecuted_reason``: the caller executes them.  Each call has ``tool_timeout``
+        seconds (``None``: no limit); past it the model gets ``{"error": "... timed out
+        ..."}``.  ``cancel()`` also stops a running tool.  When what ran no longer fits in
+        the model's context, the envelope is an error (``error_code``
+        ``context_overflow``) that keeps ``results`` and ``executed_calls``."""
+        max_steps = _int_at_least("max_steps", max_steps, 0)
+        if tool_timeout is not None and not (isinstance(tool_timeout, (int, float))
+                                             and not isinstance(tool_timeout, bool)
+                                             and tool_timeout > 0):
+            raise ValueError(f"tool_timeout must be a number of seconds > 0, or None; "
+                             f"got {tool_timeout!r}")
+        executed, steps, previous, cut = [], 0, None, 0
+        try:
+            response = self.complete(query, max_new_tokens=max_new_tokens)
+            while True:
+                calls = response["function_calls"]
+                if not response["success"]:
+                    stop = "error"
+                elif not calls:
+                    stop = "no_calls"
+                elif steps >= max_steps:
+                    response["max_steps_reached"] = True
+                    stop = "max_steps"
+                elif not repeat_calls and calls == previous:
+                    response["repeated_calls"] = True
+                    stop = "repeated_calls"
+                else:
+                    schema_only = sorted({c["name"] for c in calls if c["name"] in self.tools
+                                          and self.tools[c["name"]].function is None})
+                    stop = "not_executable" if schema_only else None
+                if stop == "not_executable":
+                    response["unexecuted_reason"] = (
+                        f"{', '.join(schema_only)} {'has' if len(schema_only) == 1 else 'have'} "
+                        f"no Python function: the calls in function_calls were not executed "
+                        f"(execute them and pass their results to complete())")
+                if stop is not None:
+                    break
+                previous = calls
+                steps += 1
+                results = []
+                for call in calls:
+                    entry = {"name": call["name"], "arguments": call.get("arguments") or {},
+                             "result": {"error": "cancelled while the tool was running"},
+                             "status": "cancelled", "step": steps}
+                    executed.append(entry)      # started: its side effects may happen
+                    entry["result"], entry["status"] = self._execute(call, tool_timeout)
+                    results.append(entry["result"])
+                fed, n_cut = self._results_that_fit(results)
+                cut += n_cut
+                response = self.complete(fed, max_new_tokens=max_new_tokens)
+        except Cancelled as exc:          # cancel() while a tool ran
+            response, stop = _error_envelope(str(exc), "cancelled", self._active_tools()), "error"
+        except ContextOverflowError as exc:
+            if not executed:              # nothing ran: the request itself does not fit
+                raise
+            response = _error_envelope(str(exc), "context_overflow", self._active_tools())
+            stop = "error"
+        finally:
+            self._cancel.clear()          # a cancel() for this run is spent
+        response["results"] = [e["result"] for e in executed]
+        response["executed_calls"] = executed
         response["steps"] = steps
+        response["loop_stop"] = stop
+        if cut:
+            response["results_cut"] = cut
         return response
+
+    def _active_tools(self):
+        return self._active.names if self._active is not None else ()
 
 
 def _compile_grammar(schemas, max_calls):
@@ -557,12 +709,49 @@ def _results_json(results):
     return json.dumps(results, default=str)
 
 
-def _error_envelope(message, code):
-    return {"type": "call", "success": False, "error": message, "error_code": code,
+def _error_envelope(message, code, tools=()):
+    """The envelope of a turn that failed before it produced anything: every field of a
+    turn's envelope, with nothing decoded."""
+    return {"type": "error", "success": False, "error": message, "error_code": code,
             "function_calls": [], "escalate": False, "suppressed_calls": [],
             "validation": {"negation": False}, "reasoning": "",
             "confidence": None, "call_confidences": [], "prefill_tps": 0.0,
-            "decode_tps": 0.0, "peak_ram_mb": _peak_ram_mb(), "stop_reason": code}
+            "decode_tps": 0.0, "peak_ram_mb": _peak_ram_mb(), "stop_reason": code,
+            "tools": list(tools),
+            "timings": {"total_s": 0.0, "prefix_s": 0.0, "prefill_s": 0.0, "reasoning_s": 0.0,
+                        "constrained_s": 0.0, "grammar_s": 0.0, "n_backtracks": 0,
+                        "n_prefill": 0, "n_reasoning": 0, "n_constrained": 0,
+                        "n_prefix": 0, "n_prefix_reused": 0}}
+
+
+def _check_turn_input(text):
+    """A turn takes a request (str) or tool results (a list, or their JSON text)."""
+    if isinstance(text, (str, list, tuple)):
+        return
+    hint = " (decode the bytes first)" if isinstance(text, (bytes, bytearray)) else ""
+    raise TypeError(f"a turn takes the request as str, or tool results as a list; "
+                    f"got {type(text).__name__}{hint}")
+
+
+def _positive_int(name, value):
+    """``value`` as an int >= 1, or a ValueError naming the setting."""
+    return _int_at_least(name, value, 1)
+
+
+def _int_at_least(name, value, minimum):
+    """``value`` as an int >= ``minimum`` (an int, or a float with an integer value), or a
+    ValueError naming the setting."""
+    number = None
+    if isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif not isinstance(value, bool):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            pass
+    if number is None or number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return number
 
 
 def _head_names(model):
@@ -573,7 +762,7 @@ def _head_names(model):
     return tuple(heads or ())
 
 
-def _load(model, backend, threads, tokenizer):
+def _load(model, backend, threads, tokenizer, model_file=None):
     """(model, tokenizer, path or None) from whatever ``model=`` was given."""
     path = None
     if model is None:
@@ -582,10 +771,11 @@ def _load(model, backend, threads, tokenizer):
                 f"no model given and the embedded default model is not installed "
                 f"({DEFAULT_MODEL_PATH} is missing); pass model='path/to/model.cact' (CLI: --model)")
         model = DEFAULT_MODEL_PATH
+    elif model_file is not None and not isinstance(model, (str, os.PathLike)):
+        raise ValueError("model_file= picks the archive inside a folder or a Hugging Face model; "
+                         f"model is a {type(model).__name__}")
     if isinstance(model, (str, os.PathLike)):
-        path = Path(model)
-        if not path.exists():
-            raise FileNotFoundError(f"model archive not found: {path}")
+        path = resolve_model(model, model_file)
         from .model import Model
         loaded = Model.load(str(path), backend=backend, threads=threads)
         if tokenizer is None:
@@ -612,7 +802,7 @@ def _load(model, backend, threads, tokenizer):
     return loaded, tokenizer, (str(path) if path else None)
 
 
-def extract(text, schema, model=None, **kwargs):
+def extract(text: str, schema: Any, model: ModelSource = None, **kwargs: Any) -> Any:
     """Structured extraction as a single-tool call: the arguments of the first call, or
     ``None`` when the model declines.  ``schema`` is a tool definition, a pydantic model,
     or a bare object schema (wrapped as a tool named after its ``title`` or ``extract``)."""

@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
+import unicodedata
 
 from .errors import NeedleError
 
@@ -139,6 +142,59 @@ def render_partial_calls(text: str) -> str:
     return "".join(out)
 
 
+def _display_width(ch):
+    if unicodedata.combining(ch):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def fit_to_width(text: str, columns: int) -> str:
+    """``text`` on one line of a terminal ``columns`` wide, one column spare so the cursor
+    never wraps: the end of it (what is being written) behind ``…`` when it is longer."""
+    text = text.replace("\n", "; ")
+    room = max(columns - 1, 1)
+    if sum(_display_width(c) for c in text) <= room:
+        return text
+    kept, width = [], 1                      # 1 for the leading "…"
+    for ch in reversed(text):
+        w = _display_width(ch)
+        if width + w > room:
+            break
+        kept.append(ch)
+        width += w
+    return "…" + "".join(reversed(kept))
+
+
+class LiveLine:
+    """One line redrawn in place on a terminal (carriage return, clear to the end of the
+    line, the new text).  The text is cut to the terminal's width (``fit_to_width``), so it
+    never wraps: a wrapped line would leave its upper rows behind at every redraw."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.shown = False
+
+    def show(self, text):
+        columns = shutil.get_terminal_size((80, 24)).columns
+        self.stream.write("\r\033[K" + fit_to_width(text, columns))
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self):
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
+
+
+_SPINNER = "|/-\\"
+
+
+def _is_terminal(stream):
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
 # ------------------------------------------------------------------ commands
 
 def _make_agent(args, tools):
@@ -152,28 +208,39 @@ def _make_agent(args, tools):
 
 
 def cmd_run(args):
+    if not args.query.strip():
+        raise CliError("the request is blank: give the text of a request, e.g. "
+                       "needle-cy run \"lock the front door\"")
     tools = load_tools(args.tools)
     agent = _make_agent(args, tools)
-    live = sys.stdout.isatty() and not args.json
+    # Drawn only on a terminal: a phase line while the request is read and the model
+    # reasons, then the calls as they are written.
+    line = LiveLine(sys.stdout) if _is_terminal(sys.stdout) and not args.json else None
     final = None
     parts = []
+    spin = 0
     for event in agent.stream(args.query):
         kind = event["type"]
         if kind == "toolcall_start":
             parts.append("")
-        elif kind in ("toolcall_delta", "toolcall_rewind") and live:
-            if kind == "toolcall_rewind":
-                del parts[event["index"] + 1:]
-                parts[event["index"]] = event["text"]
-            else:
-                parts[event["index"]] += event["delta"]
-            shown = render_partial_calls("[" + ",".join(parts)).replace("\n", "; ")
-            sys.stdout.write("\r\033[K" + shown)
-            sys.stdout.flush()
+        elif kind == "toolcall_rewind":
+            del parts[event["index"] + 1:]
+            parts[event["index"]] = event["text"]
+        elif kind == "toolcall_delta":
+            parts[event["index"]] += event["delta"]
         elif kind in ("done", "error"):
             final = event
-    if live:
-        sys.stdout.write("\r\033[K")
+        if line is None:
+            continue
+        if kind == "start":
+            line.show("reading the request…")
+        elif kind in ("thinking_start", "thinking_delta"):
+            spin += 1
+            line.show(f"thinking {_SPINNER[spin % len(_SPINNER)]}")
+        elif kind in ("toolcall_delta", "toolcall_rewind"):
+            line.show(render_partial_calls("[" + ",".join(parts)))
+    if line is not None:
+        line.clear()
     response = final["response"]
     if final.get("exception") is not None:
         raise final["exception"]
@@ -187,26 +254,52 @@ def cmd_run(args):
         if not calls and not held:
             print("(no call)")
         for call in calls:
-            print(render_partial_calls(json.dumps([call], ensure_ascii=False)))
-        why = ("the request negates it" if (response.get("validation") or {}).get("negation")
-               else "low confidence")
-        for call in held:
-            print(f"held back ({why}, escalate): "
-                  + render_partial_calls(json.dumps([call], ensure_ascii=False)))
+            print(_call_text(call))
+        for line in _held_back_lines(response):
+            print(line)
         conf = response["confidence"]
         print(f"confidence: {conf:.3f}" if conf is not None else "confidence: n/a", file=sys.stderr)
     return 0 if response["success"] else 1
 
 
-def _progress(done, total, start, stream=sys.stderr):
+def _progress(line, done, total, start):
     width = 30
     frac = done / total if total else 1.0
     bar = "#" * int(frac * width)
-    elapsed = time.perf_counter() - start
-    stream.write(f"\r[{bar:<{width}}] {done}/{total} {elapsed:6.1f}s")
-    if done == total:
-        stream.write("\n")
-    stream.flush()
+    line.show(f"[{bar:<{width}}] {done}/{total} {time.perf_counter() - start:6.1f}s")
+
+
+def _open_output(path):
+    """A temporary file beside ``path``, opened before any prompt runs so that an
+    unwritable output fails at once; ``os.replace`` puts it in place at the end."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        raise CliError(f"output path is a directory, expected a file name: {path}")
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise CliError(f"cannot write output file {path}: the folder {folder} does not exist")
+    try:
+        return tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False,
+                                           prefix=".needle-cy-", suffix=".json.tmp")
+    except OSError as exc:
+        raise CliError(f"cannot write output file {path}: {exc.strerror}") from None
+
+
+def batch_record(prompt, response):
+    """One output record: the call-me-maybe fields (``prompt``, and the ``name`` and
+    ``parameters`` of the first call, ``null`` / ``{}`` without one), every call in
+    ``calls``, the calls held back (not made) in ``held_back`` with the ``reason``, and
+    ``error`` when the turn failed."""
+    calls = [{"name": c["name"], "parameters": c.get("arguments") or {}}
+             for c in response["function_calls"]] if response["success"] else []
+    reason = "negated" if (response.get("validation") or {}).get("negation") else "low_confidence"
+    held = [{"name": c["name"], "parameters": c.get("arguments") or {}, "reason": reason}
+            for c in response.get("suppressed_calls") or []]
+    record = {"prompt": prompt, "name": calls[0]["name"] if calls else None,
+              "parameters": calls[0]["parameters"] if calls else {}, "calls": calls, "held_back": held}
+    if not response["success"]:
+        record["error"] = response["error"]
+    return record
 
 
 def cmd_batch(args):
@@ -223,35 +316,77 @@ def cmd_batch(args):
         else:
             raise CliError(f"input file {args.input}: entry {i} must be a string or "
                            f"{{\"prompt\": \"...\"}}")
-    agent = _make_agent(args, tools)
-    out, start = [], time.perf_counter()
-    show = not args.quiet
-    for i, text in enumerate(texts):
-        agent.reset()
-        r = agent.complete(text)
-        call = r["function_calls"][0] if r["success"] and r["function_calls"] else None
-        out.append({"prompt": text, "name": call["name"] if call else None,
-                    "parameters": call["arguments"] if call else {}})
-        if show:
-            _progress(i + 1, len(texts), start)
+        if not texts[-1].strip():
+            raise CliError(f"input file {args.input}: entry {i} is a blank prompt")
+    output = _open_output(args.output)
     try:
-        with open(args.output, "w", encoding="utf-8") as f:
-            json.dump(out, f, ensure_ascii=False, indent=2)
-    except OSError as exc:
-        raise CliError(f"cannot write output file {args.output}: {exc.strerror}") from None
+        agent = _make_agent(args, tools)
+        out, start = [], time.perf_counter()
+        line = LiveLine(sys.stderr) if not args.quiet and _is_terminal(sys.stderr) else None
+        for i, text in enumerate(texts):
+            agent.reset()
+            out.append(batch_record(text, agent.complete(text)))
+            if line is not None:
+                _progress(line, i + 1, len(texts), start)
+        if line is not None:
+            line.clear()
+        with output:
+            json.dump(out, output, ensure_ascii=False, indent=2)
+        os.replace(output.name, args.output)
+    except BaseException:
+        output.close()
+        os.unlink(output.name)
+        raise
+    if not args.quiet:
+        n_calls = sum(len(r["calls"]) for r in out)
+        n_held = sum(len(r["held_back"]) for r in out)
+        print(f"wrote {len(out)} records ({n_calls} calls, {n_held} held back) to {args.output}",
+              file=sys.stderr)
     return 0
+
+
+def _simulated(name):
+    """A stand-in for a tool's function in ``chat``: it reports success and echoes the call."""
+    def simulate(**arguments):
+        return {"ok": True, "tool": name, "arguments": arguments}
+    return simulate
+
+
+def _call_text(call):
+    """``name(key=value, …)`` of one call (only its name and arguments)."""
+    return render_partial_calls(json.dumps([{"name": call["name"], "arguments": call.get("arguments") or {}}],
+                                           ensure_ascii=False))
+
+
+def _held_back_lines(response):
+    why = ("the request negates it" if (response.get("validation") or {}).get("negation")
+           else "low confidence")
+    return [f"held back ({why}, escalate): {_call_text(c)}" for c in response.get("suppressed_calls") or []]
+
+
+_LOOP_STOP_NOTES = {
+    "max_steps": "(stopped: --max-steps reached)",
+    "repeated_calls": "(stopped: the model asked again for the calls it just ran; not run twice)",
+}
 
 
 def cmd_chat(args):
     tools = load_tools(args.tools)
     agent = _make_agent(args, tools)
+    for spec in agent.specs:         # JSON-Schema tools have no function: simulate them
+        if spec.function is None:
+            spec.function = _simulated(spec.name)
     print("needle-cy chat — calls are simulated; /reset starts over, /quit leaves.", file=sys.stderr)
+    from .errors import ContextOverflowError
     while True:
         try:
             line = input("> ")
         except EOFError:
             print()
             return 0
+        except UnicodeDecodeError as exc:
+            print(f"error: that line is not UTF-8 text (byte {exc.start}); type it again", flush=True)
+            continue
         line = line.strip()
         if not line:
             continue
@@ -261,81 +396,136 @@ def cmd_chat(args):
             agent.reset()
             print("(conversation reset)")
             continue
-        response = agent.complete(line)
-        for _ in range(args.max_steps):
-            if not response["success"]:
-                print(f"error: {response['error']}")
-                break
-            calls = response["function_calls"]
-            if not calls:
-                print("(no call)" if not response.get("reasoning") else f"(no call) {response['reasoning']}")
-                break
-            results = []
-            for call in calls:
-                print("  " + render_partial_calls(json.dumps([call], ensure_ascii=False)))
-                results.append({"ok": True, "tool": call["name"], **call["arguments"]})
-            response = agent.complete(json.dumps(results))
+        try:
+            response = agent.run(line, max_steps=args.max_steps)
+        except ContextOverflowError as exc:
+            print(f"error: {exc} (/reset starts a new conversation)")
+            continue
+        for done in response["executed_calls"]:
+            print(f"  {_call_text(done)} -> {json.dumps(done['result'], ensure_ascii=False, default=str)}")
+        for held in _held_back_lines(response):
+            print("  " + held)
+        if not response["success"]:
+            print(f"error: {response['error']}")
+        elif not response["executed_calls"] and not response["suppressed_calls"]:
+            print("(no call)" if not response.get("reasoning") else f"(no call) {response['reasoning']}")
+        note = _LOOP_STOP_NOTES.get(response["loop_stop"])
+        if note:
+            print(note)
+
+
+def describe_json(archive):
+    """What ``describe`` prints, as JSON-ready data."""
+    from dataclasses import fields
+    from .archive import DTYPE_CQ, TERNARY_BITS
+    config = archive.config
+    return {
+        "path": str(archive.source), "file_size": archive.file_size,
+        "header": {f.name: getattr(config, f.name) for f in fields(config)},
+        "heads": [{"name": h.name, "probes": h.probes, "queries": h.queries, "out": h.out,
+                   "layout": h.layout} for h in archive.head_info.values()],
+        "tokenizer_bytes": len(archive.tokenizer_bytes) if archive.tokenizer_bytes else 0,
+        "parameters": archive.parameter_count,
+        "tensors": [{"index": r.index, "role": r.role, "dtype": r.dtype_name, "shape": list(r.shape),
+                     "bits": (("ternary" if r.bits == TERNARY_BITS else r.bits) if r.dtype == DTYPE_CQ
+                              else None),
+                     "group_size": r.group_size if r.dtype == DTYPE_CQ else None, "nbytes": r.nbytes}
+                    for r in archive.records],
+    }
 
 
 def cmd_inspect(args):
     from .archive import Archive, describe
-    if not os.path.exists(args.model):
-        raise CliError(f"model archive not found: {args.model}")
-    archive = Archive.open(args.model)
-    print(describe(archive))
+    from .hub import resolve_model
+    path = resolve_model(args.model, args.model_file)
+    archive = Archive.open(str(path))
+    if args.json:
+        print(json.dumps(describe_json(archive), indent=2, default=str))
+    else:
+        print(describe(archive))
     return 0
 
 
-def cmd_bench(args):
-    from .agent import Needle
-    tools = load_tools(args.tools) if args.tools else _demo_tools()
-    queries = args.queries or ["turn on the kitchen light", "set a timer for ten minutes",
-                               "what's the weather like"]
-    agent = Needle(args.model, tools=tools, threads=args.threads, backend=args.backend,
-                   max_new_tokens=args.max_new_tokens, reasoning_limit=args.reasoning_limit)
+BENCH_QUERIES = ["turn on the kitchen light", "set a timer for ten minutes", "what's the weather like"]
+
+
+def bench_rows(agent, queries):
+    """Per query: (query, total, prefill, reasoning, constrained, other, grammar, prefill
+    tok/s, decode tok/s).  total = prefill + reasoning + constrained + other (tool
+    selection, grammar compilation, the envelope); grammar is part of constrained."""
     rows = []
     for q in queries:
         agent.reset()
         r = agent.complete(q)
-        t = r.get("timings", {})
-        rows.append((q, t.get("total_s", 0.0), t.get("prefill_s", 0.0) + t.get("prefix_s", 0.0),
-                     t.get("reasoning_s", 0.0), t.get("constrained_s", 0.0), t.get("grammar_s", 0.0),
+        t = r["timings"]
+        prefill = t["prefill_s"] + t["prefix_s"]
+        other = max(t["total_s"] - prefill - t["reasoning_s"] - t["constrained_s"], 0.0)
+        rows.append((q, prefill + t["reasoning_s"] + t["constrained_s"] + other, prefill,
+                     t["reasoning_s"], t["constrained_s"], other, t["grammar_s"],
                      r["prefill_tps"], r["decode_tps"]))
+    return rows
+
+
+def cmd_bench(args):
+    tools = load_tools(args.tools)
+    agent = _make_agent(args, tools)
+    queries = args.queries or BENCH_QUERIES
+    rows = bench_rows(agent, queries)
+    print(f"tools: {len(tools)} from {args.tools or DEFAULT_TOOLS_PATH}; model: "
+          f"{agent.model_path or 'in memory'}")
     print(f"{'query':32s} {'total s':>8s} {'prefill':>8s} {'reason':>8s} {'constr':>8s} "
-          f"{'grammar':>8s} {'pf tok/s':>9s} {'dec tok/s':>9s}")
+          f"{'other':>8s} {'(grammar':>9s} {'pf tok/s':>9s} {'dec tok/s':>9s}")
     for q, *vals in rows:
         print(f"{q[:32]:32s} " + " ".join(f"{v:8.3f}" for v in vals[:5])
-              + f" {vals[5]:9.1f} {vals[6]:9.1f}")
+              + f" {vals[5]:9.3f} {vals[6]:9.1f} {vals[7]:9.1f}")
+    print("total = prefill + reason + constr + other (tool selection, grammar compile, envelope); "
+          "grammar is part of constr")
     return 0
-
-
-def _demo_tools():
-    return [
-        {"name": "set_light", "description": "Turn the lights in one room on or off",
-         "parameters": {"type": "object", "properties": {
-             "room": {"type": "string", "enum": ["kitchen", "bedroom", "living room"]},
-             "on": {"type": "boolean"}}, "required": ["room", "on"]}},
-        {"name": "set_timer", "description": "Start a kitchen timer",
-         "parameters": {"type": "object", "properties": {
-             "minutes": {"type": "integer", "minimum": 1, "maximum": 600}}, "required": ["minutes"]}},
-    ]
 
 
 # ------------------------------------------------------------------ parser
 
+def _int_at_least(minimum):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
 def build_parser():
+    from . import __version__
     parser = argparse.ArgumentParser(prog="needle-cy", description="Offline Needle tool calling on CPU.")
+    parser.add_argument("--version", action="version", version=f"needle-cy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def model_flags(p, positional=False):
+        if positional:
+            p.add_argument("model", help="a .cact archive, a folder holding one, or a Hugging Face "
+                                         "model id (org/name[@revision])")
+        else:
+            p.add_argument("--model", default=None,
+                           help="a .cact archive, a folder holding one, or a Hugging Face model id "
+                                "(org/name[@revision], from the local cache first); default: the "
+                                "embedded model")
+        p.add_argument("--model-file", default=None,
+                       help="which .cact file of a folder or Hugging Face model (default: the only "
+                            "one, else model.cact)")
+
     def common(p, tools_flag=True):
-        p.add_argument("--model", default=None, help="path to a .cact archive (default: the embedded model)")
-        p.add_argument("--threads", type=int, default=None)
+        model_flags(p)
+        p.add_argument("--threads", type=_int_at_least(1), default=None)
         p.add_argument("--backend", choices=["cython", "numpy"], default="cython")
-        p.add_argument("--max-new-tokens", type=int, default=512)
+        p.add_argument("--max-new-tokens", type=_int_at_least(1), default=512)
         p.add_argument("--no-grounding", action="store_true",
                        help="string values and reasoning quotes need not come from the request "
                             "(see needle_cy.grounding)")
-        p.add_argument("--reasoning-limit", type=int, default=256,
+        p.add_argument("--reasoning-limit", type=_int_at_least(0), default=256,
                        help="tokens of free reasoning before the turn declines")
 
     p = sub.add_parser("run", help="one request → tool calls")
@@ -354,34 +544,75 @@ def build_parser():
     p.add_argument("--output", required=True)
     p.add_argument("--system", default=None)
     p.add_argument("--no-constrained", action="store_true")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no summary line")
     common(p)
     p.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("chat", help="multi-turn REPL with simulated execution")
     p.add_argument("--tools", default=None)
     p.add_argument("--system", default=None)
-    p.add_argument("--max-steps", type=int, default=4)
+    p.add_argument("--max-steps", type=_int_at_least(0), default=4)
     common(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("inspect", help="describe a .cact archive")
-    p.add_argument("model")
+    model_flags(p, positional=True)
+    p.add_argument("--json", action="store_true", help="the description as JSON")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("bench", help="latency of a few turns, split by phase")
-    p.add_argument("--tools", default=None)
+    p.add_argument("--tools", default=None,
+                   help="JSON file with the tool definitions (default: the embedded model's catalogue)")
     p.add_argument("--queries", nargs="*", default=None)
     common(p)
     p.set_defaults(func=cmd_bench)
     return parser
 
 
-def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+# Arguments that are text for the model (not file names, which may be any bytes).
+_TEXT_ARGUMENTS = ("query", "system", "queries")
+
+
+def _check_text_arguments(args):
+    """Text given on the command line in another encoding than UTF-8 reaches Python with
+    its undecodable bytes as lone surrogates; name the argument and the byte instead of
+    failing later inside the tokenizer."""
+    for name in _TEXT_ARGUMENTS:
+        value = getattr(args, name, None)
+        for text in (value if isinstance(value, list) else [value]):
+            if not isinstance(text, str):
+                continue
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                byte = ord(text[exc.start]) - 0xDC00 if 0xDC80 <= ord(text[exc.start]) <= 0xDCFF else None
+                what = f"byte 0x{byte:02X}" if byte is not None else f"U+{ord(text[exc.start]):04X}"
+                raise CliError(f"the {name} argument is not UTF-8 text ({what} at character "
+                               f"{exc.start}); give it in UTF-8") from None
+
+
+def _quiet_broken_pipe():
+    """The reader of stdout went away (``needle-cy … | head``): stop without a message.
+    stdout is pointed at /dev/null so that the interpreter's final flush stays quiet."""
     try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141          # 128 + SIGPIPE, as a program killed by the signal reports
+
+
+def main(argv=None):
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except BrokenPipeError:       # --help / --version into a closed pipe
+        return _quiet_broken_pipe()
+    try:
+        _check_text_arguments(args)
         return args.func(args) or 0
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
     except KeyboardInterrupt:
         print("needle-cy: interrupted", file=sys.stderr)
         return 130

@@ -251,7 +251,8 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
     if room < 4:
         raise ContextOverflowError(
             f"the conversation needs {model.position + len(new_ids)} tokens plus room to answer, "
-            f"but the model's context is {max_seq} tokens; call reset() or shorten the input")
+            f"but the model's context is {max_seq} tokens; shorten the request or start a new "
+            f"conversation")
     budget = min(settings.max_new_tokens, room)
 
     # --- 1. prefill -------------------------------------------------------------

@@ -50,6 +50,9 @@ Context and what the model sees when the window wraps
 """
 from __future__ import annotations
 
+import os
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
 import numpy as np
 
 from .errors import ContextOverflowError, ModelStateError, TokenizerError
@@ -110,7 +113,8 @@ def _make_engine(backend, weights, numerics, window, sinks, threads):
 class Model:
     """A loaded Needle 3 model with incremental state; see the module docstring."""
 
-    def __init__(self, weights, engine, archive, backend, numerics, kv_window, sink_tokens, threads):
+    def __init__(self, weights: Any, engine: Any, archive: Any, backend: str, numerics: str,
+                 kv_window: int, sink_tokens: int, threads: int) -> None:
         self.weights = weights
         self.archive = archive
         self.backend = backend
@@ -122,8 +126,10 @@ class Model:
 
     # ------------------------------------------------------------------ load
     @classmethod
-    def load(cls, path_or_archive, backend="cython", numerics="deploy", threads=None, depth=None,
-             sink_tokens=DEFAULT_SINK_TOKENS, layers=None, kv_window=None, sinks=None):
+    def load(cls, path_or_archive: Union[str, "os.PathLike[str]", Any], backend: str = "cython",
+             numerics: str = "deploy", threads: Optional[int] = None, depth: Optional[int] = None,
+             sink_tokens: int = DEFAULT_SINK_TOKENS, layers: Optional[Sequence[int]] = None,
+             kv_window: Optional[int] = None, sinks: Optional[int] = None) -> "Model":
         """Open an archive (path or :class:`needle_cy.archive.Archive`) and build an engine.
 
         backend      "cython" (fast, default) or "numpy" (the reference).
@@ -168,36 +174,36 @@ class Model:
 
     # ------------------------------------------------------------ properties
     @property
-    def config(self):
+    def config(self) -> Any:
         """The archive configuration of the model as run (a rung has its own layers/sites)."""
         return self.weights.config
 
     @property
-    def position(self):
+    def position(self) -> int:
         """Tokens in the state (the absolute position of the next token)."""
         return self._engine.position
 
     @property
-    def max_seq_len(self):
+    def max_seq_len(self) -> int:
         return self.weights.max_seq_len
 
     @property
-    def vocab_size(self):
+    def vocab_size(self) -> int:
         """Valid input ids: 0 .. vocab_size-1."""
         return self.weights.vocab
 
     @property
-    def out_vocab(self):
+    def out_vocab(self) -> int:
         """Width of the logits."""
         return self.weights.out_vocab
 
     @property
-    def heads(self):
+    def heads(self) -> Tuple[str, ...]:
         """Names of the probe heads present, in manifest order."""
         return tuple(self.weights.heads)
 
     @property
-    def engine(self):
+    def engine(self) -> Any:
         return self._engine
 
     # ---------------------------------------------------------------- checks
@@ -231,19 +237,19 @@ class Model:
                 f"{self.weights.max_seq_len}; call reset() or restore() a shorter snapshot")
 
     # ------------------------------------------------------------- interface
-    def forward(self, ids):
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
         """Logits ``[T, out_vocab]`` of a fresh sequence at every position (state untouched)."""
         ids = self._ids(ids, "forward")
         self._room(len(ids), "forward", start=0)
         return self._engine.forward(ids)
 
-    def prefill(self, ids):
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Append ``ids`` to the state (batched) and return the last position's logits."""
         ids = self._ids(ids, "prefill")
         self._room(len(ids), "prefill")
         return self._engine.prefill(ids)
 
-    def step(self, token):
+    def step(self, token: int) -> np.ndarray:
         """Append one token and return its logits ``[out_vocab]``."""
         ids = self._ids(token, "step")
         if ids.size != 1:
@@ -251,19 +257,19 @@ class Model:
         self._room(1, "step")
         return self._engine.step(int(ids[0]))
 
-    def reset(self):
+    def reset(self) -> None:
         """Forget every token (empty state, position 0)."""
         self._engine.reset()
 
-    def snapshot(self):
+    def snapshot(self) -> Any:
         """An opaque copy of the whole state (KV cache, histories, head pools, position)."""
         return self._engine.snapshot()
 
-    def restore(self, snapshot):
+    def restore(self, snapshot: Any) -> None:
         """Reinstate a snapshot taken from this model."""
         self._engine.restore(snapshot)
 
-    def set_sink_tokens(self, n):
+    def set_sink_tokens(self, n: int) -> None:
         """Pin the first ``n`` positions as sinks; allowed until the window first wraps."""
         n = self._check_sinks(n, self.kv_window)
         if self.position >= self.kv_window:
@@ -273,7 +279,7 @@ class Model:
         self._engine.set_sinks(n)
         self.sink_tokens = n
 
-    def head_outputs(self):
+    def head_outputs(self) -> Dict[str, Any]:
         """Probe-head outputs pooled over every token since reset (dict over present heads)."""
         if self.position == 0:
             raise ModelStateError("head_outputs: the state holds no token (prefill first)")

@@ -1,10 +1,11 @@
 """Thread count policy: ``threads=`` argument > ``NEEDLE_CY_THREADS`` > physical cores."""
 import os
+from typing import Optional
 
 _override = None
 
 
-def physical_cores():
+def physical_cores() -> int:
     """Physical core count (hyper-threads not counted), at least 1."""
     try:
         seen = set()
@@ -28,7 +29,7 @@ def physical_cores():
     return max(1, os.cpu_count() or 1)
 
 
-def openmp_enabled():
+def openmp_enabled() -> bool:
     try:
         from . import _parallel
     except ImportError:
@@ -36,7 +37,7 @@ def openmp_enabled():
     return _parallel.openmp_enabled()
 
 
-def set_num_threads(n):
+def set_num_threads(n: Optional[int]) -> None:
     """Set the process-wide default thread count (None restores the default)."""
     global _override
     if n is not None:
@@ -46,7 +47,7 @@ def set_num_threads(n):
     _override = n
 
 
-def get_num_threads(threads=None):
+def get_num_threads(threads: Optional[int] = None) -> int:
     """Resolve a thread count: explicit value, then set_num_threads, then
     NEEDLE_CY_THREADS, then the number of physical cores. Always 1 without OpenMP."""
     if threads is not None:

@@ -66,10 +66,14 @@ class Field:
         ("unique_items", "uniqueItems"),
     )
 
-    def __init__(self, default=_MISSING, *, description=None, enum=None, ge=None, le=None,
-                 gt=None, lt=None, multiple_of=None, min_length=None, max_length=None,
-                 pattern=None, format=None, min_items=None, max_items=None,
-                 unique_items=None, const=_MISSING):
+    def __init__(self, default: Any = _MISSING, *, description: Optional[str] = None,
+                 enum: Optional[list] = None, ge: Optional[float] = None, le: Optional[float] = None,
+                 gt: Optional[float] = None, lt: Optional[float] = None,
+                 multiple_of: Optional[float] = None, min_length: Optional[int] = None,
+                 max_length: Optional[int] = None, pattern: Optional[str] = None,
+                 format: Optional[str] = None, min_items: Optional[int] = None,
+                 max_items: Optional[int] = None, unique_items: Optional[bool] = None,
+                 const: Any = _MISSING) -> None:
         self.default = default
         self.description = description
         self.enum = list(enum) if enum is not None else None
@@ -82,7 +86,7 @@ class Field:
         self.const = const
 
     @property
-    def has_default(self):
+    def has_default(self) -> bool:
         return self.default is not _MISSING
 
     def apply(self, schema: dict) -> dict:
@@ -301,7 +305,8 @@ def pydantic_schema(model_cls) -> dict:
     return out
 
 
-def tool(fn=None, *, name=None, description=None, triggers=None):
+def tool(fn: Optional[Callable] = None, *, name: Optional[str] = None,
+         description: Optional[str] = None, triggers: Optional[list] = None) -> Any:
     """Decorator: attach the spec §8.3 schema to a function as ``fn._needle_tool``.
 
     Usable bare (``@tool``) or with options (``@tool(name=..., triggers=[...])``).

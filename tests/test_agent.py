@@ -179,8 +179,9 @@ def test_run_executes_feeds_back_and_stops_at_empty(tok):
 def test_unknown_tool_and_function_less_tool_results(tok):
     schema = {"name": "schema_only", "parameters": {"type": "object", "properties": {}}}
     agent, _ = make_agent(tok, [""], tools=(set_light, schema))
-    assert agent._execute({"name": "nope", "arguments": {}}) == {"error": "Unknown tool: nope"}
-    assert "no Python function" in agent._execute({"name": "schema_only", "arguments": {}})["error"]
+    assert agent._execute({"name": "nope", "arguments": {}}) == ({"error": "Unknown tool: nope"}, "error")
+    result, status = agent._execute({"name": "schema_only", "arguments": {}})
+    assert "no Python function" in result["error"] and status == "error"
 
 
 def test_step_cap(tok):
