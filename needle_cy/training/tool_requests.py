@@ -624,9 +624,10 @@ def draw_value(rng, param):
         if kind == "enum_array":
             value = rng.sample(list(s["items"]["enum"]), n)
             saids = [v.replace("_", " ") for v in value]
-        else:
-            value = [_free_string(rng, "text") for _ in range(n)]
-            value = list(dict.fromkeys(value))
+        else:       # items that a list says apart: no "and" or comma inside one
+            value = [v for v in (_words(rng, 1, 2, capital=0.3) for _ in range(n))
+                     if " and " not in f" {v} " and "," not in v]
+            value = list(dict.fromkeys(value)) or [_open_word(rng)]
             saids = list(value)
         said = saids[0] if len(saids) == 1 else ", ".join(saids[:-1]) + " and " + saids[-1]
         return value, said, said
@@ -765,6 +766,7 @@ class ToolPlan:
         template, obj = _pick(rng, self.actions)
         args, phrases, notes, copied = {}, [], [], []
         said_kinds = [_FORM_OF.get(p.kind, p.kind) for p in self.params]
+        mentions = set()
         bad_done = False
         for p in self.params:
             if p.key == leave_out or p.kind is None:
@@ -788,8 +790,12 @@ class ToolPlan:
                 notes.append(f"{p.key} = {home.compact(value)}")
                 continue
             kind = _FORM_OF.get(p.kind, p.kind)
-            phrases.append(arg_phrase(rng, p, value, said, self.renamed,
-                                      named_only=said_kinds.count(kind) > 1))
+            phrase = arg_phrase(rng, p, value, said, self.renamed, named_only=said_kinds.count(kind) > 1)
+            mention = p.mention(random.Random(0), self.renamed)
+            if mention in mentions and not self.renamed:    # two properties described alike
+                phrase = f"{' '.join(p.words)} {said}"
+            mentions.add(mention)
+            phrases.append(phrase)
             if p.kind in COPIED_KINDS:
                 copied.append(said)
             notes.append(f"{p.key} = {home.compact(value)}" + (f' from "{source}"' if source else ""))

@@ -238,9 +238,11 @@ def test_official_reader_decodes_our_archives(tmp_path):
         path = make_random_archive(tmp_path / f"b{bits}.cact", layers=2, d_model=64, vocab=128, bits=bits,
                                    engram_slots=7, heads=False)
         theirs = reader(str(path))
-        tensors = theirs[0] if isinstance(theirs, tuple) else theirs
+        # read_export returns (header fields, the tensors in record order)
+        tensors = theirs[-1] if isinstance(theirs, tuple) else theirs
         with Archive.open(path) as arc:
             values = list(tensors.values()) if isinstance(tensors, dict) else list(tensors)
+            assert len(values) == len(arc.records)
             for rec, value in zip(arc.records, values):
                 if rec.dtype == DTYPE_CQ:
                     np.testing.assert_allclose(np.asarray(value, np.float32), arc.dequantize(rec.index), atol=1e-6)
