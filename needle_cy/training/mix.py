@@ -165,10 +165,10 @@ class Mixer:
         rng = self.rng
         r = rng.random()
         callable_plans = [p for p in catalogue]
-        if r < 0.55 or (first and r < 0.62):
+        if r < 0.62 or (first and r < 0.68):
             got = self._calls([_pick(rng, callable_plans)])
             kind = "single"
-        elif r < 0.70 and len(callable_plans) >= 2:
+        elif r < 0.80 and len(callable_plans) >= 2:
             got = self._calls(rng.sample(callable_plans, min(len(callable_plans), _pick(rng, [2, 2, 3]))))
             kind = "multi"
         else:

@@ -98,7 +98,11 @@ focus capture photograph film convert encode decode encrypt decrypt hash sign au
 """.split())
 NAME_VERBS = DESCRIPTION_VERBS | {"solve", "sum", "multiply", "divide", "plot", "draw", "roll",
                                "flip", "spin", "reverse", "greet", "square", "sort", "shuffle",
-                               "repeat", "merge", "split", "join", "parse", "format", "extract"}
+                               "repeat", "merge", "split", "join", "parse", "format", "extract",
+                               "replace", "substitute", "subtract", "encode", "decode", "count"}
+DESCRIPTION_VERBS |= NAME_VERBS
+# name prefixes that say nothing ("fn_greet", "api_get_user")
+NAME_PREFIXES = {"fn", "func", "function", "api", "tool", "cmd", "do", "my"}
 GETTERS = {"get", "fetch", "retrieve", "check", "show", "list", "find", "search", "lookup",
            "read", "query", "view", "track", "count", "calculate", "compute", "estimate",
            "predict", "measure"}
@@ -107,8 +111,10 @@ _DESC_LEADS = re.compile(r"^(this (tool|function|api|endpoint|service|method) (i
                          r"use this (tool |function )?to |used to |allows (the user |you )?to |"
                          r"lets (the user |you )?|helps (you )?|service to |call this to )", re.I)
 _DESC_CUT = re.compile(r"(\. |\.$|; | \(| - | — |, (given|based on|using|which|returning|"
-                       r"and returns?|with (the|a|an) option|if |where |such as|e\.g)| given | based on )")
+                       r"and returns?|with (the|a|an) option|if |where |such as|e\.g)| given | based on |"
+                       r" and returns? | returning )")
 _IRREGULAR = {"does": "do", "goes": "go", "has": "have", "is": "be"}
+_QUESTION_LEADS = ["what is ", "what's ", "tell me ", "how much is "]
 QUESTION_FORMS = ["what's the {o}", "what is the {o}", "tell me the {o}", "show me the {o}",
                   "check the {o}", "get me the {o}", "how's the {o}", "{o}?", "I'd like to know the {o}",
                   "can you check the {o}"]
@@ -649,6 +655,8 @@ def action_phrases(tool, source=None, domain=None, renamed=False):
     name is a random identifier) and its description."""
     out = []
     words = name_words(tool["name"])
+    while len(words) > 1 and words[0] in NAME_PREFIXES:
+        words = words[1:]
     desc = description_action(tool.get("description") or "")
     if not renamed and words:
         dom = name_words(domain or "")
@@ -664,6 +672,10 @@ def action_phrases(tool, source=None, domain=None, renamed=False):
             out.append(("{get} {the} " + obj, obj))
     if desc:
         out.append((desc, None))
+        verb, _, rest = desc.partition(" ")
+        if verb in ("calculate", "compute", "get", "find", "retrieve", "determine", "obtain",
+                    "check", "fetch") and rest.startswith(("the ", "a ", "an ")):
+            out.append((_QUESTION_LEADS[len(out) % len(_QUESTION_LEADS)] + rest, None))
     return out
 
 
@@ -678,6 +690,7 @@ def _action_text(rng, template, tool_words):
 
 COPIED_KINDS = ("person", "place", "message", "text", "code", "email", "url", "pattern",
                 "string_array", "room", "entity", "clock_text", "date_text")
+QUOTABLE_KINDS = ("person", "place", "message", "text", "string_array", "code")
 ARG_FORMS = {
     "enum": ["{s}", "to {s}", "{m} {s}", "with {m} {s}", "{s} {m}", "using {s}", "as {s}", "on {s}",
              "set to {s}", "in {s}"],
@@ -713,6 +726,8 @@ def arg_phrase(rng, param, value, said, renamed=False, named_only=False):
         return (on if value else off).replace("{m}", m)
     kind = _FORM_OF_KIND.get(param.kind, param.kind)
     forms = ARG_FORMS.get(_FORM_OF.get(kind, kind), ARG_FORMS["text"])
+    if said[:1] in "'\"":                # already quoted: no form that quotes again
+        forms = [f for f in forms if '"' not in f]
     if not named_only:
         form = _pick(rng, forms)
     else:           # another argument of the same kind is said: say which is which
@@ -753,6 +768,8 @@ class ToolPlan:
                        for k, v in (params.get("properties") or {}).items()]
         self.actions = action_phrases(tool, source, domain, renamed)
         self.tool_words = name_words(tool["name"])
+        while len(self.tool_words) > 1 and self.tool_words[0] in NAME_PREFIXES:
+            self.tool_words = self.tool_words[1:]
         self.ok = bool(self.actions) and all(p.kind is not None for p in self.params if p.required)
 
     @property
@@ -766,7 +783,7 @@ class ToolPlan:
         template, obj = _pick(rng, self.actions)
         args, phrases, notes, copied = {}, [], [], []
         said_kinds = [_FORM_OF.get(p.kind, p.kind) for p in self.params]
-        mentions = set()
+        mentions, said_numbers = set(), []
         bad_done = False
         for p in self.params:
             if p.key == leave_out or p.kind is None:
@@ -790,6 +807,11 @@ class ToolPlan:
                 notes.append(f"{p.key} = {home.compact(value)}")
                 continue
             kind = _FORM_OF.get(p.kind, p.kind)
+            if kind == "number":
+                said_numbers.append(said)
+            if p.kind in QUOTABLE_KINDS and rng.random() < 0.2:     # 'hello', "Dune"
+                q = _pick(rng, ["'", '"'])
+                said = q + said + q
             phrase = arg_phrase(rng, p, value, said, self.renamed, named_only=said_kinds.count(kind) > 1)
             mention = p.mention(random.Random(0), self.renamed)
             if mention in mentions and not self.renamed:    # two properties described alike
@@ -797,13 +819,17 @@ class ToolPlan:
             mentions.add(mention)
             phrases.append(phrase)
             if p.kind in COPIED_KINDS:
-                copied.append(said)
+                copied.append(said.strip("'\""))
             notes.append(f"{p.key} = {home.compact(value)}" + (f' from "{source}"' if source else ""))
         if bad_value and not bad_done:
             return None
         if not bad_value and leave_out is None and not validate_call(self.tool, args):
             return None
-        if len(phrases) > 1 and rng.random() < 0.5:
+        if len(said_numbers) >= 2 and len(said_numbers) == len(phrases) and rng.random() < 0.35:
+            # numbers said in the schema's order without names: "the sum of 2 and 3"
+            joined = ", ".join(said_numbers[:-1]) + " and " + said_numbers[-1]
+            phrases = [_pick(rng, ["of ", "for ", "", "with "]) + joined]
+        elif len(phrases) > 1 and rng.random() < 0.5:
             order = list(range(len(phrases)))
             rng.shuffle(order)
             phrases = [phrases[i] for i in order]
