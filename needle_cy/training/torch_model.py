@@ -382,16 +382,31 @@ class NeedleTorch(nn.Module):
             model = cls(arch.config, heads=heads, bits=bits, group_size=group_size)
             tensors = {role: arch.dequantize(role) for role in model.roles()}
             model.load_archive_tensors(tensors)
+            # the encoded records, so that export writes a tensor that was not changed as it was
+            # (decoding then re-encoding CQ is not the identity, spec §5.2)
+            model._source_cq = {role: (arch.tensor(role), tensors[role]) for role in model.roles()
+                                if role in recs and recs[role].dtype_name == "CQ"}
             return model, arch.tokenizer_bytes
         finally:
             if not isinstance(path_or_archive, Archive):
                 arch.close()
 
-    def export(self, path, bits=None, tokenizer_bytes=None):
-        """Write the model as a ``.cact`` with ``needle_cy.archive.write_archive``."""
+    def export(self, path, bits=None, tokenizer_bytes=None, keep_unchanged=True):
+        """Write the model as a ``.cact`` with ``needle_cy.archive.write_archive``.
+
+        ``bits``: CQ width (int or dict role → bits with "default"; default ``self.bits``).
+        For a model made by :meth:`from_archive`, a CQ tensor still equal to the value it
+        was loaded with is written as its original record (``keep_unchanged``), since
+        re-encoding decoded CQ values moves them.
+        """
         from ..archive import write_archive
 
-        return write_archive(path, self.cfg, self.archive_tensors(), bits=self.bits if bits is None else bits,
+        tensors = self.archive_tensors()
+        if keep_unchanged:
+            for role, (record, loaded) in getattr(self, "_source_cq", {}).items():
+                if np.array_equal(tensors[role].reshape(loaded.shape), loaded):
+                    tensors[role] = record
+        return write_archive(path, self.cfg, tensors, bits=self.bits if bits is None else bits,
                              group_size=self.group_size, tokenizer_bytes=tokenizer_bytes)
 
     def decay_mask(self):
