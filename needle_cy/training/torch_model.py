@@ -382,14 +382,31 @@ class NeedleTorch(nn.Module):
             model = cls(arch.config, heads=heads, bits=bits, group_size=group_size)
             tensors = {role: arch.dequantize(role) for role in model.roles()}
             model.load_archive_tensors(tensors)
-            # the encoded records, so that export writes a tensor that was not changed as it was
-            # (decoding then re-encoding CQ is not the identity, spec §5.2)
-            model._source_cq = {role: (arch.tensor(role), tensors[role]) for role in model.roles()
-                                if role in recs and recs[role].dtype_name == "CQ"}
+            model.remember_records(arch)
             return model, arch.tokenizer_bytes
         finally:
             if not isinstance(path_or_archive, Archive):
                 arch.close()
+
+    def remember_records(self, path_or_archive):
+        """Remember an archive's encoded CQ records, so that :meth:`export` writes a tensor
+        still equal to its decoded value as that very record (decoding then re-encoding CQ
+        is not the identity, spec §5.2).  :meth:`from_archive` does this itself."""
+        import dataclasses
+
+        arch = path_or_archive if isinstance(path_or_archive, Archive) else Archive.open(path_or_archive)
+        try:
+            roles = set(self.roles())
+            self._source_cq = {}
+            for rec in arch.records:
+                if rec.role in roles and rec.dtype_name == "CQ":
+                    cqm = arch.tensor(rec.index)      # copied out of the mapping: the file may be overwritten
+                    cqm = dataclasses.replace(cqm, packed=cqm.packed.copy(), norms=cqm.norms.copy())
+                    self._source_cq[rec.role] = (cqm, arch.dequantize(rec.index))
+        finally:
+            if not isinstance(path_or_archive, Archive):
+                arch.close()
+        return self
 
     def export(self, path, bits=None, tokenizer_bytes=None, keep_unchanged=True):
         """Write the model as a ``.cact`` with ``needle_cy.archive.write_archive``.
