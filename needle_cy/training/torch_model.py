@@ -139,9 +139,15 @@ def sinkhorn(z, iters=ref_ops.SINKHORN_ITERS):
     """Log-domain Sinkhorn on ``[..., n, n]`` (rows then columns, ``iters`` times), float32."""
     m = z.float()
     for _ in range(iters):
-        m = m - torch.logsumexp(m, dim=-1, keepdim=True)
-        m = m - torch.logsumexp(m, dim=-2, keepdim=True)
+        m = m - _lse(m, -1)
+        m = m - _lse(m, -2)
     return m.exp()
+
+
+def _lse(m, dim):
+    """``max + log Σ exp(m − max)`` (finite inputs; fewer kernels than torch.logsumexp)."""
+    mx = m.detach().amax(dim, keepdim=True)
+    return mx + (m - mx).exp().sum(dim, keepdim=True).log()
 
 
 def rope_tables(T, dh, theta, device, offset=0):
@@ -482,7 +488,7 @@ class NeedleTorch(nn.Module):
         d, n = cfg.d_model, cfg.mhc_lanes
         dev = ids.device
         E = w["embedding"]
-        x0 = E[ids] * math.sqrt(d)                                    # float32
+        x0 = F.embedding(ids, E) * math.sqrt(d)                       # float32
         engram = self._engram(ids, quant, w) if cfg.engram_sites else {}
         cos, sin = rope_tables(T, cfg.qk_head_dim, cfg.rope_theta, dev)
         masks = {}
@@ -525,11 +531,11 @@ class NeedleTorch(nn.Module):
         NT, slots = cfg.num_engram_tables, cfg.engram_slots
         slot = engram_slots(ids, cfg.engram_orders, cfg.engram_heads, cfg.engram_seed_heads, slots)
         rows = slot + torch.arange(NT, device=ids.device) * slots      # [B, T, NT]
-        orders = torch.tensor(np.repeat(np.asarray(cfg.engram_orders), cfg.engram_heads), device=ids.device)
+        orders = torch.as_tensor(np.repeat(np.asarray(cfg.engram_orders), cfg.engram_heads), device=ids.device)
         ok = (torch.arange(T, device=ids.device)[:, None] >= (orders[None, :] - 1)).float()   # [T, NT]
         out = {}
         for s, layer in enumerate(cfg.engram_sites):
-            e = (w[f"engram.{s}.tables"][rows] * ok[None, :, :, None]).reshape(B, T, -1)
+            e = (F.embedding(rows, w[f"engram.{s}.tables"]) * ok[None, :, :, None]).reshape(B, T, -1)
             if quant:
                 e = a8(e)
             key = e @ w[f"engram.{s}.key_proj"].t()
@@ -612,9 +618,13 @@ class NeedleTorch(nn.Module):
         ba, bb = cfg.monarch_sizes
         lead = m.shape[:-1]
 
+        rows = int(np.prod(lead))
+
         def kron(z, s):
-            Z = z.reshape(*lead, ba, bb) @ w[f"{pre}w{s}b"]          # Z·B
-            return (w[f"{pre}w{s}a"].t() @ Z).reshape(*lead, N)     # Aᵀ·(Z·B)
+            # flatten(Aᵀ·Z·B) as two large products: (Z·B) over all rows, then (Z·B)ᵀ·A
+            Y = (z.reshape(rows * ba, bb) @ w[f"{pre}w{s}b"]).reshape(rows, ba, bb)
+            Y = Y.transpose(1, 2).reshape(rows * bb, ba) @ w[f"{pre}w{s}a"]
+            return Y.reshape(rows, bb, ba).transpose(1, 2).reshape(*lead, N)
 
         c = 1.0 + torch.softmax(m @ w[pre + "cond_v"], dim=-1) @ w[pre + "cond_u"]
         z = F.pad(m, (0, N - d)) if N > d else m
