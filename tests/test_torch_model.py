@@ -219,3 +219,17 @@ def test_official_reader_decodes_the_export(exported):
             if rec.dtype_name != "RAW":
                 np.testing.assert_allclose(np.asarray(value, np.float32), arch.dequantize(rec.index),
                                            rtol=0, atol=1e-6, err_msg=rec.role)
+
+
+@pytest.mark.skipif(not DEFAULT.exists(), reason=f"no shipped default model at {DEFAULT}")
+def test_bf16_autocast_tracks_float32():
+    """Under ``torch.autocast(bfloat16)`` the products run in bf16; the logits stay close to float32."""
+    model, _ = NeedleTorch.from_archive(DEFAULT)
+    ids = torch.tensor(_prompts()[0][:120])[None]
+    with torch.no_grad():
+        ref = model(ids)[0].numpy()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(ids)[0].float().numpy()
+    err = rel_err(low, ref)
+    assert 1e-6 < err < 0.05                       # really bf16, and still the same model
+    assert (low.argmax(-1) == ref.argmax(-1)).mean() > 0.9
