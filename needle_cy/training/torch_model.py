@@ -674,7 +674,7 @@ class NeedleTorch(nn.Module):
         seq = list(int(i) for i in ids)
         out = []
         for _ in range(max_new_tokens):
-            logits = self.forward(torch.tensor([seq]), quant=quant, cq=cq)[0, -1]
+            logits = self.forward(torch.tensor([seq], device=self.embedding.device), quant=quant, cq=cq)[0, -1]
             tok = int(torch.argmax(logits))
             out.append(tok)
             seq.append(tok)
