@@ -206,7 +206,10 @@ class Model:
 
     # ---------------------------------------------------------------- checks
     def _ids(self, ids, what):
-        arr = np.asarray(ids)
+        try:
+            arr = np.asarray(ids)
+        except (ValueError, TypeError) as exc:   # ragged nesting, unconvertible objects
+            raise TokenizerError(f"{what}: token ids must be a 1-D sequence of integers ({exc})") from None
         if arr.ndim == 0:
             arr = arr.reshape(1)
         if arr.ndim != 1:

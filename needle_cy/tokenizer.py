@@ -11,6 +11,7 @@ grammar needs are plain Python over a table built once.
     tok.decode(ids[1:]) == prompt
 """
 import codecs
+import numbers
 import os
 
 from .errors import TokenizerError, UnknownMarkerError
@@ -101,6 +102,11 @@ class StreamDecoder:
         text = self._finish(self._utf8.decode(b"", final=True))
         self._utf8.reset()
         return text
+
+
+def _is_id(x):
+    """An int-like token id (Python or NumPy integer), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 class Tokenizer:
@@ -214,6 +220,8 @@ class Tokenizer:
         return self.record.types[self._check_id(piece_id)]
 
     def _check_id(self, piece_id):
+        if not _is_id(piece_id):
+            raise TokenizerError(f"token id must be an int, found {type(piece_id).__name__} {piece_id!r}")
         if not (0 <= piece_id < len(self._decode_bytes)):
             raise TokenizerError(f"token id {piece_id} out of range, expected 0 <= id < {len(self._decode_bytes)}")
         return piece_id
@@ -259,12 +267,17 @@ class Tokenizer:
         decoded (U+FFFD for invalid sequences), "▁" → " ", one dummy-prefix space dropped."""
         table = self._decode_bytes
         try:
+            ids = list(ids)
+        except TypeError:
+            raise TokenizerError(f"decode expects a sequence of int token ids, found {type(ids).__name__}") from None
+        for k, i in enumerate(ids):
+            if not _is_id(i):  # a bool (or a float) is not a token id
+                raise TokenizerError(f"decode expects int token ids, found {type(i).__name__} {i!r} at index {k}")
+        try:
             raw = b"".join([table[i] for i in ids if i >= 0])
             bad = [i for i in ids if i < 0]
         except IndexError:
             bad = [i for i in ids if not (0 <= i < len(table))]
-        except TypeError:
-            raise TokenizerError("decode expects a sequence of int token ids") from None
         if bad:
             raise TokenizerError(f"token id {bad[0]} out of range, expected 0 <= id < {len(table)}")
         text = raw.decode("utf-8", errors="replace").replace(META_SPACE, " ")
