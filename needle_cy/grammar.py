@@ -11,13 +11,14 @@ What is enforced, exactly (never accepting what the schema forbids):
 * ``type`` (single or list), ``enum``, ``const``, boolean schemas.
 * strings: ``minLength``/``maxLength`` in code points; ``pattern`` (ECMA-262
   search semantics, subset below); ``format`` email, uuid, date, time,
-  date-time, ipv4, uri (rules in ``FORMAT_REGEX``); JSON escapes incl.
+  date-time, ipv4, uri (rules in ``FORMAT_REGEX``: date, uuid and ipv4 are exact,
+  the others narrowed -- see ``EXACT_FORMATS``); JSON escapes incl.
   ``\\uXXXX`` surrogate pairs (lone surrogates refused); UTF-8 validated byte by
   byte; control characters refused.
 * numbers: JSON number syntax, ``minimum``/``maximum``/``exclusive*`` (draft-4
   boolean and numeric forms), ``multipleOf`` -- compared as exact decimals.
   ``integer`` accepts integer *syntax* only (``1.0`` is refused: exact, not
-  complete).
+  complete), with or without ``enum``/``const``.
 * arrays: ``items`` (schema or draft-4 list), ``prefixItems``,
   ``additionalItems``, ``minItems``/``maxItems``, ``uniqueItems`` (a duplicate
   item is refused at the byte that completes it; equality is JSON equality,
@@ -30,10 +31,13 @@ What is enforced, exactly (never accepting what the schema forbids):
   ``$id``-less anchors are not supported), recursion bounded by the frame stack.
 * ``allOf`` (merged statically), ``anyOf`` (parallel threads), ``oneOf``
   (parallel threads; when two alternatives both complete the same value, it is
-  refused -- exact for every schema, though a value can then be refused only at
-  its last byte).
+  refused, though a value can then be refused only at its last byte).  This is
+  exact only when each alternative is: an alternative containing a narrowed
+  format or a dialect-sensitive pattern (below) is allowed only when no other
+  alternative shares a JSON type with it, else ``UnsupportedSchemaError``.
 * ``not``: rewritten into positive keywords (De Morgan over keywords; type,
-  enum/const, pattern/format (complemented automata), required, properties,
+  enum/const, pattern and the exact formats (complemented automata; a narrowed
+  format under ``not`` or ``if`` is refused), required, properties,
   bounds, length/count limits, nested not/anyOf/allOf/$ref); any other ``not`` is
   exact when the value set is a finite ``enum``/``const`` (filtered statically),
   else ``UnsupportedSchemaError``.
@@ -54,6 +58,25 @@ a delimiter) meets its bounds and ``multipleOf`` within the NUM_BUF-byte number
 buffer -- exponents included (``40`` is alive under ``maximum: 30`` as ``40e-1``;
 ``3e5`` is not); a number that needs more than NUM_BUF bytes is refused.  Bounds
 and ``multipleOf`` beyond 10**+-MAX_NUM_EXP raise ``GrammarLimitError``.
+
+Regex dialect: ECMA-262 with the ``u`` flag (code points) and Python ``re``
+(what ``jsonschema`` runs) together.  Where they read a construct differently --
+``.`` (ECMA excludes \\r, U+2028, U+2029), ``\\d \\w \\s`` and their complements
+(Python's are Unicode), ``$`` (Python also matches before a final newline) -- a
+pattern that must hold accepts only what both engines match, and a complemented
+one (``not``) refuses what either engine matches; a ``patternProperties`` key the
+engines disagree on is refused.  Python's Unicode ``\\d``/``\\w`` are widened in
+the complemented direction (to every code point from their first non-ASCII
+member), which only refuses more.  ``{,n}`` and a class starting with ``]`` (the
+engines disagree) are refused.
+
+Compiler keywords (``__ptr``, ``__not_pattern``, ``__not_strings``,
+``__not_format``) exist only in the compiler's own synthetic schemas: in a user
+schema they are unknown keywords, i.e. annotations.  Count bounds (lengths,
+items, properties) are int32 at run time: a maximum above 2**31-2 is read as
+2**31-2, a minimum above it makes the type impossible.  A malformed keyword value
+(``"required": [1]``, ``"prefixItems": 5``, ``"$schema": 5``...) is a ``SchemaError``
+naming keyword and pointer.
 
 Regex subset (``pattern``, ``patternProperties``): literals, ``.``, classes
 ``[...]``/``[^...]`` with ranges, ``\\d \\w \\s \\D \\W \\S`` (the intersection of
