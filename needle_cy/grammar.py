@@ -359,13 +359,16 @@ class _RegexUnsupported(Exception):
 class _RegexParser:
     """Parses a pattern in one dialect mode ("both" or "either", see ``regex_dfa``);
     ``sensitive`` is set when a construct the two engines read differently was met
-    (``.``, ``\\d \\w \\s`` and their complements, ``$``)."""
+    (``.``, ``\\d \\w \\s`` and their complements); ``dollar`` when a ``$`` was met
+    (Python also matches it before a final newline: the engines then disagree only on
+    strings that end in a newline, see ``Compiler.check_oneof``)."""
 
     def __init__(self, text, mode="both"):
         self.s = text
         self.i = 0
         self.mode = mode
         self.sensitive = False
+        self.dollar = False
 
     def error(self, what):
         raise _RegexUnsupported(f"{what} at offset {self.i} in pattern {self.s!r}")
@@ -386,7 +389,7 @@ class _RegexParser:
             if self.peek() == "$":
                 self.i += 1
                 end = True
-                self.sensitive = True   # Python's '$' also matches before a final newline
+                self.dollar = True   # Python's '$' also matches before a final newline
             alts.append((start, ("cat", items), end))
             if self.peek() == "|":
                 self.i += 1
@@ -1019,7 +1022,9 @@ def regex_dfa(pattern, pointer="#", mode="both"):
 
 
 def regex_sensitive(pattern, pointer="#"):
-    """Whether the two engines read some construct of the pattern differently."""
+    """Whether the two engines read some construct of the pattern differently: 0 no,
+    1 only ``$`` (they disagree only on strings ending in a newline: 'both' mode refuses
+    what only Python matches, 'either' mode is Python's reading exactly), 2 otherwise."""
     return _regex(pattern, pointer, "both")[1]
 
 
@@ -1044,10 +1049,11 @@ def _regex(pattern, pointer, mode):
         elif mode == "either":
             items.append(("rep", ("set", [(10, 10)]), 0, 1))   # Python: '$' before a final \n
         nfa.build(("cat", items), s, t)
-    return nfa_to_dfa(nfa, s, t), parser.sensitive
+    return nfa_to_dfa(nfa, s, t), (2 if parser.sensitive else 1 if parser.dollar else 0)
 
 
 _LITERAL_DFAS = {}
+_NL_END_DFA = None   # the strings that do not end in a newline
 
 
 def literal_dfa(strings, labels=None, other_label=None):
@@ -1468,7 +1474,10 @@ class Compiler:
         self.synthetic = {}   # pointer "~synN" -> schema dict
         self.draft = self._draft(doc)
         self.neg_errors = {}
-        self.approx = set()      # nodes that refuse some value their schema allows (see _check_oneof)
+        self.approx = set()      # nodes that refuse some value their schema allows (see check_oneof)
+        self.approx_nl = set()   # nodes that refuse such values only for a string value ending in "\n"
+        self.str_dfa_obj = {}    # node -> the automaton of its str_dfa (check_oneof narrows it)
+        self.nl_stripped = set()
         self.kids = {}           # node -> nodes it contains (items, property values, alternatives)
         self.oneof_ptr = {}      # oneOf choice node -> its pointer
         self._checked = set()    # ids of schema dicts whose keyword values were checked
@@ -1988,15 +1997,15 @@ class Compiler:
         if types & T_OBJ:
             self._fill_object(nid, flat)
 
-    def reaches_approx(self):
+    def reaches_approx(self, seed=None):
         """Nodes containing (through items, property values, alternatives) an approximate
         node: one that refuses some value its schema allows (a narrowed format, a pattern the
-        two regex engines read differently)."""
+        two regex engines read differently); ``seed``: from those nodes instead."""
         parents = {}
         for n, ks in self.kids.items():
             for c in ks:
                 parents.setdefault(c, []).append(n)
-        out = set(self.approx)
+        out = set(self.approx | self.approx_nl) if seed is None else set(seed)
         todo = list(out)
         while todo:
             for q in parents.get(todo.pop(), ()):
@@ -2004,6 +2013,33 @@ class Compiler:
                     out.add(q)
                     todo.append(q)
         return out
+
+    def _descendants(self, roots):
+        out = set(roots)
+        todo = list(out)
+        while todo:
+            for c in self.kids.get(todo.pop(), ()):
+                if c not in out:
+                    out.add(c)
+                    todo.append(c)
+        return out
+
+    def _strip_nl(self, nid):
+        """The node refuses every string value ending in a newline (marked ``approx_nl``)."""
+        p = self.p
+        self.nl_stripped.add(nid)
+        if p.kind[nid] != NODE_VALUE or not p.types[nid] & T_STR:
+            return
+        global _NL_END_DFA
+        if _NL_END_DFA is None:
+            _NL_END_DFA = complement_dfa(regex_dfa("\\n$"))
+        if p.str_dfa[nid] < 0:
+            d = _NL_END_DFA
+        else:
+            d = intersect_dfas([self.str_dfa_obj[nid], _NL_END_DFA])
+        p.str_dfa[nid] = p.add_dfa(d)
+        self.str_dfa_obj[nid] = d
+        self.approx_nl.add(nid)
 
     def _types_of(self, nid, seen=()):
         p = self.p
@@ -2020,29 +2056,48 @@ class Compiler:
         """oneOf is exact only when each alternative is: "exactly one" refuses a value two
         alternatives both accept, so an alternative that wrongly refuses a value would let the
         value through another one.  Approximate alternatives are allowed when no two
-        alternatives share a JSON type (then at most one can ever match); otherwise the schema
-        is refused."""
+        alternatives share a JSON type (then at most one can ever match).  When the only
+        approximations an alternative reaches refuse a value for a string value ending in a
+        newline (a ``$`` pattern, or such a refusal made here), every node of every
+        alternative refuses string values ending in a newline: a value accepted through one
+        alternative then contains no such string, so no other alternative can match it under
+        Python's reading either.  Otherwise the schema is refused."""
         if not self.oneof_ptr:
             return
         p = self.p
-        hot = None
-        for nid, ptr in self.oneof_ptr.items():
-            if p.kind[nid] != NODE_CHOICE or not p.oneof[nid]:
-                continue
-            alts = p.alt_pool[p.alt_off[nid]: p.alt_off[nid] + p.alt_n[nid]]
-            if hot is None:
-                hot = self.reaches_approx()
-            if not any(a in hot for a in alts):
-                continue
-            types = [self._types_of(a) for a in alts]
-            for i in range(len(alts)):
-                for j in range(i + 1, len(alts)):
-                    if types[i] & types[j] and (alts[i] in hot or alts[j] in hot):
-                        raise UnsupportedSchemaError(
-                            f"oneOf at {ptr}: an alternative uses a narrowed format or a pattern the "
-                            "regex engines read differently, and another alternative can match a "
-                            "value of the same type; 'exactly one' cannot be enforced exactly",
-                            keyword="oneOf", pointer=ptr)
+        while True:
+            hot = hot_nl = None
+            strip = set()
+            for nid, ptr in self.oneof_ptr.items():
+                if p.kind[nid] != NODE_CHOICE or not p.oneof[nid]:
+                    continue
+                alts = p.alt_pool[p.alt_off[nid]: p.alt_off[nid] + p.alt_n[nid]]
+                if hot is None:
+                    hot = self.reaches_approx(self.approx)
+                    hot_nl = self.reaches_approx(self.approx_nl)
+                if not any(a in hot or a in hot_nl for a in alts):
+                    continue
+                types = [self._types_of(a) for a in alts]
+                need = False
+                for i in range(len(alts)):
+                    for j in range(i + 1, len(alts)):
+                        if not types[i] & types[j]:
+                            continue
+                        if alts[i] in hot or alts[j] in hot:
+                            raise UnsupportedSchemaError(
+                                f"oneOf at {ptr}: an alternative uses a narrowed format or a pattern the "
+                                "regex engines read differently, and another alternative can match a "
+                                "value of the same type; 'exactly one' cannot be enforced exactly",
+                                keyword="oneOf", pointer=ptr)
+                        if alts[i] in hot_nl or alts[j] in hot_nl:
+                            need = True
+                if need:
+                    strip |= self._descendants(alts)
+            strip -= self.nl_stripped
+            if not strip:
+                return
+            for n in sorted(strip):
+                self._strip_nl(n)
 
     def _make_never(self, nid):
         self.p.kind[nid] = NODE_VALUE
@@ -2059,6 +2114,8 @@ class Compiler:
                      "obj_max", "obj_other_ok", "obj_dep_off", "obj_dep_n", "alt_off", "alt_n", "oneof"):
             arr = getattr(p, name)
             arr[nid] = arr[src]
+        if src in self.str_dfa_obj:
+            self.str_dfa_obj[nid] = self.str_dfa_obj[src]
         if src >= len(p.kind) or p.kind[src] is None:
             raise AssertionError
 
@@ -2099,7 +2156,9 @@ class Compiler:
                 types |= T_FALSE
         if strs:
             types |= T_STR
-            p.str_dfa[nid] = p.add_dfa(literal_dfa(sorted({s.encode("utf-8") for s in strs})))
+            d = literal_dfa(sorted({s.encode("utf-8") for s in strs}))
+            p.str_dfa[nid] = p.add_dfa(d)
+            self.str_dfa_obj[nid] = d
         if nums:
             texts = sorted({t.encode() for v in nums for t in number_texts(v)})
             if int_only:
@@ -2116,6 +2175,8 @@ class Compiler:
             scalar = self._new_node_raw()
             for name in ("types", "str_dfa", "num_dfa"):
                 getattr(p, name)[scalar] = getattr(p, name)[nid]
+            if nid in self.str_dfa_obj:
+                self.str_dfa_obj[scalar] = self.str_dfa_obj[nid]
             p.types[scalar] = types
             alts.append(scalar)
         uniq = []
@@ -2148,7 +2209,7 @@ class Compiler:
                 pat = sch["pattern"]
                 if not isinstance(pat, str):
                     raise SchemaError(f"pattern at {part.ptr} is not a string")
-                dfas.append(self._pattern(pat, part.ptr + "/pattern", nid=nid))
+                dfas.append(self._pattern(pat, part.ptr + "/pattern", nid=nid, value=True))
             if "__not_pattern" in sch:
                 # the complement of what either engine matches: refused by both
                 dfas.append(complement_dfa(self._pattern(sch["__not_pattern"], part.ptr + "/not/pattern",
@@ -2171,14 +2232,19 @@ class Compiler:
             p.str_min[nid] = 0
             p.types[nid] &= ~T_STR
         if dfas:
-            p.str_dfa[nid] = p.add_dfa(intersect_dfas(dfas))
+            d = intersect_dfas(dfas)
+            p.str_dfa[nid] = p.add_dfa(d)
+            self.str_dfa_obj[nid] = d
 
     _pattern_cache = {}
 
-    def _pattern(self, pat, ptr, mode="both", nid=None):
+    def _pattern(self, pat, ptr, mode="both", nid=None, value=False):
         """The DFA of a user pattern in a dialect mode (see ``regex_dfa``), memoised per
         process (patterns recur).  When the engines read the pattern differently the node
-        ``nid`` is marked approximate (it may refuse a value one engine allows)."""
+        ``nid`` is marked approximate (it may refuse a value one engine allows).  A pattern
+        whose only difference is ``$`` is exact in "either" mode (Python's reading: ECMA's
+        matches are a subset), and in "both" mode, for a string ``value``, refuses only
+        strings ending in a newline that Python matches (``approx_nl``)."""
         key = (pat, mode)
         hit = Compiler._pattern_cache.get(key)
         if hit is None:
@@ -2187,7 +2253,10 @@ class Compiler:
                 Compiler._pattern_cache.clear()
             Compiler._pattern_cache[key] = hit
         if hit[1] and nid is not None:
-            self.approx.add(nid)
+            if hit[1] == 2:
+                self.approx.add(nid)
+            elif mode == "both":
+                (self.approx_nl if value else self.approx).add(nid)
         return hit[0]
 
     def _format(self, name, ptr):

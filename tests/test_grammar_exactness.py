@@ -126,7 +126,8 @@ REFUSED = [
     ({"oneOf": [{"properties": {"d": {"format": "email"}}}, {"type": "object"}]}, "oneOf"),
     # a pattern the two regex engines read differently inside an overlapping oneOf
     ({"oneOf": [{"type": "string", "pattern": "^.$"}, {"type": "string"}]}, "oneOf"),
-    ({"oneOf": [{"type": "string", "pattern": "^a$"}, {"type": "string", "maxLength": 1}]}, "oneOf"),
+    # '$' together with a construct read differently ('.') still refuses the oneOf
+    ({"oneOf": [{"type": "string", "pattern": "^a.$"}, {"type": "string", "maxLength": 2}]}, "oneOf"),
     # constructs the engines read differently and that cannot be made exact
     ({"type": "string", "pattern": "^x{,3}$"}, "pattern"),
     ({"type": "string", "pattern": "[]a]"}, "pattern"),
@@ -141,6 +142,48 @@ def test_refused_with_a_named_error(schema, keyword, backend):
         compile_schema(schema, backend)
     assert info.value.keyword == keyword
     assert info.value.pointer and info.value.pointer.startswith("#")
+
+
+# oneOf over patterns whose only dialect difference is '$' (Python also matches before a
+# final newline): compiled, exact on every string that does not end in a newline, and a
+# string value ending in a newline is refused inside the oneOf -- never accepted where
+# jsonschema forbids it (two alternatives match under Python's reading)
+DOLLAR_ONEOF = [
+    {"oneOf": [{"type": "string", "pattern": "^a$"}, {"type": "string", "maxLength": 1}]},
+    {"oneOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"type": "string", "pattern": "^[0-9]+$"},
+               {"type": "string", "pattern": "\n$"}]},
+    {"oneOf": [{"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"}},
+                "required": ["id"]},
+               {"type": "object", "properties": {"id": {"type": "string", "maxLength": 3}}}]},
+    {"oneOf": [{"type": "array", "items": {"pattern": "^x$"}}, {"type": "array", "maxItems": 1}]},
+]
+DOLLAR_VALUES = ["a", "b", "", "ab", "abc", "123", "a1", "a\n", "\n", "abc\n", "12\n", "x\n\n",
+                 {"id": "ab"}, {"id": "abcd"}, {"id": "a1"}, {"id": "ab\n"}, {"id": "abcd\n"},
+                 {"id": "a\n"}, {}, {"other": "q\n"}, ["x"], ["x", "x"], ["x\n"], ["x\n", "x"], ["y", "x"], []]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("schema", DOLLAR_ONEOF, ids=[f"{i}" for i in range(len(DOLLAR_ONEOF))])
+def test_oneof_with_dollar_patterns_is_exact(schema, backend):
+    g = compile_schema(schema, backend)
+    for v in DOLLAR_VALUES:
+        accepted = g.accepts(text(v))
+        if "\\n" in text(v):   # a string ending in (or holding) a newline
+            assert not accepted or oracle(schema, v), f"accepted {v!r}, which jsonschema forbids"
+        else:
+            assert accepted == oracle(schema, v), v
+
+
+def test_oneof_with_dollar_patterns_cases():
+    s0, s1 = DOLLAR_ONEOF[0], DOLLAR_ONEOF[1]
+    g0, g1 = compile_schema(s0), compile_schema(s1)
+    assert g0.accepts(text("b")) and not g0.accepts(text("a")) and not g0.accepts(text("abc"))
+    assert g1.accepts(text("abc")) and g1.accepts(text("123")) and not g1.accepts(text("a1"))
+    # "abc\n": Python matches both ^[a-z]+$ and \n$ -- two alternatives, jsonschema forbids it
+    assert not oracle(s1, "abc\n") and not g1.accepts(text("abc\n"))
+    # "a\n": Python's ^a$ matches it and maxLength 1 does not -- jsonschema allows it; ECMA's
+    # ^a$ does not match it, so the dialect refuses it (refusing is always safe)
+    assert oracle(s0, "a\n") and not g0.accepts(text("a\n"))
 
 
 def test_format_sets_are_documented():
