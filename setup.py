@@ -7,7 +7,8 @@ shows the compiler supports it; otherwise the extensions build single-threaded
 build that runs on any CPU of the same architecture.
 
 ``NEEDLE_CY_BUILD_ONLY=_cq,_ops`` restricts the build to the named modules
-(useful while developing one extension).
+(useful while developing one extension).  ``NEEDLE_CY_SANITIZE=1`` builds with
+AddressSanitizer and UndefinedBehaviorSanitizer at -O1 (used by tests/sanitize.sh).
 """
 import os
 import shutil
@@ -77,6 +78,11 @@ def _extensions():
         base_c = ["-O3", "-fno-strict-aliasing", "-Wno-unused-function", "-Wno-unreachable-code"]
         omp_c, omp_l = _openmp_flags()
         arch = _arch_flags()
+        if os.environ.get("NEEDLE_CY_SANITIZE"):
+            # tests/sanitize.sh: ASan + UBSan at -O1 (a practical build time on 2 cores)
+            san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+            base_c = ["-O1", "-g", "-fno-strict-aliasing", "-Wno-unused-function"] + san
+            omp_l = omp_l + san
     only = {m.strip() for m in os.environ.get("NEEDLE_CY_BUILD_ONLY", "").split(",") if m.strip()}
     exts = []
     for pyx in sorted((HERE / "needle_cy").glob("*.pyx")):

@@ -21,6 +21,8 @@ from libc.string cimport memcmp, memcpy, memmove, memset
 
 import numpy as np
 
+from .errors import GrammarStateError
+
 cimport numpy as cnp
 
 cnp.import_array()
@@ -1874,7 +1876,7 @@ cdef class CState:
             data = data.encode("utf-8")
         if not isinstance(data, (bytes, bytearray)):
             raise TypeError(f"feed expects bytes, got {type(data).__name__}")
-        if self.data.n_threads == 0:
+        if self.data.n_threads == 0 or self.g is None:
             return False
         view = data
         n = len(data)
@@ -1886,6 +1888,8 @@ cdef class CState:
         return ok
 
     def is_complete(self):
+        if self.g is None or self.data.n_threads == 0:
+            return False
         return state_complete(&self.g.prog, self.data, self.g.scratch)
 
     @property
@@ -1897,7 +1901,7 @@ cdef class CState:
         enum/pattern/format string (those are bounded by their automaton)."""
         cdef int i
         cdef Thread* th
-        if self.data.n_threads == 0:
+        if self.data.n_threads == 0 or self.g is None:
             return False
         for i in range(self.data.n_threads):
             th = &self.data.threads[i]
@@ -2415,8 +2419,21 @@ cdef class CGrammar:
                 out.best_logit = out.logits[tok]
         return _trie_view(pt, True)
 
-    def allowed_tokens(self, CState state, piece_table):
+    cdef _own(self, state, what):
+        """The state as a CState of this grammar; GrammarStateError for any other object.
+        (The runtime reads the program's tables at the node and DFA indexes a state holds:
+        a state of another grammar would index outside them.)"""
+        if not isinstance(state, CState):
+            raise GrammarStateError(f"{what}: expected a State started by this grammar, "
+                                    f"found {type(state).__name__}")
+        if (<CState>state).g is not self:
+            raise GrammarStateError(f"{what}: the state was started by another grammar; "
+                                    "a state belongs to the grammar whose start() made it")
+        return state
+
+    def allowed_tokens(self, state_obj, piece_table):
         """np.bool_ mask over the vocabulary: pieces whose whole bytes the state accepts."""
+        cdef CState state = self._own(state_obj, "allowed_tokens")
         cdef PieceTable pt = self.piece_table(piece_table)
         cdef cnp.ndarray[cnp.uint8_t, ndim=1] mask = np.zeros(pt.n_tokens, dtype=np.uint8)
         cdef WalkOut out
@@ -2432,12 +2449,13 @@ cdef class CGrammar:
         walk_trie(&self.prog, &t, state.data, self.bufs, pt.max_len + 1, &out)
         return mask.view(np.bool_)
 
-    def best_allowed(self, CState state, logits, piece_table, close_string=False):
+    def best_allowed(self, state_obj, logits, piece_table, close_string=False):
         """(token, new state): the highest-logit token whose piece the state accepts; (-1, state) if none.
 
         close_string: only tokens that end the current string value (the agent's cap on
         free-string length).
         """
+        cdef CState state = self._own(state_obj, "best_allowed")
         cdef PieceTable pt = self.piece_table(piece_table)
         cdef cnp.ndarray[cnp.float32_t, ndim=1] lg = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
         cdef int n_logits = lg.shape[0]

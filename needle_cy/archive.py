@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CactFormatError
+from .errors import CactFormatError, TokenizerError
+from .tokenizer_record import parse_tokenizer_record
 
 TERNARY_BITS = 5  # record bits value of the 1.58-bit ternary width
 
@@ -50,6 +51,7 @@ LIMITS = {
     "kv_window": 1 << 24,
 }
 MAX_GROUP_SIZE = 1 << 16
+MAX_ENGRAM_ORDER = LIMITS["engram_conv_dilation"]   # n-gram order (spec: dilation = max(orders))
 
 # The header is 48 u32 then one f32 (spec §2.2): the scalars named below, then
 # engram_orders[4], num_engram_sites, engram_sites[16], rope_theta.
@@ -307,6 +309,10 @@ def _check_config(cfg, fail):
     orders = cfg.engram_orders
     if any(o < 1 for o in orders):
         fail("engram_orders", f"expected orders >= 1, found {orders}")
+    if any(o > MAX_ENGRAM_ORDER for o in orders):
+        # an n-gram order sizes the token history every prefill keeps; the spec's conv dilation
+        # is max(orders) and is itself bounded by LIMITS["engram_conv_dilation"]
+        fail("engram_orders", f"expected orders <= {MAX_ENGRAM_ORDER}, found {orders}")
     sites = cfg.engram_sites
     if list(sites) != sorted(set(sites)):
         fail("engram_sites", f"expected strictly ascending layer indices, found {sites}")
@@ -493,7 +499,8 @@ class Archive:
     ``close()`` or a ``with`` block.  Attributes: ``config`` (NeedleConfig),
     ``records`` (list of Record), ``roles`` (role → record index), ``heads``
     (names in manifest order), ``head_info`` (name → HeadInfo),
-    ``tokenizer_bytes`` (bytes or None), ``codebooks`` (bits → file codebook),
+    ``tokenizer_bytes`` (bytes or None), ``tokenizer_record`` (its parsed, validated
+    ``TokenizerRecord``, or None), ``codebooks`` (bits → file codebook),
     ``path``, ``file_size``.
     """
 
@@ -676,6 +683,7 @@ class Archive:
         self._check_permutation("hada_p1", fail)
         self._check_permutation("hada_p2", fail)
         self.tokenizer_bytes = None
+        self.tokenizer_record = None
         if has_tokenizer:
             rec = self.records[-1]
             self.tokenizer_bytes = bytes(data[rec.offset: rec.offset + rec.nbytes])
@@ -837,6 +845,12 @@ class Archive:
             pos += length
         if pos != len(blob):
             fail.record(*where, f"{len(blob) - pos} trailing bytes after the last of {n_pieces} pieces")
+        # the pieces themselves (UTF-8 surfaces, <0xHH> byte pieces, flag bytes, scores):
+        # the spec's validation rule covers the whole record, so a bad one fails here, at open
+        try:
+            self.tokenizer_record = parse_tokenizer_record(blob, vocab=self.config.vocab)
+        except TokenizerError as exc:
+            fail.record(*where, str(exc))
 
     # access ------------------------------------------------------------------------
     def _record(self, role_or_index):

@@ -34,6 +34,10 @@ class GrammarLimitError(NeedleError, ValueError):
     """A schema needs more than the grammar's fixed capacities (stack depth, buffers)."""
 
 
+class GrammarStateError(NeedleError, ValueError):
+    """A grammar state was passed to a grammar that did not start it (or is not a state)."""
+
+
 class ContextOverflowError(NeedleError, ValueError):
     """A prompt does not fit in the model's context."""
 

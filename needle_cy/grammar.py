@@ -11,13 +11,14 @@ What is enforced, exactly (never accepting what the schema forbids):
 * ``type`` (single or list), ``enum``, ``const``, boolean schemas.
 * strings: ``minLength``/``maxLength`` in code points; ``pattern`` (ECMA-262
   search semantics, subset below); ``format`` email, uuid, date, time,
-  date-time, ipv4, uri (rules in ``FORMAT_REGEX``); JSON escapes incl.
+  date-time, ipv4, uri (rules in ``FORMAT_REGEX``: date, uuid and ipv4 are exact,
+  the others narrowed -- see ``EXACT_FORMATS``); JSON escapes incl.
   ``\\uXXXX`` surrogate pairs (lone surrogates refused); UTF-8 validated byte by
   byte; control characters refused.
 * numbers: JSON number syntax, ``minimum``/``maximum``/``exclusive*`` (draft-4
   boolean and numeric forms), ``multipleOf`` -- compared as exact decimals.
   ``integer`` accepts integer *syntax* only (``1.0`` is refused: exact, not
-  complete).
+  complete), with or without ``enum``/``const``.
 * arrays: ``items`` (schema or draft-4 list), ``prefixItems``,
   ``additionalItems``, ``minItems``/``maxItems``, ``uniqueItems`` (a duplicate
   item is refused at the byte that completes it; equality is JSON equality,
@@ -30,10 +31,13 @@ What is enforced, exactly (never accepting what the schema forbids):
   ``$id``-less anchors are not supported), recursion bounded by the frame stack.
 * ``allOf`` (merged statically), ``anyOf`` (parallel threads), ``oneOf``
   (parallel threads; when two alternatives both complete the same value, it is
-  refused -- exact for every schema, though a value can then be refused only at
-  its last byte).
+  refused, though a value can then be refused only at its last byte).  This is
+  exact only when each alternative is: an alternative containing a narrowed
+  format or a dialect-sensitive pattern (below) is allowed only when no other
+  alternative shares a JSON type with it, else ``UnsupportedSchemaError``.
 * ``not``: rewritten into positive keywords (De Morgan over keywords; type,
-  enum/const, pattern/format (complemented automata), required, properties,
+  enum/const, pattern and the exact formats (complemented automata; a narrowed
+  format under ``not`` or ``if`` is refused), required, properties,
   bounds, length/count limits, nested not/anyOf/allOf/$ref); any other ``not`` is
   exact when the value set is a finite ``enum``/``const`` (filtered statically),
   else ``UnsupportedSchemaError``.
@@ -54,6 +58,25 @@ a delimiter) meets its bounds and ``multipleOf`` within the NUM_BUF-byte number
 buffer -- exponents included (``40`` is alive under ``maximum: 30`` as ``40e-1``;
 ``3e5`` is not); a number that needs more than NUM_BUF bytes is refused.  Bounds
 and ``multipleOf`` beyond 10**+-MAX_NUM_EXP raise ``GrammarLimitError``.
+
+Regex dialect: ECMA-262 with the ``u`` flag (code points) and Python ``re``
+(what ``jsonschema`` runs) together.  Where they read a construct differently --
+``.`` (ECMA excludes \\r, U+2028, U+2029), ``\\d \\w \\s`` and their complements
+(Python's are Unicode), ``$`` (Python also matches before a final newline) -- a
+pattern that must hold accepts only what both engines match, and a complemented
+one (``not``) refuses what either engine matches; a ``patternProperties`` key the
+engines disagree on is refused.  Python's Unicode ``\\d``/``\\w`` are widened in
+the complemented direction (to every code point from their first non-ASCII
+member), which only refuses more.  ``{,n}`` and a class starting with ``]`` (the
+engines disagree) are refused.
+
+Compiler keywords (``__ptr``, ``__not_pattern``, ``__not_strings``,
+``__not_format``) exist only in the compiler's own synthetic schemas: in a user
+schema they are unknown keywords, i.e. annotations.  Count bounds (lengths,
+items, properties) are int32 at run time: a maximum above 2**31-2 is read as
+2**31-2, a minimum above it makes the type impossible.  A malformed keyword value
+(``"required": [1]``, ``"prefixItems": 5``, ``"$schema": 5``...) is a ``SchemaError``
+naming keyword and pointer.
 
 Regex subset (``pattern``, ``patternProperties``): literals, ``.``, classes
 ``[...]``/``[^...]`` with ranges, ``\\d \\w \\s \\D \\W \\S`` (the intersection of
@@ -136,6 +159,10 @@ ANNOTATIONS = {
     "readOnly", "writeOnly", "deprecated", "$anchor", "$vocabulary", "contentMediaType",
     "contentEncoding", "contentSchema", "definitions", "$defs", "markdownDescription",
 }
+# INTERNAL keywords are made by the compiler (`not`, `if`, dependencies) in its synthetic
+# schemas only; in a user schema they are unknown keywords -- annotations, stripped by
+# Compiler.get -- so a user schema can never reach them.
+INTERNAL = frozenset({"__ptr", "__not_pattern", "__not_strings", "__not_format"})
 SUPPORTED = {
     "type", "enum", "const", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
     "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "items", "prefixItems", "additionalItems",
@@ -143,14 +170,24 @@ SUPPORTED = {
     "patternProperties", "propertyNames", "minProperties", "maxProperties", "$ref", "allOf",
     "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else",
     "anyOf", "oneOf", "not",
-    "__ptr", "__not_pattern", "__not_strings",   # internal: made by the compiler for `not`
-}
+} | INTERNAL
+# counts (lengths, items, properties) are int32 at run time: a maximum above COUNT_CAP is read
+# as COUNT_CAP (nothing longer can be read anyway) and a minimum above it makes the type
+# impossible -- refusing, never accepting, what the schema forbids
+COUNT_CAP = 2 ** 31 - 2
 KNOWN_UNSUPPORTED = {
     "contains",
     "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
     "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "disallow", "extends", "divisibleBy",
 }
 ENFORCED_FORMATS = {"email", "uuid", "date", "time", "date-time", "ipv4", "uri"}
+# Formats whose automaton is exactly the format (``FORMAT_REGEX`` documents each rule): their
+# complement is exact too.  The others are narrowed -- they refuse some valid values (leap
+# seconds, more than 9 fraction digits, quoted or IP-literal emails, and a uri rule that is
+# only character-level) -- so a `not`, an `if` or an overlapping `oneOf` over them is refused:
+# a narrowed complement would accept values the format allows.
+EXACT_FORMATS = {"date", "uuid", "ipv4"}
+NARROWED_FORMATS = ENFORCED_FORMATS - EXACT_FORMATS
 UNENFORCED_STANDARD_FORMATS = {
     "ipv6", "hostname", "idn-hostname", "idn-email", "iri", "iri-reference", "uri-reference",
     "uri-template", "json-pointer", "relative-json-pointer", "regex", "duration",
@@ -256,36 +293,57 @@ def cs_from_re(cls):
 
 
 _CLASS_CACHE = {}
+_PY_CLASSES = {}
+_WIDE_FROM = {"d": 0x0660, "w": 0x00AA}   # first non-ASCII code point of Python's \d / \w
+
+
+def _py_class(letter):
+    if letter not in _PY_CLASSES:
+        _PY_CLASSES[letter] = cs_norm(cs_from_re("\\" + letter))
+    return _PY_CLASSES[letter]
 
 ECMA_SPACE = [(9, 13), (32, 32), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
               (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]
 
 
-def class_ranges(letter):
-    """\\d \\w \\s and complements: the intersection of ECMA-262 and Python re semantics."""
-    if letter in _CLASS_CACHE:
-        return _CLASS_CACHE[letter]
-    if letter == "d":
-        r = [(48, 57)]
-    elif letter == "w":
-        r = [(48, 57), (65, 90), (95, 95), (97, 122)]
-    elif letter == "s":
-        py = cs_norm(cs_from_re(r"\s"))
-        r = [(max(lo, a), min(hi, b)) for lo, hi in ECMA_SPACE for a, b in py if max(lo, a) <= min(hi, b)]
-    elif letter == "D":  # not a digit for either engine
-        r = cs_complement(cs_from_re(r"\d") + [(48, 57)])
-    elif letter == "W":
-        r = cs_complement(cs_from_re(r"\w") + class_ranges("w"))
-    elif letter == "S":
-        r = cs_complement(cs_from_re(r"\s") + ECMA_SPACE)
-    else:
+def class_ranges(letter, mode="both"):
+    """\\d \\w \\s and complements in one of the two dialect modes (see ``regex_dfa``):
+    "both" = the code points both ECMA-262 and Python ``re`` match (the intersection),
+    "either" = the code points at least one of them matches (the union)."""
+    key = (letter, mode)
+    if key in _CLASS_CACHE:
+        return _CLASS_CACHE[key]
+    ecma = {"d": [(48, 57)], "w": [(48, 57), (65, 90), (95, 95), (97, 122)], "s": ECMA_SPACE}
+    low = letter.lower()
+    if low not in ecma:
         raise KeyError(letter)
+    ec = cs_norm(ecma[low])
+    if letter in "dw" and mode == "both":
+        # Python's \d and \w contain ECMA's ASCII ones: the intersection is ECMA's
+        _CLASS_CACHE[key] = ec
+        return ec
+    if low in _WIDE_FROM:
+        inter = ec   # Python's \d and \w contain ECMA's ASCII ones
+        # Python's Unicode \d and \w have tens to hundreds of ranges (slow automata): their
+        # union with ECMA's is widened to "ECMA's ASCII set, or any code point from the first
+        # non-ASCII member on" -- a superset, so the complements taken from it (\D, \W,
+        # [^\d], `not`) stay on the refusing side
+        union = cs_norm(ec + [(_WIDE_FROM[low], MAX_CP)])
+    else:
+        py = _py_class(low)
+        inter = cs_norm([(max(lo, a), min(hi, b)) for lo, hi in ec for a, b in py if max(lo, a) <= min(hi, b)])
+        union = cs_norm(ec + py)
+    if letter == low:
+        r = inter if mode == "both" else union
+    else:  # \D \W \S: not a digit (word, space) for both engines / for either engine
+        r = cs_complement(union) if mode == "both" else cs_complement(inter)
     r = cs_norm(r)
-    _CLASS_CACHE[letter] = r
+    _CLASS_CACHE[key] = r
     return r
 
 
-DOT_RANGES = cs_complement([(10, 10), (13, 13), (0x2028, 0x2029)])
+DOT_RANGES = cs_complement([(10, 10), (13, 13), (0x2028, 0x2029)])   # ECMA-262 '.': both engines
+DOT_EITHER = cs_complement([(10, 10)])                                 # Python '.': either engine
 
 
 # ============================================================================
@@ -299,9 +357,18 @@ class _RegexUnsupported(Exception):
 
 
 class _RegexParser:
-    def __init__(self, text):
+    """Parses a pattern in one dialect mode ("both" or "either", see ``regex_dfa``);
+    ``sensitive`` is set when a construct the two engines read differently was met
+    (``.``, ``\\d \\w \\s`` and their complements); ``dollar`` when a ``$`` was met
+    (Python also matches it before a final newline: the engines then disagree only on
+    strings that end in a newline, see ``Compiler.check_oneof``)."""
+
+    def __init__(self, text, mode="both"):
         self.s = text
         self.i = 0
+        self.mode = mode
+        self.sensitive = False
+        self.dollar = False
 
     def error(self, what):
         raise _RegexUnsupported(f"{what} at offset {self.i} in pattern {self.s!r}")
@@ -322,6 +389,7 @@ class _RegexParser:
             if self.peek() == "$":
                 self.i += 1
                 end = True
+                self.dollar = True   # Python's '$' also matches before a final newline
             alts.append((start, ("cat", items), end))
             if self.peek() == "|":
                 self.i += 1
@@ -362,6 +430,9 @@ class _RegexParser:
             elif c == "{":
                 m = re.match(r"\{(\d+)(,(\d*))?\}", self.s[self.i:])
                 if not m:
+                    if re.match(r"\{,\d*\}", self.s[self.i:]):
+                        # Python reads {,n} as {0,n}, ECMA-262 as the literal text
+                        self.error("'{,n}' repetition (the engines disagree)")
                     return atom  # a literal '{' (ECMA annex B); handled by caller next round
                 self.i += m.end()
                 lo = int(m.group(1))
@@ -404,9 +475,10 @@ class _RegexParser:
             return ("set", self.parse_class())
         if c == ".":
             self.i += 1
-            return ("set", DOT_RANGES)
+            self.sensitive = True
+            return ("set", DOT_RANGES if self.mode == "both" else DOT_EITHER)
         if c == "\\":
-            return ("set", self.parse_escape(in_class=False))
+            return ("set", self.parse_escape(in_class=False, mode=self.mode))
         if c in "*+?":
             self.error("nothing to repeat")
         if c == "{":
@@ -416,14 +488,15 @@ class _RegexParser:
         self.i += 1
         return ("set", [(ord(c), ord(c))])
 
-    def parse_escape(self, in_class):
+    def parse_escape(self, in_class, mode):
         self.i += 1
         c = self.peek()
         if c is None:
             self.error("trailing backslash")
         self.i += 1
         if c in "dwsDWS":
-            return class_ranges(c)
+            self.sensitive = True
+            return class_ranges(c, mode)
         simple = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11}
         if c in simple:
             return [(simple[c], simple[c])]
@@ -456,12 +529,18 @@ class _RegexParser:
         if self.peek() == "^":
             neg = True
             self.i += 1
+        # the members of a negated class are read in the other mode: a code point is outside
+        # [^\d] for both engines when it is a digit for either of them
+        mode = self.mode if not neg else ("either" if self.mode == "both" else "both")
         ranges = []
         first = True
         while True:
             c = self.peek()
             if c is None:
                 self.error("missing ']'")
+            if c == "]" and first:
+                # ECMA-262: [] matches nothing and [^] anything; Python: a literal ']'
+                self.error("']' first in a class (the engines disagree)")
             if c == "]" and not first:
                 self.i += 1
                 break
@@ -469,7 +548,7 @@ class _RegexParser:
                 self.error("POSIX class")
             first = False
             if c == "\\":
-                lo_set = self.parse_escape(in_class=True)
+                lo_set = self.parse_escape(in_class=True, mode=mode)
             else:
                 self.i += 1
                 lo_set = [(ord(c), ord(c))]
@@ -479,7 +558,7 @@ class _RegexParser:
                 self.i += 1
                 c2 = self.peek()
                 if c2 == "\\":
-                    hi_set = self.parse_escape(in_class=True)
+                    hi_set = self.parse_escape(in_class=True, mode=mode)
                 else:
                     self.i += 1
                     hi_set = [(ord(c2), ord(c2))]
@@ -930,10 +1009,29 @@ def minimize_dfa(d):
     return DFA(tr, d.accept[reps])
 
 
-def regex_dfa(pattern, pointer="#"):
-    """Compile an ECMA-262 pattern (search semantics) to a byte DFA over UTF-8."""
+def regex_dfa(pattern, pointer="#", mode="both"):
+    """Compile a pattern (search semantics) to a byte DFA over UTF-8.
+
+    The dialect is the common ground of ECMA-262 with the ``u`` flag (code points) and
+    Python ``re`` (what ``jsonschema`` runs).  Where the two read a construct differently
+    (``.``, ``\\d \\w \\s`` and complements, ``$`` before a final newline), ``mode="both"``
+    accepts only what both engines match -- used for a pattern that must hold -- and
+    ``mode="either"`` what at least one matches -- used for a pattern whose complement is
+    taken (``not``), so the complement holds under both engines too."""
+    return _regex(pattern, pointer, mode)[0]
+
+
+def regex_sensitive(pattern, pointer="#"):
+    """Whether the two engines read some construct of the pattern differently: 0 no,
+    1 only ``$`` (they disagree only on strings ending in a newline: 'both' mode refuses
+    what only Python matches, 'either' mode is Python's reading exactly), 2 otherwise."""
+    return _regex(pattern, pointer, "both")[1]
+
+
+def _regex(pattern, pointer, mode):
+    parser = _RegexParser(pattern, mode)
     try:
-        alts = _RegexParser(pattern).parse_top()
+        alts = parser.parse_top()
     except _RegexUnsupported as exc:
         raise UnsupportedSchemaError(f"unsupported regex: {exc} (at {pointer})",
                                      keyword="pattern", pointer=pointer) from None
@@ -948,11 +1046,14 @@ def regex_dfa(pattern, pointer="#"):
         items.append(ast)
         if not anchored_end:
             items.append(("bytes_any",))
+        elif mode == "either":
+            items.append(("rep", ("set", [(10, 10)]), 0, 1))   # Python: '$' before a final \n
         nfa.build(("cat", items), s, t)
-    return nfa_to_dfa(nfa, s, t)
+    return nfa_to_dfa(nfa, s, t), (2 if parser.sensitive else 1 if parser.dollar else 0)
 
 
 _LITERAL_DFAS = {}
+_NL_END_DFA = None   # the strings that do not end in a newline
 
 
 def literal_dfa(strings, labels=None, other_label=None):
@@ -1083,24 +1184,32 @@ def intersect_dfas(dfas):
 
 # ----------------------------------------------------------------------------
 # formats as regexes (exact rules, documented)
-_DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
-         r"|02-(?:0[1-9]|1\d|2[0-8]))")  # Feb 29 refused (leap years not tracked: exact, not complete)
-_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:[zZ]|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
-_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_YEAR = r"(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"       # 0001-9999
+_LEAP2 = r"(?:[02468][48]|[13579][26]|[2468]0)"                       # 04..96 by 4, not 00
+_LEAP_YEAR = r"(?:[0-9]{2}" + _LEAP2 + "|" + _LEAP2 + "00)"            # Gregorian leap years
+_DATE = (r"(?:" + _YEAR + r"-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+         r"|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + _LEAP_YEAR + "-02-29)")
+_TIME = (r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,9})?"
+         r"(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 FORMAT_REGEX = {
-    # RFC 3339 full-date, month lengths enforced, 29 February refused.
+    # RFC 3339 full-date, proleptic Gregorian, years 0001-9999 (as Python's date): month
+    # lengths and leap years (29 February of 2024 and 2000, not of 1900) -- exact.
     "date": "^" + _DATE + "$",
-    # RFC 3339 full-time with a mandatory offset; no leap second.
+    # RFC 3339 full-time with a mandatory offset; no leap second, at most 9 fraction digits
+    # (narrowed).
     "time": "^" + _TIME + "$",
     "date-time": "^" + _DATE + "[tT]" + _TIME + "$",
-    # dotted quad, no leading zeros
+    # dotted quad, no leading zeros -- exact
     "ipv4": "^" + _OCTET + r"(?:\." + _OCTET + "){3}$",
-    # 8-4-4-4-12 hex digits
+    # 8-4-4-4-12 hex digits -- exact
     "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
-    # local@domain: ASCII atext dot-atoms, domain labels of letters/digits/hyphens (not at ends)
+    # local@domain: ASCII atext dot-atoms, domain labels of letters/digits/hyphens (not at ends);
+    # no quoted local part, no IP literal (narrowed)
     "email": r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
              r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*$",
-    # absolute URI: scheme ":" then RFC 3986 characters (unreserved, reserved, %HH)
+    # absolute URI: scheme ":" then RFC 3986 characters (unreserved, reserved, %HH); a
+    # character-level rule, not the RFC's grammar
     "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?#\[\]]|%[0-9A-Fa-f]{2})*$",
 }
 
@@ -1365,6 +1474,13 @@ class Compiler:
         self.synthetic = {}   # pointer "~synN" -> schema dict
         self.draft = self._draft(doc)
         self.neg_errors = {}
+        self.approx = set()      # nodes that refuse some value their schema allows (see check_oneof)
+        self.approx_nl = set()   # nodes that refuse such values only for a string value ending in "\n"
+        self.str_dfa_obj = {}    # node -> the automaton of its str_dfa (check_oneof narrows it)
+        self.nl_stripped = set()
+        self.kids = {}           # node -> nodes it contains (items, property values, alternatives)
+        self.oneof_ptr = {}      # oneOf choice node -> its pointer
+        self._checked = set()    # ids of schema dicts whose keyword values were checked
         self.t0 = time.monotonic()
         self.depth = 0
         self.memo[()] = ANY_NODE
@@ -1386,6 +1502,8 @@ class Compiler:
     @staticmethod
     def _draft(doc):
         s = doc.get("$schema", "") if isinstance(doc, dict) else ""
+        if not isinstance(s, str):
+            raise SchemaError(f"$schema at # must be a string (a URI), found {type(s).__name__} {s!r}")
         for d in ("draft-03", "draft-04", "draft-06", "draft-07"):
             if d in s:
                 return int(d[-1])
@@ -1405,7 +1523,10 @@ class Compiler:
                 tok = raw.replace("~1", "/").replace("~0", "~")
                 cur = cur[int(tok)] if isinstance(cur, list) else cur[tok]
             return cur
-        return _schema_at(self.doc, ptr)
+        sch = _schema_at(self.doc, ptr)
+        if type(sch) is dict and not INTERNAL.isdisjoint(sch):
+            sch = {k: v for k, v in sch.items() if k not in INTERNAL}
+        return sch
 
     def synth(self, schema):
         name = f"~syn{len(self.synthetic)}"
@@ -1606,10 +1727,17 @@ class Compiler:
                           {"type": "string", "__not_strings": strs} if strs else {"type": "string"},
                           {"allOf": [other_than(n) for n in nums]} if nums else {"type": "number"})
         if k == "pattern":
+            if not isinstance(v, str):
+                raise SchemaError(f"pattern at {ptr} is not a string")
             return {"type": "string", "__not_pattern": v}   # non-strings satisfy `pattern`
         if k == "format":
-            if v in ENFORCED_FORMATS:
-                return {"type": "string", "__not_pattern": FORMAT_REGEX[v]}
+            if v in NARROWED_FORMATS:
+                raise UnsupportedSchemaError(
+                    f"'not' over format {v!r} (at {kp}): the grammar's {v} refuses some valid "
+                    f"values, so its complement would accept them; negation is exact only for "
+                    f"formats {sorted(EXACT_FORMATS)}", keyword="not", pointer=kp)
+            if v in EXACT_FORMATS:
+                return {"type": "string", "__not_format": v}
             if v in UNENFORCED_STANDARD_FORMATS:
                 unsupported()
             return False
@@ -1684,6 +1812,9 @@ class Compiler:
         return None
 
     def check_keywords(self, sch, ptr):
+        if id(sch) not in self._checked:
+            _check_values(sch, ptr, self.draft)
+            self._checked.add(id(sch))
         for k in sch:
             if k in KNOWN_UNSUPPORTED:
                 if k in ("then", "else") and "if" not in sch:
@@ -1772,6 +1903,9 @@ class Compiler:
                     p.alt_n[nid] = len(alt_nodes)
                     p.alt_pool.extend(alt_nodes)
                     p.oneof[nid] = 1 if kw == "oneOf" else 0
+                    self.kids[nid] = list(alt_nodes)
+                    if kw == "oneOf":
+                        self.oneof_ptr[nid] = f"{part.ptr}/oneOf"
                     return
         # 2. a plain value node: merge keywords
         types = T_ALL
@@ -1814,10 +1948,13 @@ class Compiler:
             for v in enum_vals:
                 if not trivial and not self._value_ok(v, rest_parts):
                     continue
-                if any(self._value_ok(v, [_Part(f"{q.ptr}/not")]) for q, _ in nots):
+                # dropped when the `not` schema holds -- or may hold: its program is approximate
+                if any(self._value_ok(v, [_Part(f"{q.ptr}/not")], unsure=True) for q, _ in nots):
                     continue
                 kept.append(v)
-            self._make_enum(nid, kept)
+            # "type": "integer" takes integer syntax only, with or without an enum (1.0 is not
+            # an integer in draft 4 and is refused by plain "integer" in every draft)
+            self._make_enum(nid, kept, int_only=not types & T_NUM)
             return
         if nots:
             # `not` without a finite value set: a few exact static forms
@@ -1860,28 +1997,140 @@ class Compiler:
         if types & T_OBJ:
             self._fill_object(nid, flat)
 
+    def reaches_approx(self, seed=None):
+        """Nodes containing (through items, property values, alternatives) an approximate
+        node: one that refuses some value its schema allows (a narrowed format, a pattern the
+        two regex engines read differently); ``seed``: from those nodes instead."""
+        parents = {}
+        for n, ks in self.kids.items():
+            for c in ks:
+                parents.setdefault(c, []).append(n)
+        out = set(self.approx | self.approx_nl) if seed is None else set(seed)
+        todo = list(out)
+        while todo:
+            for q in parents.get(todo.pop(), ()):
+                if q not in out:
+                    out.add(q)
+                    todo.append(q)
+        return out
+
+    def _descendants(self, roots):
+        out = set(roots)
+        todo = list(out)
+        while todo:
+            for c in self.kids.get(todo.pop(), ()):
+                if c not in out:
+                    out.add(c)
+                    todo.append(c)
+        return out
+
+    def _strip_nl(self, nid):
+        """The node refuses every string value ending in a newline (marked ``approx_nl``)."""
+        p = self.p
+        self.nl_stripped.add(nid)
+        if p.kind[nid] != NODE_VALUE or not p.types[nid] & T_STR:
+            return
+        global _NL_END_DFA
+        if _NL_END_DFA is None:
+            _NL_END_DFA = complement_dfa(regex_dfa("\\n$"))
+        if p.str_dfa[nid] < 0:
+            d = _NL_END_DFA
+        else:
+            d = intersect_dfas([self.str_dfa_obj[nid], _NL_END_DFA])
+        p.str_dfa[nid] = p.add_dfa(d)
+        self.str_dfa_obj[nid] = d
+        self.approx_nl.add(nid)
+
+    def _types_of(self, nid, seen=()):
+        p = self.p
+        if p.kind[nid] != NODE_CHOICE:
+            return p.types[nid]
+        if nid in seen:
+            return T_ALL
+        t = 0
+        for a in p.alt_pool[p.alt_off[nid]: p.alt_off[nid] + p.alt_n[nid]]:
+            t |= self._types_of(a, seen + (nid,))
+        return t
+
+    def check_oneof(self):
+        """oneOf is exact only when each alternative is: "exactly one" refuses a value two
+        alternatives both accept, so an alternative that wrongly refuses a value would let the
+        value through another one.  Approximate alternatives are allowed when no two
+        alternatives share a JSON type (then at most one can ever match).  When the only
+        approximations an alternative reaches refuse a value for a string value ending in a
+        newline (a ``$`` pattern, or such a refusal made here), every node of every
+        alternative refuses string values ending in a newline: a value accepted through one
+        alternative then contains no such string, so no other alternative can match it under
+        Python's reading either.  Otherwise the schema is refused."""
+        if not self.oneof_ptr:
+            return
+        p = self.p
+        while True:
+            hot = hot_nl = None
+            strip = set()
+            for nid, ptr in self.oneof_ptr.items():
+                if p.kind[nid] != NODE_CHOICE or not p.oneof[nid]:
+                    continue
+                alts = p.alt_pool[p.alt_off[nid]: p.alt_off[nid] + p.alt_n[nid]]
+                if hot is None:
+                    hot = self.reaches_approx(self.approx)
+                    hot_nl = self.reaches_approx(self.approx_nl)
+                if not any(a in hot or a in hot_nl for a in alts):
+                    continue
+                types = [self._types_of(a) for a in alts]
+                need = False
+                for i in range(len(alts)):
+                    for j in range(i + 1, len(alts)):
+                        if not types[i] & types[j]:
+                            continue
+                        if alts[i] in hot or alts[j] in hot:
+                            raise UnsupportedSchemaError(
+                                f"oneOf at {ptr}: an alternative uses a narrowed format or a pattern the "
+                                "regex engines read differently, and another alternative can match a "
+                                "value of the same type; 'exactly one' cannot be enforced exactly",
+                                keyword="oneOf", pointer=ptr)
+                        if alts[i] in hot_nl or alts[j] in hot_nl:
+                            need = True
+                if need:
+                    strip |= self._descendants(alts)
+            strip -= self.nl_stripped
+            if not strip:
+                return
+            for n in sorted(strip):
+                self._strip_nl(n)
+
     def _make_never(self, nid):
         self.p.kind[nid] = NODE_VALUE
         self.p.types[nid] = 0
 
     def _copy_node(self, nid, src):
         p = self.p
+        self.kids[nid] = [src]
+        if src in self.oneof_ptr:
+            self.oneof_ptr[nid] = self.oneof_ptr[src]
         for name in ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num_check", "int_lo",
                      "int_hi", "int_flags", "arr_prefix_off", "arr_prefix_n", "arr_items", "arr_min",
                      "arr_max", "arr_unique", "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min",
                      "obj_max", "obj_other_ok", "obj_dep_off", "obj_dep_n", "alt_off", "alt_n", "oneof"):
             arr = getattr(p, name)
             arr[nid] = arr[src]
+        if src in self.str_dfa_obj:
+            self.str_dfa_obj[nid] = self.str_dfa_obj[src]
         if src >= len(p.kind) or p.kind[src] is None:
             raise AssertionError
 
-    def _value_ok(self, value, parts):
-        """Whether a concrete JSON value satisfies a conjunction (compiled + run on the reference)."""
+    def _value_ok(self, value, parts, unsure=False):
+        """Whether a concrete JSON value satisfies a conjunction (compiled + run on the reference).
+        The program may refuse values the conjunction allows (see ``approx``): a refusal then
+        answers ``unsure``."""
         from .reference.grammar import ReferenceState
         sub = Compiler(self.doc)
         sub.synthetic = dict(self.synthetic)
         sub.draft = self.draft
         root = sub.node(parts)
+        sub.check_oneof()
+        if unsure and root in sub.reaches_approx():
+            return True
         sub.p.root = root
         st = ReferenceState(sub.p.finish())
         try:
@@ -1890,8 +2139,9 @@ class Compiler:
             return False
         return st.feed(data) and st.is_complete()
 
-    def _make_enum(self, nid, values):
-        """A node accepting exactly the given values."""
+    def _make_enum(self, nid, values, int_only=False):
+        """A node accepting exactly the given values (numbers in integer syntax only when
+        ``int_only``)."""
         p = self.p
         strs = [v for v in values if isinstance(v, str)]
         nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -1906,11 +2156,16 @@ class Compiler:
                 types |= T_FALSE
         if strs:
             types |= T_STR
-            p.str_dfa[nid] = p.add_dfa(literal_dfa(sorted({s.encode("utf-8") for s in strs})))
+            d = literal_dfa(sorted({s.encode("utf-8") for s in strs}))
+            p.str_dfa[nid] = p.add_dfa(d)
+            self.str_dfa_obj[nid] = d
         if nums:
-            types |= T_INT | T_NUM
             texts = sorted({t.encode() for v in nums for t in number_texts(v)})
-            p.num_dfa[nid] = p.add_dfa(literal_dfa(texts))
+            if int_only:
+                texts = [t for t in texts if t.lstrip(b"-").isdigit()]
+            if texts:
+                types |= T_INT if int_only else T_INT | T_NUM
+                p.num_dfa[nid] = p.add_dfa(literal_dfa(texts))
         if not comps:
             p.types[nid] = types
             return
@@ -1920,6 +2175,8 @@ class Compiler:
             scalar = self._new_node_raw()
             for name in ("types", "str_dfa", "num_dfa"):
                 getattr(p, name)[scalar] = getattr(p, name)[nid]
+            if nid in self.str_dfa_obj:
+                self.str_dfa_obj[scalar] = self.str_dfa_obj[nid]
             p.types[scalar] = types
             alts.append(scalar)
         uniq = []
@@ -1936,6 +2193,7 @@ class Compiler:
         p.alt_n[nid] = len(alts)
         p.alt_pool.extend(alts)
         p.oneof[nid] = 0
+        self.kids[nid] = list(alts)
 
     def _fill_string(self, nid, flat):
         p = self.p
@@ -1945,39 +2203,65 @@ class Compiler:
             if "minLength" in sch and "minLength" not in ex:
                 p.str_min[nid] = max(p.str_min[nid], _nonneg_int(sch["minLength"], part.ptr, "minLength"))
             if "maxLength" in sch and "maxLength" not in ex:
-                v = _nonneg_int(sch["maxLength"], part.ptr, "maxLength")
+                v = min(_nonneg_int(sch["maxLength"], part.ptr, "maxLength"), COUNT_CAP)
                 p.str_max[nid] = v if p.str_max[nid] < 0 else min(p.str_max[nid], v)
             if "pattern" in sch and "pattern" not in ex:
                 pat = sch["pattern"]
                 if not isinstance(pat, str):
                     raise SchemaError(f"pattern at {part.ptr} is not a string")
-                dfas.append(self._pattern(pat, part.ptr + "/pattern"))
+                dfas.append(self._pattern(pat, part.ptr + "/pattern", nid=nid, value=True))
             if "__not_pattern" in sch:
-                dfas.append(complement_dfa(self._pattern(sch["__not_pattern"], part.ptr + "/not/pattern")))
+                # the complement of what either engine matches: refused by both
+                dfas.append(complement_dfa(self._pattern(sch["__not_pattern"], part.ptr + "/not/pattern",
+                                                         mode="either", nid=nid)))
+            if "__not_format" in sch:
+                dfas.append(complement_dfa(self._format(sch["__not_format"], part.ptr + "/not/format")))
             if "__not_strings" in sch:
                 dfas.append(complement_dfa(literal_dfa(sorted({x.encode("utf-8") for x in sch["__not_strings"]}))))
             if "format" in sch and "format" not in ex:
                 f = sch["format"]
                 if f in ENFORCED_FORMATS:
-                    dfas.append(self._pattern(FORMAT_REGEX[f], part.ptr + "/format"))
+                    dfas.append(self._format(f, part.ptr + "/format"))
+                    if f in NARROWED_FORMATS:
+                        self.approx.add(nid)
                 elif f in UNENFORCED_STANDARD_FORMATS:
                     raise UnsupportedSchemaError(f"format {f!r} is not enforced (at {part.ptr})",
                                                  keyword="format", pointer=part.ptr + "/format")
                 # other (non-standard) formats are annotations
+        if p.str_min[nid] > COUNT_CAP:
+            p.str_min[nid] = 0
+            p.types[nid] &= ~T_STR
         if dfas:
-            p.str_dfa[nid] = p.add_dfa(intersect_dfas(dfas))
+            d = intersect_dfas(dfas)
+            p.str_dfa[nid] = p.add_dfa(d)
+            self.str_dfa_obj[nid] = d
 
     _pattern_cache = {}
 
-    def _pattern(self, pat, ptr):
-        """The DFA of a pattern, memoised per process (formats and patterns recur)."""
-        hit = Compiler._pattern_cache.get(pat)
+    def _pattern(self, pat, ptr, mode="both", nid=None, value=False):
+        """The DFA of a user pattern in a dialect mode (see ``regex_dfa``), memoised per
+        process (patterns recur).  When the engines read the pattern differently the node
+        ``nid`` is marked approximate (it may refuse a value one engine allows).  A pattern
+        whose only difference is ``$`` is exact in "either" mode (Python's reading: ECMA's
+        matches are a subset), and in "both" mode, for a string ``value``, refuses only
+        strings ending in a newline that Python matches (``approx_nl``)."""
+        key = (pat, mode)
+        hit = Compiler._pattern_cache.get(key)
         if hit is None:
-            hit = regex_dfa(pat, ptr)
+            hit = _regex(pat, ptr, mode)
             if len(Compiler._pattern_cache) >= 1024:
                 Compiler._pattern_cache.clear()
-            Compiler._pattern_cache[pat] = hit
-        return hit
+            Compiler._pattern_cache[key] = hit
+        if hit[1] and nid is not None:
+            if hit[1] == 2:
+                self.approx.add(nid)
+            elif mode == "both":
+                (self.approx_nl if value else self.approx).add(nid)
+        return hit[0]
+
+    def _format(self, name, ptr):
+        """The DFA of a built-in format (``FORMAT_REGEX``: ASCII rules, read as written)."""
+        return self._pattern(FORMAT_REGEX[name], ptr)
 
     def _fill_number(self, nid, flat, types):
         p = self.p
@@ -2068,7 +2352,7 @@ class Compiler:
             if "minItems" in sch and "minItems" not in ex:
                 p.arr_min[nid] = max(p.arr_min[nid], _nonneg_int(sch["minItems"], part.ptr, "minItems"))
             if "maxItems" in sch and "maxItems" not in ex:
-                v = _nonneg_int(sch["maxItems"], part.ptr, "maxItems")
+                v = min(_nonneg_int(sch["maxItems"], part.ptr, "maxItems"), COUNT_CAP)
                 p.arr_max[nid] = v if p.arr_max[nid] < 0 else min(p.arr_max[nid], v)
             if sch.get("uniqueItems") is True and "uniqueItems" not in ex:
                 p.arr_unique[nid] = 1
@@ -2099,6 +2383,7 @@ class Compiler:
                 elif tail is not None:
                     conj.append(_Part(tail))
             node_ids.append(self.node(conj) if conj else ANY_NODE)
+        self.kids.setdefault(nid, []).extend(node_ids)
         p.arr_prefix_off[nid] = len(p.prefix_pool)
         p.arr_prefix_n[nid] = n_prefix
         p.prefix_pool.extend(node_ids[:n_prefix])
@@ -2111,7 +2396,8 @@ class Compiler:
                     mx = i
                     break
             p.arr_max[nid] = mx if p.arr_max[nid] < 0 else min(p.arr_max[nid], mx)
-        if p.arr_max[nid] >= 0 and p.arr_min[nid] > p.arr_max[nid]:
+        if (p.arr_max[nid] >= 0 and p.arr_min[nid] > p.arr_max[nid]) or p.arr_min[nid] > COUNT_CAP:
+            p.arr_min[nid] = min(p.arr_min[nid], COUNT_CAP)
             p.types[nid] &= ~T_ARR
 
     def _fill_object(self, nid, flat):
@@ -2147,7 +2433,7 @@ class Compiler:
             if "minProperties" in sch and "minProperties" not in ex:
                 p.obj_min[nid] = max(p.obj_min[nid], _nonneg_int(sch["minProperties"], part.ptr, "minProperties"))
             if "maxProperties" in sch and "maxProperties" not in ex:
-                v = _nonneg_int(sch["maxProperties"], part.ptr, "maxProperties")
+                v = min(_nonneg_int(sch["maxProperties"], part.ptr, "maxProperties"), COUNT_CAP)
                 p.obj_max[nid] = v if p.obj_max[nid] < 0 else min(p.obj_max[nid], v)
             addl = None
             if "additionalProperties" in sch and "additionalProperties" not in ex:
@@ -2162,7 +2448,7 @@ class Compiler:
                             continue  # schema dependencies were rewritten in expand()
                         deps.append((name, list(dv)))
             if "propertyNames" in sch and "propertyNames" not in ex:
-                name_dfas.append(self._names_dfa(f"{part.ptr}/propertyNames"))
+                name_dfas.append(self._names_dfa(f"{part.ptr}/propertyNames", nid))
             patterns.extend(pats)
         for k in required:
             props.setdefault(k, [])
@@ -2191,14 +2477,24 @@ class Compiler:
             return conj
 
         pattern_list = sorted(set(rx for rx, _ in patterns))
-        pattern_dfas = [self._pattern(rx, "patternProperties") for rx in pattern_list]
+        pattern_dfas = [self._pattern(rx, "patternProperties", nid=nid) for rx in pattern_list]
+        # a pattern the engines read differently also runs in "either" mode: a key one engine
+        # matches and the other does not is refused (its value schema would be ambiguous)
+        either_dfas = [(j, self._pattern(rx, "patternProperties", mode="either"))
+                       for j, rx in enumerate(pattern_list) if regex_sensitive(rx)]
+
+        def hits(d, name):
+            st = d.run(name.encode("utf-8"))
+            return st >= 0 and d.accept[st] >= 0
 
         def matched(name):
             out = set()
             for rx, d in zip(pattern_list, pattern_dfas):
-                st = d.run(name.encode("utf-8"))
-                if st >= 0 and d.accept[st] >= 0:
+                if hits(d, name):
                     out.add(rx)
+            for j, d in either_dfas:
+                if hits(d, name) and pattern_list[j] not in out:
+                    return None
             return frozenset(out)
 
         # key classes: declared names first
@@ -2209,7 +2505,7 @@ class Compiler:
             key = (pidx, pats)
             if key not in classes:
                 name = names[pidx] if pidx >= 0 else None
-                node = self.node(value_parts(name, pats))
+                node = NEVER_NODE if pats is None else self.node(value_parts(name, pats))
                 classes[key] = len(cls_prop)
                 cls_prop.append(pidx)
                 cls_node.append(node)
@@ -2225,16 +2521,20 @@ class Compiler:
         # product DFA: names trie x patterns x propertyNames
         trie = literal_dfa([k.encode("utf-8") for k in names], labels=list(range(len(names)))) \
             if names else _dead_dfa()
-        comps = [trie] + pattern_dfas + name_dfas
-        complete = [True] * (1 + len(pattern_dfas)) + [False] * len(name_dfas)
+        comps = [trie] + pattern_dfas + [d for _, d in either_dfas] + name_dfas
         n_pat = len(pattern_dfas)
+        n_either = len(either_dfas)
+        complete = [True] * (1 + n_pat + n_either) + [False] * len(name_dfas)
 
         def combine(labels):
-            for j in range(n_pat + 1, len(labels)):
+            for j in range(1 + n_pat + n_either, len(labels)):
                 if labels[j] < 0:
                     return -1
             if labels[0] >= 0:
                 return name_labels[labels[0]]
+            for (j, _), lab in zip(either_dfas, labels[1 + n_pat:1 + n_pat + n_either]):
+                if lab >= 0 and labels[1 + j] < 0:
+                    return -1    # one engine matches the key, the other does not: refused
             pats = frozenset(rx for rx, lab in zip(pattern_list, labels[1:1 + n_pat]) if lab >= 0)
             return class_id(-1, pats)
 
@@ -2250,6 +2550,7 @@ class Compiler:
         nwords = max(1, (len(names) + 63) // 64)
         reach, other = _reach_sets(key_dfa, cls_prop, nwords)
         cls_base = len(p.cls_prop)
+        self.kids.setdefault(nid, []).extend(cls_node)
         p.cls_prop.extend(cls_prop)
         p.cls_node.extend(cls_node)
         if cls_base:
@@ -2274,12 +2575,13 @@ class Compiler:
             p.dep_pool.extend([names.index(k), len(p.words)])
             p.words.extend(w)
         p.obj_other_ok[nid] = 1 if any(other) else 0
-        if p.obj_max[nid] >= 0 and p.obj_min[nid] > p.obj_max[nid]:
+        if (p.obj_max[nid] >= 0 and p.obj_min[nid] > p.obj_max[nid]) or p.obj_min[nid] > COUNT_CAP:
+            p.obj_min[nid] = min(p.obj_min[nid], COUNT_CAP)
             p.types[nid] &= ~T_OBJ
         if p.obj_max[nid] >= 0 and len(required) > p.obj_max[nid]:
             p.types[nid] &= ~T_OBJ
 
-    def _names_dfa(self, ptr):
+    def _names_dfa(self, ptr, nid):
         """propertyNames: a string-only schema made of pattern/enum/const/format/type/maxLength-free parts."""
         sch = self.get(ptr)
         if sch is True or sch == {}:
@@ -2298,19 +2600,24 @@ class Compiler:
                     if s[k] != "string" and "string" not in (s[k] if isinstance(s[k], list) else []):
                         return _dead_dfa()
                 elif k == "pattern":
-                    dfas.append(self._pattern(s[k], f"{part.ptr}/pattern"))
+                    dfas.append(self._pattern(s[k], f"{part.ptr}/pattern", nid=nid))
                 elif k in ("enum", "const"):
                     vals = s[k] if k == "enum" else [s[k]]
                     dfas.append(literal_dfa(sorted({v.encode("utf-8") for v in vals if isinstance(v, str)}))
                                 if any(isinstance(v, str) for v in vals) else _dead_dfa())
                 elif k == "format":
                     if s[k] in ENFORCED_FORMATS:
-                        dfas.append(self._pattern(FORMAT_REGEX[s[k]], f"{part.ptr}/format"))
+                        dfas.append(self._format(s[k], f"{part.ptr}/format"))
+                        if s[k] in NARROWED_FORMATS:
+                            self.approx.add(nid)
                     elif s[k] in UNENFORCED_STANDARD_FORMATS:
                         raise UnsupportedSchemaError(f"format {s[k]!r} in propertyNames", keyword="format",
                                                      pointer=f"{part.ptr}/format")
                 elif k == "maxLength" or k == "minLength":
                     n = _nonneg_int(s[k], part.ptr, k)
+                    if n > 1000:
+                        raise GrammarLimitError(f"{k} {n} inside propertyNames at {part.ptr}: the key "
+                                                "automaton counts at most 1000 code points")
                     any_cp = ("set", cs_norm([(0, MAX_CP)]))
                     ast = ("rep", any_cp, n, None) if k == "minLength" else ("rep", any_cp, 0, n)
                     nfa = NFA()
@@ -2401,6 +2708,69 @@ def _value_type_bit(v):
     return 0
 
 
+def _is_schema(v):
+    return isinstance(v, (dict, bool))
+
+
+def _check_values(sch, ptr, draft):
+    """The shape of each keyword's value (a malformed value is a SchemaError naming the keyword,
+    the pointer, what was expected and what was found -- never a bare Python exception)."""
+    def bad(k, expected, v):
+        raise SchemaError(f"{k} at {ptr} must be {expected}, found {type(v).__name__} {_short(v)}")
+
+    def names(k, v):
+        if not isinstance(v, list):
+            bad(k, "a list of property names", v)
+        for i, x in enumerate(v):
+            if not isinstance(x, str):
+                raise SchemaError(f"{k} at {ptr}: entry {i} must be a property name (string), "
+                                  f"found {type(x).__name__} {_short(x)}")
+
+    for k, v in sch.items():
+        if k == "required":
+            if isinstance(v, bool) and draft <= 3:
+                continue
+            names(k, v)
+        elif k == "dependentRequired":
+            if not isinstance(v, dict):
+                bad(k, "an object of property-name lists", v)
+            for name, dv in v.items():
+                names(f"{k}/{name}", dv)
+        elif k == "dependencies":
+            if not isinstance(v, dict):
+                bad(k, "an object", v)
+            for name, dv in v.items():
+                if isinstance(dv, list):
+                    names(f"{k}/{name}", dv)
+                elif not _is_schema(dv):
+                    bad(f"{k}/{name}", "a list of property names or a schema", dv)
+        elif k in ("dependentSchemas", "properties", "patternProperties", "$defs", "definitions"):
+            if not isinstance(v, dict):
+                bad(k, "an object", v)
+        elif k == "prefixItems" or k in ("allOf", "anyOf", "oneOf", "enum"):
+            if not isinstance(v, list):
+                bad(k, "a list", v)
+        elif k == "items":
+            if not (_is_schema(v) or isinstance(v, list)):
+                bad(k, "a schema or a list of schemas", v)
+        elif k in ("additionalItems", "additionalProperties", "propertyNames", "not", "if", "then",
+                   "else", "contains"):
+            if not _is_schema(v):
+                bad(k, "a schema (an object or a boolean)", v)
+        elif k in ("pattern", "format", "$ref"):
+            if not isinstance(v, str):
+                bad(k, "a string", v)
+        elif k == "type":
+            for x in (v if isinstance(v, list) else [v]):
+                if not isinstance(x, (str, dict)):
+                    bad(k, "a type name or a list of type names", v)
+
+
+def _short(v):
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _nonneg_int(v, ptr, kw):
     if isinstance(v, float) and v.is_integer():
         v = int(v)
@@ -2420,6 +2790,7 @@ def compile_program(schema):
         root = c.node([_Part("#")])
     except RecursionError:
         raise GrammarLimitError("schema nesting too deep to compile") from None
+    c.check_oneof()
     c.p.root = root
     return c.p.finish()
 

@@ -128,7 +128,7 @@ class Model:
     @classmethod
     def load(cls, path_or_archive: Union[str, "os.PathLike[str]", Any], backend: str = "cython",
              numerics: str = "deploy", threads: Optional[int] = None, depth: Optional[int] = None,
-             sink_tokens: int = DEFAULT_SINK_TOKENS, layers: Optional[Sequence[int]] = None,
+             sink_tokens: Optional[int] = None, layers: Optional[Sequence[int]] = None,
              kv_window: Optional[int] = None, sinks: Optional[int] = None) -> "Model":
         """Open an archive (path or :class:`needle_cy.archive.Archive`) and build an engine.
 
@@ -139,7 +139,9 @@ class Model:
                      archive's own num_layers — meant for a parent archive; for an archive that is
                      already a slice pass ``layers``, an explicit ascending block list).
         sink_tokens  first positions pinned when the KV window wraps (0 = plain sliding window);
-                     ``sinks`` is an alias.
+                     ``sinks`` is an alias.  Default: ``DEFAULT_SINK_TOKENS`` (4), lowered to
+                     W - 1 when the KV window W is smaller, so every valid archive loads
+                     with defaults; an explicit value must be smaller than W.
         kv_window    override of the KV window W (default: header, or the §9.1 budget).
         """
         if backend not in BACKENDS:
@@ -160,6 +162,8 @@ class Model:
             if not isinstance(kv_window, (int, np.integer)) or isinstance(kv_window, bool) or kv_window < 1:
                 raise ValueError(f"Model.load: kv_window must be a positive integer, got {kv_window!r}")
             window = min(int(kv_window), weights.max_seq_len)
+        if sink_tokens is None:
+            sink_tokens = min(DEFAULT_SINK_TOKENS, window - 1)
         sink_tokens = cls._check_sinks(sink_tokens, window)
         engine = _make_engine(backend, weights, numerics, window, sink_tokens, n_threads)
         return cls(weights, engine, archive, backend, numerics, window, sink_tokens, n_threads)
@@ -208,7 +212,10 @@ class Model:
 
     # ---------------------------------------------------------------- checks
     def _ids(self, ids, what):
-        arr = np.asarray(ids)
+        try:
+            arr = np.asarray(ids)
+        except (ValueError, TypeError) as exc:   # ragged nesting, unconvertible objects
+            raise TokenizerError(f"{what}: token ids must be a 1-D sequence of integers ({exc})") from None
         if arr.ndim == 0:
             arr = arr.reshape(1)
         if arr.ndim != 1:

@@ -1,6 +1,7 @@
 """The archive's SentencePiece BPE tokenizer: record parsing, encoding, decoding, piece bytes.
 
-The RAW tokenizer record (spec §2.9) is parsed and validated here; encoding (§6.2)
+The RAW tokenizer record (spec §2.9) is parsed and validated by
+``needle_cy.tokenizer_record`` (re-exported here); encoding (§6.2)
 runs in the Cython priority-queue BPE of ``needle_cy._bpe`` (its literal twin is
 ``needle_cy.reference.bpe``); decoding (§6.3) and the per-token output bytes the
 grammar needs are plain Python over a table built once.
@@ -10,17 +11,14 @@ grammar needs are plain Python over a table built once.
     tok.decode(ids[1:]) == prompt
 """
 import codecs
-import math
+import numbers
 import os
-import re
-import struct
-from dataclasses import dataclass
 
 from .errors import TokenizerError, UnknownMarkerError
+from .tokenizer_record import (  # noqa: F401 - re-exported: the record's names live there
+    BYTE, CONTROL, NORMAL, TYPE_NAMES, UNKNOWN, USER_DEFINED, TokenizerRecord, parse_tokenizer_record,
+)
 
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 3, 4
-TYPE_NAMES = {NORMAL: "NORMAL", UNKNOWN: "UNKNOWN", CONTROL: "CONTROL",
-              USER_DEFINED: "USER_DEFINED", BYTE: "BYTE"}
 META_SPACE = "\u2581"
 
 # The 16 chat markers the official exporter types as USER_DEFINED (spec §6.1).
@@ -29,106 +27,6 @@ CHAT_MARKERS = (
     "<tool_call>", "</tool_call>", "<tool_result>", "</tool_result>",
     "<context>", "</context>", "<extract>", "</extract>", "<schema>", "</schema>",
 )
-
-_HEADER = struct.Struct("<5IBBH")   # n_pieces, pad, eos, bos, unk, add_dummy_prefix, byte_fallback, zero
-_PIECE = struct.Struct("<fBH")      # score, type, surface_len (then the surface bytes)
-_BYTE_SURFACE = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")
-
-
-@dataclass(frozen=True)
-class TokenizerRecord:
-    """The parsed tokenizer record: one entry per piece, in id order, plus the header fields."""
-
-    pieces: tuple       # surfaces (str)
-    scores: tuple       # float32 values as Python floats
-    types: tuple        # 0 NORMAL, 1 UNKNOWN, 2 CONTROL, 3 USER_DEFINED, 4 BYTE
-    pad_id: int
-    eos_id: int
-    bos_id: int
-    unk_id: int
-    add_dummy_prefix: bool
-    byte_fallback: bool
-
-    @property
-    def n_pieces(self):
-        return len(self.pieces)
-
-    def to_bytes(self):
-        """The record's exact on-disk encoding (inverse of ``parse_tokenizer_record``)."""
-        out = [_HEADER.pack(len(self.pieces), self.pad_id, self.eos_id, self.bos_id, self.unk_id,
-                            int(self.add_dummy_prefix), int(self.byte_fallback), 0)]
-        for surface, score, piece_type in zip(self.pieces, self.scores, self.types):
-            raw = surface.encode("utf-8")
-            out.append(_PIECE.pack(score, piece_type, len(raw)))
-            out.append(raw)
-        return b"".join(out)
-
-
-def parse_tokenizer_record(data, vocab=None):
-    """Parse and validate a RAW tokenizer record (spec §2.9); ``vocab`` = embedding rows V if known.
-
-    Raises TokenizerError naming the field, the byte offset and what was expected.
-    """
-    data = bytes(data)
-    if len(data) < _HEADER.size:
-        raise TokenizerError(f"tokenizer record truncated: {len(data)} bytes, "
-                             f"expected at least the {_HEADER.size}-byte header")
-    n_pieces, pad_id, eos_id, bos_id, unk_id, dummy, fallback, zero = _HEADER.unpack_from(data, 0)
-    if n_pieces == 0:
-        raise TokenizerError("tokenizer record has n_pieces = 0, expected at least one piece")
-    if vocab is not None and n_pieces > vocab:
-        raise TokenizerError(f"tokenizer record has n_pieces = {n_pieces}, more than the "
-                             f"archive's vocab = {vocab} embedding rows")
-    # Every piece takes at least 7 bytes: reject absurd counts before allocating anything.
-    if n_pieces > (len(data) - _HEADER.size) // _PIECE.size:
-        raise TokenizerError(f"tokenizer record truncated: n_pieces = {n_pieces} needs at least "
-                             f"{_HEADER.size + n_pieces * _PIECE.size} bytes, the record has {len(data)}")
-    for name, value in (("add_dummy_prefix", dummy), ("byte_fallback", fallback)):
-        if value not in (0, 1):
-            raise TokenizerError(f"tokenizer record header field {name} = {value}, expected 0 or 1")
-    if zero != 0:
-        raise TokenizerError(f"tokenizer record header padding (offset 22) = {zero}, expected 0")
-    for name, value in (("pad_id", pad_id), ("eos_id", eos_id), ("bos_id", bos_id), ("unk_id", unk_id)):
-        if value >= n_pieces:
-            raise TokenizerError(f"tokenizer record header {name} = {value}, expected < n_pieces = {n_pieces}")
-
-    pieces, scores, types = [], [], []
-    offset = _HEADER.size
-    for piece_id in range(n_pieces):
-        if offset + _PIECE.size > len(data):
-            raise TokenizerError(f"tokenizer record truncated in piece {piece_id} at byte {offset}: "
-                                 f"expected a {_PIECE.size}-byte piece header, {len(data) - offset} bytes left")
-        score, piece_type, surface_len = _PIECE.unpack_from(data, offset)
-        offset += _PIECE.size
-        if piece_type not in TYPE_NAMES:
-            raise TokenizerError(f"tokenizer piece {piece_id} (byte {offset - _PIECE.size}) has type "
-                                 f"{piece_type}, expected 0..4 (NORMAL/UNKNOWN/CONTROL/USER_DEFINED/BYTE)")
-        if math.isnan(score):
-            raise TokenizerError(f"tokenizer piece {piece_id} has a NaN score, expected a number")
-        if surface_len == 0:
-            raise TokenizerError(f"tokenizer piece {piece_id} has an empty surface, expected 1+ bytes")
-        if offset + surface_len > len(data):
-            raise TokenizerError(f"tokenizer piece {piece_id} surface overruns the record: "
-                                 f"{surface_len} bytes at byte {offset}, record ends at {len(data)}")
-        try:
-            surface = data[offset:offset + surface_len].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise TokenizerError(f"tokenizer piece {piece_id} surface (byte {offset}) is not valid "
-                                 f"UTF-8: {exc.reason} at surface byte {exc.start}") from None
-        if any(0xD800 <= ord(c) <= 0xDFFF for c in surface):  # pragma: no cover - strict UTF-8 forbids
-            raise TokenizerError(f"tokenizer piece {piece_id} surface contains a surrogate")
-        if piece_type == BYTE and not _BYTE_SURFACE.match(surface):
-            raise TokenizerError(f"tokenizer piece {piece_id} has type BYTE but surface {surface!r}, "
-                                 "expected <0xHH>")
-        offset += surface_len
-        pieces.append(surface)
-        scores.append(score)
-        types.append(piece_type)
-    if offset != len(data):
-        raise TokenizerError(f"tokenizer record has {len(data) - offset} trailing bytes after "
-                             f"piece {n_pieces - 1} (record ends at byte {offset} of {len(data)})")
-    return TokenizerRecord(tuple(pieces), tuple(scores), tuple(types), pad_id, eos_id, bos_id, unk_id,
-                           bool(dummy), bool(fallback))
 
 
 def record_from_sentencepiece(model_path):
@@ -206,6 +104,11 @@ class StreamDecoder:
         return text
 
 
+def _is_id(x):
+    """An int-like token id (Python or NumPy integer), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 class Tokenizer:
     """Encode/decode with the vocabulary of a Needle archive (spec §6)."""
 
@@ -249,6 +152,9 @@ class Tokenizer:
         if data is None:
             raise TokenizerError(f"archive {getattr(archive, 'path', archive)!s} has no tokenizer "
                                  "(no RAW record), expected one as the last record")
+        record = getattr(archive, "tokenizer_record", None)
+        if record is not None:  # parsed and validated when the archive was opened
+            return cls(record)
         vocab = getattr(getattr(archive, "config", None), "vocab", None)
         return cls.from_record_bytes(data, vocab=vocab)
 
@@ -314,6 +220,8 @@ class Tokenizer:
         return self.record.types[self._check_id(piece_id)]
 
     def _check_id(self, piece_id):
+        if not _is_id(piece_id):
+            raise TokenizerError(f"token id must be an int, found {type(piece_id).__name__} {piece_id!r}")
         if not (0 <= piece_id < len(self._decode_bytes)):
             raise TokenizerError(f"token id {piece_id} out of range, expected 0 <= id < {len(self._decode_bytes)}")
         return piece_id
@@ -359,12 +267,17 @@ class Tokenizer:
         decoded (U+FFFD for invalid sequences), "▁" → " ", one dummy-prefix space dropped."""
         table = self._decode_bytes
         try:
+            ids = list(ids)
+        except TypeError:
+            raise TokenizerError(f"decode expects a sequence of int token ids, found {type(ids).__name__}") from None
+        for k, i in enumerate(ids):
+            if not _is_id(i):  # a bool (or a float) is not a token id
+                raise TokenizerError(f"decode expects int token ids, found {type(i).__name__} {i!r} at index {k}")
+        try:
             raw = b"".join([table[i] for i in ids if i >= 0])
             bad = [i for i in ids if i < 0]
         except IndexError:
             bad = [i for i in ids if not (0 <= i < len(table))]
-        except TypeError:
-            raise TokenizerError("decode expects a sequence of int token ids") from None
         if bad:
             raise TokenizerError(f"token id {bad[0]} out of range, expected 0 <= id < {len(table)}")
         text = raw.decode("utf-8", errors="replace").replace(META_SPACE, " ")

@@ -409,3 +409,116 @@ def test_router_without_calibration_is_tolerated(base):
 
     with pytest.raises(CactFormatError, match=r"record \d+ \(heads\.\w+\.\w+\)"):
         Archive.from_bytes(rebuild(data, Short, len(short), []))
+
+
+# --- issue 19: every header value Archive.open accepts must also load and run -------------
+
+ENGRAM_ORDERS_AT = 4 * HEADER_NAMES.index("engram_orders[0]")
+
+
+def test_engram_orders_header_bound(base):
+    """u32 #27 (byte 108): 2**31-1 once passed open and grew prefill to 23.5 GB; 2**31 raised
+    OverflowError.  Orders are bounded by the conv dilation limit (spec: dilation = max(orders))."""
+    from needle_cy.archive import MAX_ENGRAM_ORDER
+    data, _ = base
+    assert ENGRAM_ORDERS_AT == 108
+    for bad in (MAX_ENGRAM_ORDER + 1, (1 << 24) - 1, (1 << 31) - 1, 1 << 31, 0xFFFFFFFF):
+        with pytest.raises(CactFormatError, match=r"engram_orders.*expected orders <= 64"):
+            Archive.from_bytes(patch(data, ENGRAM_ORDERS_AT, "<I", bad))
+    arc = Archive.from_bytes(patch(data, ENGRAM_ORDERS_AT, "<I", MAX_ENGRAM_ORDER))
+    assert arc.config.engram_orders[0] == MAX_ENGRAM_ORDER
+
+
+def _runs(data):
+    """The archive loads with defaults in both engines and a prefill + step produces finite logits."""
+    from needle_cy import Model
+    arc = Archive.from_bytes(data)
+    for backend in ("cython", "numpy"):
+        model = Model.load(arc, backend=backend, threads=1)
+        logits = model.prefill([1, 2, 3][: model.max_seq_len])
+        assert np.isfinite(np.asarray(logits)).all()
+        if model.position < model.max_seq_len:
+            assert np.isfinite(np.asarray(model.step(4))).all()
+
+
+def test_every_header_value_that_opens_also_loads(base):
+    """Sweep every u32 header field over edge values: either CactFormatError at open, or the
+    archive loads with default arguments and runs (no OverflowError, no ValueError from a
+    default, no runaway allocation)."""
+    data, _ = base
+    failures = []
+    ran = 0
+    for i, name in enumerate(HEADER_NAMES):
+        if name == "rope_theta":
+            continue
+        value = struct.unpack_from("<I", data, 4 * i)[0]
+        for new in sorted({0, 1, 2, 4, 5, value + 1, (1 << 24) - 1, (1 << 31) - 1, 1 << 31} - {value}):
+            mutated = patch(data, 4 * i, "<I", new)
+            try:
+                Archive.from_bytes(mutated)
+            except CactFormatError:
+                continue
+            try:
+                _runs(mutated)
+                ran += 1
+            except Exception as exc:  # noqa: BLE001 — any exception here is the bug
+                failures.append(f"header {name}: {value} -> {new}: {type(exc).__name__}: {exc}")
+    assert not failures, "\n".join(failures[:30])
+    assert ran > 10
+
+
+@pytest.mark.parametrize("field,values", [("kv_window", (1, 2, 3, 4)), ("max_seq_len", (1, 2, 4))])
+def test_small_window_loads_with_default_sinks(base, field, values):
+    """kv_window=1 or max_seq_len <= 4 once made Model.load raise 'sink_tokens (4) must be
+    smaller than the KV window' although the caller never set sink_tokens."""
+    from needle_cy import Model
+    from needle_cy.model import DEFAULT_SINK_TOKENS
+    data, _ = base
+    offset = 4 * HEADER_NAMES.index(field)
+    for v in values:
+        arc = Archive.from_bytes(patch(data, offset, "<I", v))
+        model = Model.load(arc, threads=1)
+        assert model.sink_tokens == min(DEFAULT_SINK_TOKENS, model.kv_window - 1)
+        model.prefill([1])
+        # an explicit value is still checked against the window
+        with pytest.raises(ValueError, match="smaller than the KV window"):
+            Model.load(arc, threads=1, sink_tokens=model.kv_window)
+
+
+def _with_piece(data, arc, piece_type, surface, n_pieces=None):
+    """The base archive with piece 0 of its tokenizer record replaced (same record length)."""
+    rec = arc.records[-1]
+    blob = bytearray(data[rec.offset: rec.offset + rec.nbytes])
+    first = 24
+    _score, _t, length = struct.unpack_from("<fBH", blob, first)
+    assert len(surface) == length
+    struct.pack_into("<fBH", blob, first, 0.0, piece_type, length)
+    blob[first + 7: first + 7 + length] = surface
+    out = bytearray(data)
+    out[rec.offset: rec.offset + rec.nbytes] = blob
+    return bytes(out)
+
+
+def test_tokenizer_record_validated_at_open(base):
+    """Invalid UTF-8 surfaces, malformed <0xHH> pieces and bad flag bytes were refused only by
+    Tokenizer.from_archive; the spec's validation rule makes them Archive.open's job."""
+    data, arc = base
+    rec = arc.records[-1]
+    cases = {
+        "invalid UTF-8": _with_piece(data, arc, 0, b"\xff\xfe"),
+        "truncated UTF-8": _with_piece(data, arc, 0, b"p\xc3"),
+        "BYTE piece not <0xHH>": _with_piece(data, arc, 4, b"p0"),
+        "add_dummy_prefix flag 2": patch(data, rec.offset + 20, "<B", 2),
+        "byte_fallback flag 7": patch(data, rec.offset + 21, "<B", 7),
+        "padding 1": patch(data, rec.offset + 22, "<H", 1),
+        "NaN score": patch(data, rec.offset + 24, "<f", float("nan")),
+    }
+    for label, mutated in cases.items():
+        with pytest.raises(CactFormatError, match=rf"record {rec.index}.*tokenizer") as info:
+            Archive.from_bytes(mutated)
+        assert "tokenizer" in str(info.value), label
+    # a valid record opens, and the tokenizer reuses the record parsed at open
+    from needle_cy import Tokenizer
+    arc = Archive.from_bytes(data)
+    assert arc.tokenizer_record is not None and arc.tokenizer_record.n_pieces == 20
+    assert Tokenizer.from_archive(arc).record is arc.tokenizer_record

@@ -651,3 +651,35 @@ def test_unicode_escape_in_tool_name_rejected(backend):
     assert not g.start().feed(b'[{"name":"set\\u0071')
     assert not g.start().feed(b'[{"name":"set\\ua')
     assert not g.start().feed(b'[{"name":"\\u')
+
+
+# --- issue 19: a state carries its grammar's identity ---------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_of_another_grammar_is_refused(backend, pieces):
+    """A state fed by one grammar, passed to another, once read the other grammar's tables at
+    the first one's node/DFA indexes (heap-buffer-overflow in dfa_next, -11)."""
+    from needle_cy.errors import GrammarStateError
+    from needle_cy import NeedleError
+    st = compile_schema({"type": "string", "pattern": "^x+$"}, backend).start()
+    assert st.feed(b'"xx')
+    other = compile_schema({"type": "integer"}, backend)
+    logits = np.zeros(len(pieces), np.float32)
+    for call in (lambda s: other.allowed_tokens(s, pieces),
+                 lambda s: other.best_allowed(s, logits, pieces),
+                 lambda s: other.best_allowed(s, logits, pieces, close_string=True)):
+        for bad in (st, st.clone(), None, "state", 5):
+            with pytest.raises(GrammarStateError) as info:
+                call(bad)
+            assert isinstance(info.value, NeedleError)
+    # the other backend's state is refused too
+    twin = compile_schema({"type": "integer"}, "python" if backend == "cython" else "cython")
+    with pytest.raises(GrammarStateError):
+        other.allowed_tokens(twin.start(), pieces)
+    # its own states still work, clones included
+    own = other.start()
+    assert own.feed(b"1")
+    assert other.allowed_tokens(own.clone(), pieces).any()
+    tok, new = other.best_allowed(own, logits, pieces)
+    assert tok >= 0 and new is not own
+    assert other.allowed_tokens(new, pieces).any() or new.is_complete()

@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from ..errors import GrammarStateError
+
 from ..grammar import (
     ANY_NODE, MAX_AUX, MAX_DEPTH, MAX_EVENTS, MAX_SLOTS, NEVER_NODE, NODE_CHOICE, NUM_BUF, T_ARR,
     T_FALSE, T_INT, T_NULL, T_NUM, T_OBJ, T_STR, T_TRUE, dec_to_fraction, norm_decimal, start_bit,
@@ -1320,7 +1322,16 @@ class ReferenceGrammar:
     def start(self):
         return ReferenceState(self.program)
 
+    def _own(self, state, what):
+        if not isinstance(state, ReferenceState):
+            raise GrammarStateError(f"{what}: expected a State started by this grammar, "
+                                    f"found {type(state).__name__}")
+        if state.p is not self.program:
+            raise GrammarStateError(f"{what}: the state was started by another grammar; "
+                                    "a state belongs to the grammar whose start() made it")
+
     def allowed_tokens(self, state, piece_table):
+        self._own(state, "allowed_tokens")
         mask = np.zeros(len(piece_table), dtype=np.bool_)
         for i, piece in enumerate(piece_table):
             if not piece:
@@ -1330,6 +1341,7 @@ class ReferenceGrammar:
         return mask
 
     def best_allowed(self, state, logits, piece_table, close_string=False):
+        self._own(state, "best_allowed")
         order = np.argsort(-np.asarray(logits, dtype=np.float64), kind="stable")
         for i in order:
             i = int(i)

@@ -1,0 +1,275 @@
+"""Issue 19: false accepts under negation, keyword-value errors, internal keywords.
+
+Rule zero: no instance the schema forbids is ever accepted.  Every accept/refuse
+expectation below is also checked against ``jsonschema`` (with its format checker), so a
+wrong expectation fails loudly.  Each case is a reproducer from the issue or from the fuzz
+harness (tests/fuzz), kept as a fixed regression case.
+"""
+import json
+
+import jsonschema
+import pytest
+
+from needle_cy import NeedleError
+from needle_cy.errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
+from needle_cy.grammar import EXACT_FORMATS, NARROWED_FORMATS, compile_schema
+
+BACKENDS = ["cython", "python"]
+D4 = "http://json-schema.org/draft-04/schema#"
+
+
+def oracle(schema, value):
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(value)
+
+
+def text(value):
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# (schema, value, accepted[, "ecma"]): the grammar's answer, which jsonschema must agree
+# with -- except the cases marked "ecma": refused because ECMA-262 (the other engine of the
+# dialect) forbids them, although Python's re allows them (refusing is always safe)
+CASES = [
+    # a date format is exact: 29 February of a leap year is a date, of 1900 it is not
+    ({"type": "string", "format": "date"}, "2024-02-29", True),
+    ({"type": "string", "format": "date"}, "2000-02-29", True),
+    ({"type": "string", "format": "date"}, "1900-02-29", False),
+    ({"type": "string", "format": "date"}, "2023-02-29", False),
+    ({"type": "string", "format": "date"}, "0000-01-01", False),
+    ({"not": {"type": "string", "format": "date"}}, "2024-02-29", False),
+    ({"not": {"type": "string", "format": "date"}}, "2023-02-29", True),
+    ({"not": {"format": "date"}}, "1900-02-29", True),
+    ({"oneOf": [{"type": "string", "format": "date"}, {"type": "string", "pattern": "^2024"}]}, "2024-02-29", False),
+    ({"oneOf": [{"type": "string", "format": "date"}, {"type": "string", "pattern": "^2024"}]}, "2024-02-30", True),
+    ({"if": {"format": "date"}, "then": {"maxLength": 5}}, "2024-02-29", False),
+    ({"if": {"format": "date"}, "then": {"maxLength": 5}}, "2023-02-29", True),
+    ({"not": {"format": "ipv4"}}, "01.2.3.4", True),
+    ({"not": {"format": "ipv4"}}, "1.2.3.4", False),
+    ({"not": {"format": "uuid"}}, "123e4567-e89b-12d3-a456-426614174000", False),
+    # a narrowed format where the types keep alternatives apart is still fine
+    ({"oneOf": [{"type": "string", "format": "email"}, {"type": "null"}]}, "a@b.co", True),
+    ({"oneOf": [{"type": "string", "format": "email"}, {"type": "null"}]}, None, True),
+    # draft-4 integers: 1.0 is not an integer there, with or without an enum
+    ({"$schema": D4, "type": "integer", "enum": [1]}, 1.0, False),
+    ({"$schema": D4, "type": "integer", "enum": [1]}, 1, True),
+    ({"$schema": D4, "type": "integer", "enum": [1.0, 2]}, 1, True),
+    ({"$schema": D4, "type": "integer", "const": 2}, 2.0, False),
+    ({"$schema": D4, "type": ["integer", "string"], "enum": [3, "a"]}, 3.0, False),
+    ({"$schema": D4, "type": "integer"}, 1.0, False),
+    # the regex dialect under negation: '.' matches \r for Python, '$' matches before a final \n
+    ({"not": {"pattern": "."}}, "\r", False),
+    ({"not": {"pattern": "."}}, "\u2028", False),
+    ({"not": {"pattern": "."}}, "\n", True),
+    ({"not": {"pattern": "."}}, "", True),
+    ({"not": {"pattern": "^a$"}}, "a\n", False),
+    ({"not": {"pattern": "^a$"}}, "ab", True),
+    ({"type": "string", "pattern": "^a$"}, "a\n", False, "ecma"),
+    ({"not": {"pattern": "^\\d$"}}, "\u0663", False),       # ARABIC-INDIC DIGIT THREE: Python \d
+    ({"type": "string", "pattern": "^\\d$"}, "\u0663", False, "ecma"),
+    ({"type": "string", "pattern": "^[^\\d]$"}, "\u0663", False),
+    ({"type": "string", "pattern": "^[^\\d]$"}, "x", True),
+    ({"not": {"pattern": "^[^\\d]$"}}, "\u0663", False, "ecma"),
+    ({"not": {"pattern": "^\\s$"}}, "\ufeff", False, "ecma"),  # ECMA \s only
+    ({"not": {"pattern": "^\\s$"}}, "\x1c", False),         # Python \s only
+    ({"not": {"pattern": "^\\w$"}}, "\u00e9", False),       # Python \w only
+    ({"type": "object", "patternProperties": {".": False}}, {"\r": 1}, False),
+    ({"type": "object", "patternProperties": {".": False}}, {"\n": 1}, True),
+    ({"type": "object", "patternProperties": {"^a$": {"type": "integer"}}}, {"a\n": "x"}, False),
+    ({"type": "object", "patternProperties": {"^a$": {"type": "integer"}}}, {"a": 1}, True),
+    ({"type": "object", "patternProperties": {"^a$": {"type": "integer"}}}, {"b": "x"}, True),
+    ({"type": "object", "properties": {"\r": {}}, "patternProperties": {".": False}}, {"\r": 1}, False),
+    # internal keywords of the compiler are unknown keywords (annotations) in a user schema
+    ({"__not_strings": ["a"]}, "a", True),
+    ({"__not_pattern": "a"}, "a", True),
+    ({"__not_format": "date"}, "2024-01-01", True),
+    ({"__ptr": 5}, 1, True),
+    ({"__ptr": "#/definitions/x", "definitions": {"x": False}}, 1, True),
+    ({"type": "string", "__not_strings": ["a"], "not": {"const": "b"}}, "a", True),
+    ({"type": "string", "__not_strings": ["a"], "not": {"const": "b"}}, "b", False),
+    # huge counts: maxima beyond the int32 capacity are read as the capacity, minima make the
+    # type impossible (refused, never accepted)
+    ({"type": "string", "maxLength": 2 ** 31}, "abc", True),
+    ({"type": "string", "maxLength": 2 ** 64}, "abc", True),
+    ({"type": "string", "minLength": 2 ** 31}, "abc", False),
+    ({"type": ["string", "null"], "minLength": 2 ** 40}, None, True),
+    ({"type": "array", "maxItems": 2 ** 31}, [1, 2], True),
+    ({"type": "array", "minItems": 2 ** 31}, [], False),
+    ({"type": "object", "maxProperties": 2 ** 40}, {"a": 1}, True),
+    ({"type": "object", "minProperties": 2 ** 31}, {}, False),
+    ({"not": {"type": "string", "minLength": 2 ** 31}}, "abc", True),
+    ({"not": {"type": "string", "maxLength": 2 ** 31}}, "abc", False),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES, ids=[f"{i}" for i in range(len(CASES))])
+def test_exact_accept_or_refuse(case, backend):
+    schema, value, accepted = case[:3]
+    if case[3:] == ("ecma",):
+        assert not accepted and oracle(schema, value)
+    else:
+        assert oracle(schema, value) == accepted, "expectation disagrees with jsonschema"
+    assert compile_schema(schema, backend).accepts(text(value)) == accepted
+
+
+REFUSED = [
+    # narrowed formats: their complement would accept valid values (leap seconds, quoted or
+    # IP-literal emails); refused under not / if / overlapping oneOf
+    ({"not": {"type": "string", "format": "email"}}, "not"),
+    ({"not": {"format": "time"}}, "not"),
+    ({"not": {"format": "date-time"}}, "not"),
+    ({"not": {"format": "uri"}}, "not"),
+    ({"if": {"format": "email"}, "then": {"maxLength": 3}}, "not"),
+    ({"oneOf": [{"type": "string", "format": "email"}, {"type": "string", "pattern": "^a"}]}, "oneOf"),
+    ({"oneOf": [{"type": "string", "format": "time"}, {"type": "string"}]}, "oneOf"),
+    ({"oneOf": [{"properties": {"d": {"format": "email"}}}, {"type": "object"}]}, "oneOf"),
+    # a pattern the two regex engines read differently inside an overlapping oneOf
+    ({"oneOf": [{"type": "string", "pattern": "^.$"}, {"type": "string"}]}, "oneOf"),
+    # '$' together with a construct read differently ('.') still refuses the oneOf
+    ({"oneOf": [{"type": "string", "pattern": "^a.$"}, {"type": "string", "maxLength": 2}]}, "oneOf"),
+    # constructs the engines read differently and that cannot be made exact
+    ({"type": "string", "pattern": "^x{,3}$"}, "pattern"),
+    ({"type": "string", "pattern": "[]a]"}, "pattern"),
+    ({"type": "string", "pattern": "[^]a]"}, "pattern"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("schema,keyword", REFUSED, ids=[f"{i}" for i in range(len(REFUSED))])
+def test_refused_with_a_named_error(schema, keyword, backend):
+    with pytest.raises(UnsupportedSchemaError) as info:
+        compile_schema(schema, backend)
+    assert info.value.keyword == keyword
+    assert info.value.pointer and info.value.pointer.startswith("#")
+
+
+# oneOf over patterns whose only dialect difference is '$' (Python also matches before a
+# final newline): compiled, exact on every string that does not end in a newline, and a
+# string value ending in a newline is refused inside the oneOf -- never accepted where
+# jsonschema forbids it (two alternatives match under Python's reading)
+DOLLAR_ONEOF = [
+    {"oneOf": [{"type": "string", "pattern": "^a$"}, {"type": "string", "maxLength": 1}]},
+    {"oneOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"type": "string", "pattern": "^[0-9]+$"},
+               {"type": "string", "pattern": "\n$"}]},
+    {"oneOf": [{"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"}},
+                "required": ["id"]},
+               {"type": "object", "properties": {"id": {"type": "string", "maxLength": 3}}}]},
+    {"oneOf": [{"type": "array", "items": {"pattern": "^x$"}}, {"type": "array", "maxItems": 1}]},
+]
+DOLLAR_VALUES = ["a", "b", "", "ab", "abc", "123", "a1", "a\n", "\n", "abc\n", "12\n", "x\n\n",
+                 {"id": "ab"}, {"id": "abcd"}, {"id": "a1"}, {"id": "ab\n"}, {"id": "abcd\n"},
+                 {"id": "a\n"}, {}, {"other": "q\n"}, ["x"], ["x", "x"], ["x\n"], ["x\n", "x"], ["y", "x"], []]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("schema", DOLLAR_ONEOF, ids=[f"{i}" for i in range(len(DOLLAR_ONEOF))])
+def test_oneof_with_dollar_patterns_is_exact(schema, backend):
+    g = compile_schema(schema, backend)
+    for v in DOLLAR_VALUES:
+        accepted = g.accepts(text(v))
+        if "\\n" in text(v):   # a string ending in (or holding) a newline
+            assert not accepted or oracle(schema, v), f"accepted {v!r}, which jsonschema forbids"
+        else:
+            assert accepted == oracle(schema, v), v
+
+
+def test_oneof_with_dollar_patterns_cases():
+    s0, s1 = DOLLAR_ONEOF[0], DOLLAR_ONEOF[1]
+    g0, g1 = compile_schema(s0), compile_schema(s1)
+    assert g0.accepts(text("b")) and not g0.accepts(text("a")) and not g0.accepts(text("abc"))
+    assert g1.accepts(text("abc")) and g1.accepts(text("123")) and not g1.accepts(text("a1"))
+    # "abc\n": Python matches both ^[a-z]+$ and \n$ -- two alternatives, jsonschema forbids it
+    assert not oracle(s1, "abc\n") and not g1.accepts(text("abc\n"))
+    # "a\n": Python's ^a$ matches it and maxLength 1 does not -- jsonschema allows it; ECMA's
+    # ^a$ does not match it, so the dialect refuses it (refusing is always safe)
+    assert oracle(s0, "a\n") and not g0.accepts(text("a\n"))
+
+
+def test_format_sets_are_documented():
+    assert EXACT_FORMATS == {"date", "uuid", "ipv4"}
+    assert NARROWED_FORMATS == {"email", "time", "date-time", "uri"}
+
+
+def test_enum_under_narrowed_not_is_refused_conservatively():
+    """{"enum": [...], "not": <narrowed format>} filters the enum statically: a value the
+    narrowed format refuses may still be in the format, so it is dropped, never kept."""
+    schema = {"enum": ["a@[1.2.3.4]", "plain"], "not": {"type": "string", "format": "email"}}
+    g = compile_schema(schema)
+    for v in ("a@[1.2.3.4]", "plain"):
+        if g.accepts(text(v)):
+            assert oracle(schema, v)
+    assert not g.accepts(text("a@[1.2.3.4]"))
+
+
+MALFORMED = [
+    ({"required": [1]}, "required"),
+    ({"required": ["a", 5]}, "required"),
+    ({"required": "a"}, "required"),
+    ({"dependentRequired": {"a": [1]}}, "dependentRequired"),
+    ({"dependentRequired": {"a": "b"}}, "dependentRequired"),
+    ({"dependentRequired": []}, "dependentRequired"),
+    ({"dependencies": {"a": [1]}}, "dependencies"),
+    ({"dependencies": {"a": 5}}, "dependencies"),
+    ({"prefixItems": 5}, "prefixItems"),
+    ({"items": 5}, "items"),
+    ({"$schema": 5}, "$schema"),
+    ({"$schema": ["x"]}, "$schema"),
+    ({"format": []}, "format"),
+    ({"format": 5}, "format"),
+    ({"pattern": 5}, "pattern"),
+    ({"not": {"pattern": 5}}, "pattern"),
+    ({"properties": []}, "properties"),
+    ({"patternProperties": 5}, "patternProperties"),
+    ({"enum": 5}, "enum"),
+    ({"anyOf": {}}, "anyOf"),
+    ({"additionalProperties": 5}, "additionalProperties"),
+    ({"propertyNames": "x"}, "propertyNames"),
+    ({"not": 5}, "not"),
+    ({"type": 5}, "type"),
+    ({"type": ["string", 5]}, "type"),
+    ({"$ref": 5}, "$ref"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("schema,keyword", MALFORMED, ids=[f"{i}" for i in range(len(MALFORMED))])
+def test_malformed_keyword_values_raise_schema_error(schema, keyword, backend):
+    with pytest.raises(SchemaError) as info:
+        compile_schema(schema, backend)
+    assert keyword in str(info.value)
+    assert isinstance(info.value, NeedleError)
+
+
+def test_huge_counts_in_property_names_are_a_named_limit():
+    with pytest.raises(GrammarLimitError, match="maxLength"):
+        compile_schema({"propertyNames": {"maxLength": 2 ** 31}})
+
+
+def test_tokenizer_decode_refuses_non_int_ids():
+    """decode([True]) once decoded as id 1."""
+    from pathlib import Path
+
+    import numpy as np
+
+    import needle_cy
+    from needle_cy import Tokenizer, TokenizerError
+    tok = Tokenizer.from_archive(Path(needle_cy.__file__).parent / "models" / "default.cact")
+    assert tok.decode(np.array([5, 6])) == tok.decode([5, 6])
+    for bad in ([True], [1, False], [1.0], [np.bool_(True)], [5, "a"], None):
+        with pytest.raises(TokenizerError):
+            tok.decode(bad)
+    with pytest.raises(TokenizerError):
+        tok.piece_bytes(True)
+    with pytest.raises(TokenizerError):
+        tok.stream_decoder().push(True)
+
+
+def test_widened_class_unions_are_supersets():
+    """\\d and \\w in "either" mode are widened (cheap automata); they must contain Python's."""
+    from needle_cy.grammar import _WIDE_FROM, _py_class, class_ranges
+    for letter in "dw":
+        wide = class_ranges(letter, "either")
+        for lo, hi in _py_class(letter):
+            assert any(a <= lo and hi <= b for a, b in wide), (letter, lo, hi)
+        assert not [r for r in _py_class(letter) if r[1] >= 0x80 and r[0] < _WIDE_FROM[letter]]
