@@ -14,7 +14,10 @@ those arrays without bounds checks.  Any inconsistency raises
 ``CactFormatError`` naming the field or record, what was expected and what was
 found.
 """
+from __future__ import annotations
+
 import math
+import os
 import struct
 from dataclasses import dataclass, fields as dc_fields
 from pathlib import Path
@@ -153,7 +156,7 @@ class CQMatrix:
         return f"CQMatrix({self.rows}x{self.cols}, {bits}, group {self.group_size})"
 
 
-def cq_nbytes(rows, cols, bits, group_size):
+def cq_nbytes(rows: int, cols: int, bits: int, group_size: int) -> int:
     """Blob length of a CQ record: out·row_bytes + out·n_groups·2 (spec §2.4)."""
     field_bits = 2 if bits == TERNARY_BITS else bits
     n_groups = -(-cols // group_size)
@@ -273,11 +276,11 @@ class NeedleConfig:
             mask |= 1 << layer
         return mask
 
-    def is_global(self, layer):
+    def is_global(self, layer: int) -> bool:
         """A layer attends over the whole context (no sliding band)."""
         return self.sliding_window == 0 or layer in self.global_layers
 
-    def to_dict(self):
+    def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dc_fields(self)}
 
 
@@ -522,7 +525,7 @@ class Archive:
 
     # construction ------------------------------------------------------------------
     @classmethod
-    def open(cls, path):
+    def open(cls, path: str | os.PathLike) -> "Archive":
         """Memory-map and validate an archive file."""
         path = Path(path)
         size = path.stat().st_size
@@ -534,7 +537,7 @@ class Archive:
         return cls(data.view(np.ndarray), source=str(path), path=path)
 
     @classmethod
-    def from_bytes(cls, data, source="<bytes>"):
+    def from_bytes(cls, data: bytes, source: str = "<bytes>") -> "Archive":
         """Validate an archive held in memory (tests, embedded models)."""
         buf = np.frombuffer(bytes(data), dtype=np.uint8).copy()
         if buf.size < HEADER_BYTES:
@@ -542,7 +545,7 @@ class Archive:
                 f"{source}: archive is {buf.size} bytes, shorter than the {HEADER_BYTES}-byte header")
         return cls(buf, source=source)
 
-    def close(self):
+    def close(self) -> None:
         """Drop the mapping (released by the OS once no returned view is alive)."""
         self._data = None
         self._cache = {}
@@ -869,7 +872,7 @@ class Archive:
     def _fp16(self, rec):
         return np.frombuffer(self._data, dtype="<f2", count=rec.numel, offset=rec.offset).astype(np.float32)
 
-    def codebook_for(self, bits, group_size):
+    def codebook_for(self, bits: int, group_size: int) -> np.ndarray:
         """Lookup table of a record: the file's codebook where it applies, else §3.2's."""
         from .reference.cq import codebook
 
@@ -877,7 +880,7 @@ class Archive:
             return self.codebooks[bits].copy()
         return codebook(bits, group_size)
 
-    def tensor(self, role_or_index):
+    def tensor(self, role_or_index: str | int) -> np.ndarray | CQMatrix | bytes:
         """float32 array for FP16/FP32 records, CQMatrix for CQ, bytes for RAW."""
         rec = self._record(role_or_index)
         if rec.index in self._cache:
@@ -901,7 +904,7 @@ class Archive:
         self._cache[rec.index] = value
         return value
 
-    def dequantize(self, role_or_index):
+    def dequantize(self, role_or_index: str | int) -> np.ndarray:
         """float32 values of any numeric record (CQ decoded per spec §3.5)."""
         value = self.tensor(role_or_index)
         if isinstance(value, CQMatrix):
@@ -912,18 +915,18 @@ class Archive:
             raise TypeError(f"record {self._record(role_or_index).index} is RAW bytes, not a tensor")
         return value.copy()
 
-    def layer(self, i):
+    def layer(self, i: int) -> dict:
         """Dict name → tensor of layer i (taps only when present)."""
         prefix = f"layers.{i}."
         return {role[len(prefix):]: self.tensor(idx) for role, idx in self.roles.items() if role.startswith(prefix)}
 
     @property
-    def parameter_count(self):
+    def parameter_count(self) -> int:
         """Logical parameters (weights) of every numeric record."""
         return sum(r.numel for r in self.records if r.dtype != DTYPE_RAW)
 
     @property
-    def weight_bytes(self):
+    def weight_bytes(self) -> int:
         return sum(r.nbytes for r in self.records if r.dtype != DTYPE_RAW)
 
 
@@ -938,7 +941,7 @@ def _fmt_bytes(n):
         n /= 1024
 
 
-def describe(archive):
+def describe(archive: "Archive") -> str:
     """Human-readable summary: header, tensor table, sizes, bits per weight."""
     c = archive.config
     lines = [f"{archive.source}: Needle 3 .cact, {_fmt_bytes(archive.file_size)} ({archive.file_size} bytes)", "", "header:"]
@@ -985,7 +988,9 @@ def _pad_to(n, align=ALIGN):
     return -(-n // align) * align
 
 
-def write_archive(path, config, tensors, bits=4, group_size=128, tokenizer_bytes=None, head_layout_kind="cq"):
+def write_archive(path: str | os.PathLike, config: NeedleConfig, tensors: dict, bits: int = 4,
+                  group_size: int = 128, tokenizer_bytes: bytes | None = None,
+                  head_layout_kind: str = "cq") -> str | os.PathLike:
     """Write a .cact archive; returns the path.
 
     ``tensors``: role → float array of the role's logical shape (CQ roles are

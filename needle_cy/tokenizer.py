@@ -10,6 +10,8 @@ grammar needs are plain Python over a table built once.
     ids = [tok.bos_id] + tok.encode(prompt)
     tok.decode(ids[1:]) == prompt
 """
+from __future__ import annotations
+
 import codecs
 import numbers
 import os
@@ -94,10 +96,10 @@ class StreamDecoder:
                 text = text[1:]
         return text
 
-    def push(self, piece_id):
+    def push(self, piece_id: int) -> str:
         return self._finish(self._utf8.decode(self._tokenizer._decode_bytes[self._tokenizer._check_id(piece_id)]))
 
-    def flush(self):
+    def flush(self) -> str:
         """Emit what is left (an incomplete character becomes U+FFFD) and reset."""
         text = self._finish(self._utf8.decode(b"", final=True))
         self._utf8.reset()
@@ -136,12 +138,12 @@ class Tokenizer:
 
     # -- construction ---------------------------------------------------------------
     @classmethod
-    def from_record_bytes(cls, data, vocab=None):
+    def from_record_bytes(cls, data: bytes, vocab: int | None = None) -> "Tokenizer":
         """A tokenizer from RAW record bytes (``vocab``: embedding rows, checked ≥ n_pieces)."""
         return cls(parse_tokenizer_record(data, vocab=vocab))
 
     @classmethod
-    def from_archive(cls, path_or_archive):
+    def from_archive(cls, path_or_archive) -> "Tokenizer":
         """The tokenizer attached to a ``.cact`` archive (a path or an opened ``Archive``)."""
         archive = path_or_archive
         if isinstance(path_or_archive, (str, bytes, os.PathLike)):
@@ -159,36 +161,36 @@ class Tokenizer:
         return cls.from_record_bytes(data, vocab=vocab)
 
     @classmethod
-    def from_sentencepiece(cls, model_path):
+    def from_sentencepiece(cls, model_path: str | os.PathLike) -> "Tokenizer":
         """A tokenizer from a SentencePiece ``.model`` (needs ``sentencepiece``; export/test time)."""
         return cls.from_record_bytes(record_from_sentencepiece(model_path))
 
     # -- vocabulary -----------------------------------------------------------------
     @property
-    def vocab_size(self):
+    def vocab_size(self) -> int:
         """Number of pieces (may be smaller than the model's embedding rows)."""
         return len(self.record.pieces)
 
     n_pieces = vocab_size
 
     @property
-    def bos_id(self):
+    def bos_id(self) -> int:
         return self.record.bos_id
 
     @property
-    def eos_id(self):
+    def eos_id(self) -> int:
         return self.record.eos_id
 
     @property
-    def pad_id(self):
+    def pad_id(self) -> int:
         return self.record.pad_id
 
     @property
-    def unk_id(self):
+    def unk_id(self) -> int:
         return self.record.unk_id
 
     @property
-    def add_dummy_prefix(self):
+    def add_dummy_prefix(self) -> bool:
         return self.record.add_dummy_prefix
 
     @property
@@ -204,7 +206,7 @@ class Tokenizer:
                 table[int(surface[3:5], 16)] = piece_id
         return table
 
-    def marker_id(self, text):
+    def marker_id(self, text: str) -> int:
         """Id of the USER_DEFINED marker ``text`` (e.g. ``"<tool_call>"``)."""
         try:
             return self._markers[text]
@@ -212,11 +214,11 @@ class Tokenizer:
             raise UnknownMarkerError(f"{text!r} is not a marker of this vocabulary; "
                                      f"markers: {', '.join(sorted(self._markers)) or 'none'}") from None
 
-    def piece(self, piece_id):
+    def piece(self, piece_id: int) -> str:
         """The stored surface of ``piece_id`` (with "▁", byte pieces as ``<0xHH>``)."""
         return self.record.pieces[self._check_id(piece_id)]
 
-    def piece_type(self, piece_id):
+    def piece_type(self, piece_id: int) -> int:
         return self.record.types[self._check_id(piece_id)]
 
     def _check_id(self, piece_id):
@@ -226,7 +228,7 @@ class Tokenizer:
             raise TokenizerError(f"token id {piece_id} out of range, expected 0 <= id < {len(self._decode_bytes)}")
         return piece_id
 
-    def piece_bytes(self, piece_id):
+    def piece_bytes(self, piece_id: int) -> bytes:
         """Exact output bytes of ``piece_id`` ("▁" → space; control/unknown → b"")."""
         return self._decode_bytes[self._check_id(piece_id)].replace(META_SPACE.encode(), b" ")
 
@@ -249,7 +251,7 @@ class Tokenizer:
         return table
 
     # -- encode / decode ------------------------------------------------------------
-    def encode(self, text, dummy_prefix=True):
+    def encode(self, text: str, dummy_prefix: bool = True) -> list:
         """Ids of ``text`` (no BOS/EOS), spec §6.2.
 
         ``dummy_prefix=False`` encodes a continuation (spec §7.2): no "▁" is prepended, so
@@ -262,7 +264,7 @@ class Tokenizer:
         except ValueError as exc:  # lone surrogate
             raise TokenizerError(str(exc)) from None
 
-    def decode(self, ids):
+    def decode(self, ids) -> str:
         """Text of ``ids`` (spec §6.3): control/unknown skipped, bytes joined and UTF-8
         decoded (U+FFFD for invalid sequences), "▁" → " ", one dummy-prefix space dropped."""
         table = self._decode_bytes
@@ -285,7 +287,7 @@ class Tokenizer:
             text = text[1:]
         return text
 
-    def stream_decoder(self, drop_dummy_space=None):
+    def stream_decoder(self, drop_dummy_space: bool | None = None) -> "StreamDecoder":
         """A StreamDecoder; ``drop_dummy_space`` defaults to the vocabulary's add_dummy_prefix."""
         return StreamDecoder(self, drop_dummy_space)
 
