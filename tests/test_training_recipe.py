@@ -51,3 +51,46 @@ def test_tiny_recipe_runs_end_to_end(tmp_path, monkeypatch):
     # a second run resumes: nothing left to train
     recipe.main(["--run-dir", str(tmp_path / "run"), "--out", str(out), "--config", str(config_path)])
     assert train.load_state(str(tmp_path / "run"))["step"] == 4
+
+
+def test_tiny_recipe_with_the_torch_trainer_warm_starts_from_an_archive(tmp_path, monkeypatch):
+    """``"trainer": "torch"``: a warm start from an archive (the folder only; the PyTorch
+    trainer reads the archive itself), a schema-general token file, two phases, the
+    export, and the engine running it."""
+    pytest.importorskip("torch", reason="torch (train extra) is not installed")
+    from needle_cy import Needle
+    from needle_cy.archive import Archive
+    from needle_cy.testing import make_random_archive
+    from needle_cy.training import corpus, recipe, torch_train, train
+
+    monkeypatch.setenv(corpus.CORPUS_ENV, str(shared_path("data", "tool_corpus")))
+    base = tmp_path / "base.cact"
+    with Archive.open(str(recipe_base_archive())) as shipped:
+        tokenizer = shipped.tokenizer_bytes
+    make_random_archive(base, layers=2, d_model=64, vocab=4096, bits=4, engram_slots=7, heads=False,
+                        tokenizer_from=str(recipe_base_archive()))
+    with Archive.open(str(base)) as archive:
+        cfg = archive.config
+    config = {"start": "warm", "trainer": "torch", "torch_options": {"threads": 1},
+              "model": {}, "hyper": {"tokens_per_batch": 1024, "buckets": [1024], "checkpoint_every": 2,
+                                     "log_every": 1, "seed": 3},
+              "data": [{"name": "tiny", "generator": "mix", "examples": 8, "seed": 5}],
+              "phases": [[2, 4, 2, "tokens_tiny.npz"], [4, 4, 2, "tokens_tiny.npz"]],
+              "confidence": None, "export": {"bits": 4}}
+    config_path = tmp_path / "tiny.json"
+    config_path.write_text(json.dumps(config))
+    out = tmp_path / "tuned.cact"
+    recipe.main(["--run-dir", str(tmp_path / "run"), "--out", str(out), "--config", str(config_path),
+                 "--base", str(base)])
+    assert torch_train.load_checkpoint(str(tmp_path / "run"))["step"] == 4
+    assert train.load_state(str(tmp_path / "run")) is None          # no JAX state was made
+    with Archive.open(str(out)) as archive:
+        assert archive.config.d_model == cfg.d_model and archive.tokenizer_bytes == tokenizer
+    agent = Needle(str(out), tools=[{"name": "lock_door", "description": "Lock a door",
+                                     "parameters": {"type": "object", "properties": {}}}])
+    assert isinstance(agent.complete("lock the door")["function_calls"], list)
+
+
+def recipe_base_archive():
+    from pathlib import Path
+    return Path(__file__).resolve().parent.parent / "needle_cy" / "models" / "default.cact"

@@ -15,6 +15,9 @@ The config (``recipe.json`` beside this file is the shipped model's) names:
   "examples", "seed"}``;
 * ``phases``: ``[until_step, schedule_end, decay_steps, token_file(, min_lr_ratio)]``,
   trained in order (warmup-stable-decay, ``train.lr_at``);
+* ``trainer``: ``"jax"`` (the official step, ``train.fit``; the default) or ``"torch"``
+  (``torch_train.fit``, exact to the engine and faster on CPUs; ``"torch_options"``:
+  ``precision``, ``threads``, ``device``, ``qat``);
 * ``confidence``: the post-hoc head (``collect`` / ``fit`` on the model's own turns);
 * ``export``: the CQ width.
 
@@ -55,13 +58,33 @@ def _base_archive(config, run_dir, base):
     return path
 
 
+def _torch(config):
+    trainer = config.get("trainer", "jax")
+    if trainer not in ("jax", "torch"):
+        raise ValueError(f"recipe config: trainer must be 'jax' or 'torch', got {trainer!r}")
+    return trainer == "torch"
+
+
+def _step(config, run_dir):
+    """The run's trained step, or None before its first state."""
+    if _torch(config):
+        from . import torch_train
+        ckpt = torch_train.load_checkpoint(run_dir)
+        return None if ckpt is None else ckpt["step"]
+    state = train.load_state(run_dir)
+    return None if state is None else state["step"]
+
+
 def _start(config, run_dir, base):
-    if train.load_state(run_dir) is not None:
-        return
+    """The run folder and, for a warm start, the base archive (None from scratch)."""
     hyper = config.get("hyper", {})
     if config["start"] == "warm":
-        train.warm_start(run_dir, _base_archive(config, run_dir, base), **hyper)
-        return
+        archive = _base_archive(config, run_dir, base)
+        if _step(config, run_dir) is None and not os.path.exists(os.path.join(run_dir, "run.json")):
+            train.warm_start(run_dir, archive, params=not _torch(config), **hyper)
+        return archive
+    if _step(config, run_dir) is not None:
+        return None
     if not os.path.exists(os.path.join(run_dir, "tokens.npz")):
         more = {k: v for k, v in hyper.items() if k not in ("examples", "seed", "vocab_size")}
         train.prepare(run_dir, hyper.get("examples"), hyper.get("seed"), hyper.get("vocab_size"), **more)
@@ -70,29 +93,38 @@ def _start(config, run_dir, base):
     run["hyper"] = dict(run["hyper"], **hyper)
     with open(os.path.join(run_dir, "run.json"), "w") as handle:
         json.dump(run, handle, indent=1)
+    return None
 
 
 def run(config, run_dir, out, base=None, threads=None):
     t0 = time.time()
     os.makedirs(run_dir, exist_ok=True)
-    _start(config, run_dir, base)
+    init = _start(config, run_dir, base)
     for spec in config.get("data", []):
         if not os.path.exists(os.path.join(run_dir, f"tokens_{spec['name']}.npz")):
             train.add_data(run_dir, spec["name"], spec["examples"], spec["seed"], spec["generator"])
     for phase in config["phases"]:
         until = phase[0]
-        state = train.load_state(run_dir)
-        if state is not None and state["step"] >= until:
+        step = _step(config, run_dir)
+        if step is not None and step >= until:
             continue
         control = {"end": phase[1], "decay_steps": phase[2], "tokens": phase[3]}
         if len(phase) > 4:
             control["min_lr_ratio"] = phase[4]
         with open(os.path.join(run_dir, "control.json"), "w") as handle:
             json.dump(control, handle)
-        train.fit(run_dir, until_step=until)
+        if _torch(config):
+            from . import torch_train
+            torch_train.fit(run_dir, until_step=until, init=init, **config.get("torch_options", {}))
+        else:
+            train.fit(run_dir, until_step=until)
     bits = config.get("export", {}).get("bits", 4)
     bare = os.path.join(run_dir, "model_no_head.cact")
-    train.export_ours(run_dir, bare, bits=bits)
+    if _torch(config):
+        from . import torch_train
+        torch_train.export(run_dir, bare, bits=bits)
+    else:
+        train.export_ours(run_dir, bare, bits=bits)
     head_cfg = config.get("confidence")
     if head_cfg:
         cells = os.path.join(run_dir, "confidence_cells.npz")

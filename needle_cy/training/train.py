@@ -307,9 +307,11 @@ def run_tokenizer(run_dir):
         return ArchiveTokenizer(handle.read())
 
 
-def warm_start(run_dir, archive_path, **hyper):
+def warm_start(run_dir, archive_path, params=True, **hyper):
     """A run folder whose step-0 state holds ``archive_path``'s dequantized weights (and
-    a fresh optimizer), with the archive's tokenizer record; ``hyper`` overrides HYPER."""
+    a fresh optimizer), with the archive's tokenizer record; ``hyper`` overrides HYPER.
+    ``params=False`` writes the folder only (run.json, tokenizer.record): the PyTorch
+    trainer reads the archive itself (``torch_train.fit(init=...)``)."""
     from needle_cy.archive import Archive
 
     os.makedirs(run_dir, exist_ok=True)
@@ -323,6 +325,8 @@ def warm_start(run_dir, archive_path, **hyper):
         handle.write(record)
     with open(os.path.join(run_dir, "run.json"), "w") as handle:
         json.dump(run, handle, indent=1)
+    if not params:
+        return
     params = params_from_archive(archive_path, transformer_config(run))
     _save_state(run_dir, {"params": params, "opt_state": None, "step": 0, "tokens": 0,
                           "target_tokens": 0, "seconds": 0.0})
