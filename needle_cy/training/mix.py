@@ -164,12 +164,11 @@ class Mixer:
         """One request on ``catalogue``: (query, answers, reasoning, copied, kind)."""
         rng = self.rng
         r = rng.random()
-        callable_plans = [p for p in catalogue]
         if r < 0.62 or (first and r < 0.68):
-            got = self._calls([_pick(rng, callable_plans)])
+            got = self._calls([_pick(rng, catalogue)])
             kind = "single"
-        elif r < 0.80 and len(callable_plans) >= 2:
-            got = self._calls(rng.sample(callable_plans, min(len(callable_plans), _pick(rng, [2, 2, 3]))))
+        elif r < 0.80 and len(catalogue) >= 2:
+            got = self._calls(rng.sample(catalogue, min(len(catalogue), _pick(rng, [2, 2, 3]))))
             kind = "multi"
         else:
             return self._refusal(catalogue)

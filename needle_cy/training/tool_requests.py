@@ -438,20 +438,16 @@ class _Sampler:
 
 # ---------------------------------------------------------------- values ---
 
-def _value_words():
-    return home._value_words()
-
-
 def _open_word(rng):
     """A word of the open pool; three in ten are the tokenizer's own word pieces (a word
     that is one piece is written at a string's start as a piece the request never shows,
     so each must be learned)."""
-    w = _value_words()
+    w = home._value_words()
     return rng.choice(w["vocab_words"] if rng.random() < 0.3 else w["words"])
 
 
 def _person(rng):
-    w = _value_words()
+    w = home._value_words()
     r = rng.random()
     if r < 0.45:
         return rng.choice(w["first_names"])
@@ -498,7 +494,7 @@ def _free_string(rng, kind):
                 str(rng.randint(1, 9999))
         return _open_word(rng).lower() + "_" + str(rng.randint(1, 99))
     if kind == "email":
-        w = _value_words()
+        w = home._value_words()
         return (f"{rng.choice(w['first_names']).lower()}.{rng.choice(w['last_names']).lower()}"
                 f"@{_pick(rng, ['example.com', 'mail.com', 'work.org', 'uni.edu'])}")
     if kind == "url":
