@@ -100,6 +100,12 @@ def run(config, run_dir, out, base=None, threads=None):
     t0 = time.time()
     os.makedirs(run_dir, exist_ok=True)
     init = _start(config, run_dir, base)
+    if _torch(config):
+        from . import torch_train as trainer        # fit(run_dir, until_step, init, ...), export
+        fit_options = dict(config.get("torch_options", {}), init=init)
+        export = trainer.export
+    else:
+        trainer, fit_options, export = train, {}, train.export_ours
     for spec in config.get("data", []):
         if not os.path.exists(os.path.join(run_dir, f"tokens_{spec['name']}.npz")):
             train.add_data(run_dir, spec["name"], spec["examples"], spec["seed"], spec["generator"])
@@ -113,18 +119,9 @@ def run(config, run_dir, out, base=None, threads=None):
             control["min_lr_ratio"] = phase[4]
         with open(os.path.join(run_dir, "control.json"), "w") as handle:
             json.dump(control, handle)
-        if _torch(config):
-            from . import torch_train
-            torch_train.fit(run_dir, until_step=until, init=init, **config.get("torch_options", {}))
-        else:
-            train.fit(run_dir, until_step=until)
-    bits = config.get("export", {}).get("bits", 4)
+        trainer.fit(run_dir, until_step=until, **fit_options)
     bare = os.path.join(run_dir, "model_no_head.cact")
-    if _torch(config):
-        from . import torch_train
-        torch_train.export(run_dir, bare, bits=bits)
-    else:
-        train.export_ours(run_dir, bare, bits=bits)
+    export(run_dir, bare, bits=config.get("export", {}).get("bits", 4))
     head_cfg = config.get("confidence")
     if head_cfg:
         cells = os.path.join(run_dir, "confidence_cells.npz")

@@ -491,9 +491,7 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
 
     state = load_state(run_dir)
     if state is None:
-        key = jax.random.PRNGKey(hyper["seed"])
-        params = model.init(key, jnp.zeros((1, 16), jnp.int32))["params"]
-        state = {"params": jax.tree.map(np.asarray, params), "opt_state": None,
+        state = {"params": _init_params(config, hyper["seed"]), "opt_state": None,
                  "step": 0, "tokens": 0, "target_tokens": 0, "seconds": 0.0}
     params = jax.tree.map(jnp.asarray, state["params"])
     opt_state = (optimizer.init(params) if state["opt_state"] is None
