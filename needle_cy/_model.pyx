@@ -65,6 +65,7 @@ NUMERICS = ("deploy", "float")
 PAD_ID = 0
 DEF PAD_ID_C = 0
 DEF CHUNK_MAX = 64           # tokens per batched chunk (prefill / forward)
+CHUNK = CHUNK_MAX            # the same, for Python callers that feed chunk by chunk
 DEF MAX_TAPS = 16
 DEF MAX_LANES = 16
 DEF MAX_HEADS = 4            # probe heads
@@ -208,7 +209,8 @@ cdef class CythonEngine:
     cdef public str numerics
     cdef public object window
     cdef public int sinks
-    cdef public int threads
+    cdef readonly int threads        # most threads a call may use (scratch is sized for it)
+    cdef int _run_threads            # threads the next calls use, 1..threads (run_threads)
     cdef public object state
     cdef bint quant
     cdef Py_ssize_t recent           # -1 = unlimited
@@ -270,6 +272,24 @@ cdef class CythonEngine:
     cdef int64_t* s_ctx      # [n_tok_hist + CH] token context
     cdef cnp.ndarray _ctx_arr
 
+    @property
+    def run_threads(self):
+        """Threads the next prefill/step/forward uses: 1..``threads`` (the thread
+        policy in ``needle_cy.threads`` moves it between calls)."""
+        return self._run_threads
+
+    @run_threads.setter
+    def run_threads(self, value):
+        cdef int n = int(value)
+        if n < 1 or n > self.threads:
+            raise ValueError(f"run_threads must lie in [1, {self.threads}] (the engine's threads), got {value!r}")
+        self._run_threads = n
+
+    @property
+    def chunk(self):
+        """Tokens per batched chunk: prefill(ids) runs len(ids)/chunk forward passes."""
+        return CHUNK_MAX
+
     def __init__(self, weights, numerics="deploy", window=None, sinks=0, threads=None):
         from needle_cy.threads import get_num_threads
         if numerics not in NUMERICS:
@@ -286,6 +306,7 @@ cdef class CythonEngine:
         self.sinks = int(sinks) if window is not None else 0
         self.recent = -1 if window is None else int(window) - self.sinks
         self.threads = int(get_num_threads(threads))
+        self._run_threads = self.threads
         self._keep = []
         self._head_dense = {}
 
@@ -759,8 +780,8 @@ cdef class CythonEngine:
         cdef Py_ssize_t pos0 = st.position, t, i, j, m, c, l, s, src, hd
         cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
         cdef Py_ssize_t recent = self.recent, S = self.sinks
-        cdef int ntok = <int>(T if T < self.threads else self.threads)
-        cdef int cq_threads = self.threads
+        cdef int ntok = <int>(T if T < self._run_threads else self._run_threads)
+        cdef int cq_threads = self._run_threads
         cdef float* cqw = self.s_cq_work                 # CQ kernel workspace
         cdef LayerC* lc
         cdef SiteC* sc

@@ -51,12 +51,13 @@ Context and what the model sees when the window wraps
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .errors import ContextOverflowError, ModelStateError, TokenizerError
-from .threads import get_num_threads
+from .threads import ThreadTuner, get_num_threads, threads_automatic
 from .weights import bind_weights
 
 BACKENDS = ("cython", "numpy")
@@ -123,6 +124,9 @@ class Model:
         self.sink_tokens = sink_tokens
         self.threads = threads
         self._engine = engine
+        # automatic thread count (no threads= / NEEDLE_CY_THREADS given): a tuner
+        # picks 1..threads per call from measured times (needle_cy.threads)
+        self.thread_tuner: Optional[ThreadTuner] = None
 
     # ------------------------------------------------------------------ load
     @classmethod
@@ -134,7 +138,9 @@ class Model:
 
         backend      "cython" (fast, default) or "numpy" (the reference).
         numerics     "deploy" (A8 + quantized KV, default) or "float" (quantizers off).
-        threads      worker threads of the Cython engine (None: NEEDLE_CY_THREADS / cores).
+        threads      worker threads of the Cython engine.  None (or "auto"): NEEDLE_CY_THREADS,
+                     else automatic — the engine is built for every physical core and
+                     ``thread_tuner`` picks 1..cores per call from measured times.
         depth        run the ladder rung of that many blocks (spec §4.11, bisection order of the
                      archive's own num_layers — meant for a parent archive; for an archive that is
                      already a slice pass ``layers``, an explicit ascending block list).
@@ -166,7 +172,10 @@ class Model:
             sink_tokens = min(DEFAULT_SINK_TOKENS, window - 1)
         sink_tokens = cls._check_sinks(sink_tokens, window)
         engine = _make_engine(backend, weights, numerics, window, sink_tokens, n_threads)
-        return cls(weights, engine, archive, backend, numerics, window, sink_tokens, n_threads)
+        model = cls(weights, engine, archive, backend, numerics, window, sink_tokens, n_threads)
+        if n_threads > 1 and threads_automatic(threads) and hasattr(engine, "run_threads"):
+            model.thread_tuner = ThreadTuner(n_threads)
+        return model
 
     @staticmethod
     def _check_sinks(sink_tokens, window):
@@ -248,13 +257,19 @@ class Model:
         """Logits ``[T, out_vocab]`` of a fresh sequence at every position (state untouched)."""
         ids = self._ids(ids, "forward")
         self._room(len(ids), "forward", start=0)
-        return self._engine.forward(ids)
+        return self._timed("forward", self._engine.forward, ids, len(ids))
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Append ``ids`` to the state (batched) and return the last position's logits."""
         ids = self._ids(ids, "prefill")
         self._room(len(ids), "prefill")
-        return self._engine.prefill(ids)
+        if self.thread_tuner is None:
+            return self._engine.prefill(ids)
+        # chunk by chunk (as the engine itself would), so every chunk is a sample
+        chunk = getattr(self._engine, "chunk", 64)
+        for t0 in range(0, len(ids), chunk):
+            logits = self._timed("prefill", self._engine.prefill, ids[t0:t0 + chunk], len(ids[t0:t0 + chunk]))
+        return logits
 
     def step(self, token: int) -> np.ndarray:
         """Append one token and return its logits ``[out_vocab]``."""
@@ -262,7 +277,18 @@ class Model:
         if ids.size != 1:
             raise TokenizerError(f"step: expects one token id, got {ids.size}")
         self._room(1, "step")
-        return self._engine.step(int(ids[0]))
+        return self._timed("step", self._engine.step, int(ids[0]), 1)
+
+    def _timed(self, kind, call, arg, tokens):
+        tuner = self.thread_tuner
+        if tuner is None:
+            return call(arg)
+        n = tuner.pick(kind)
+        self._engine.run_threads = n
+        t0 = time.perf_counter()
+        out = call(arg)
+        tuner.record(kind, n, time.perf_counter() - t0, tokens)
+        return out
 
     def reset(self) -> None:
         """Forget every token (empty state, position 0)."""

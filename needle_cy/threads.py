@@ -1,6 +1,19 @@
-"""Thread count policy: ``threads=`` argument > ``NEEDLE_CY_THREADS`` > physical cores."""
+"""Thread count policy: ``threads=`` argument > ``set_num_threads`` > ``NEEDLE_CY_THREADS``
+> automatic.
+
+An explicit count is used as given for every call.  Without one the engine is built
+for all physical cores and a ``ThreadTuner`` picks, per kind of call (``step``,
+``prefill``, ``forward``), the count that has measured fastest lately: on a small
+idle machine decode of a full-size model gains from a second core, a tiny model's
+decode or any call on a machine whose other core is busy loses (each parallel
+region waits for a descheduled sibling), and which case holds changes while a
+program runs.  The tuner times every call it is given, tries each candidate a
+few times first, then keeps the fastest and re-tries another candidate every
+``explore_every`` calls, so it follows the load at a cost of a few per cent.
+"""
 import os
-from typing import Optional
+from collections import deque
+from typing import Dict, List, Optional, Tuple
 
 _override = None
 
@@ -47,9 +60,27 @@ def set_num_threads(n: Optional[int]) -> None:
     _override = n
 
 
+def _env_threads() -> Optional[str]:
+    env = os.environ.get("NEEDLE_CY_THREADS")
+    return env.strip() if env and env.strip() else None
+
+
+def threads_automatic(threads: Optional[int] = None) -> bool:
+    """True when no count was chosen (no ``threads=``, ``set_num_threads`` or
+    ``NEEDLE_CY_THREADS`` other than ``auto``): the thread tuner decides per call."""
+    if threads is not None:
+        return isinstance(threads, str) and threads.strip().lower() == "auto"
+    if _override is not None:
+        return False
+    env = _env_threads()
+    return env is None or env.lower() == "auto"
+
+
 def get_num_threads(threads: Optional[int] = None) -> int:
     """Resolve a thread count: explicit value, then set_num_threads, then
     NEEDLE_CY_THREADS, then the number of physical cores. Always 1 without OpenMP."""
+    if isinstance(threads, str) and threads.strip().lower() == "auto":
+        threads = None
     if threads is not None:
         n = int(threads)
         if n < 1:
@@ -57,8 +88,8 @@ def get_num_threads(threads: Optional[int] = None) -> int:
     elif _override is not None:
         n = _override
     else:
-        env = os.environ.get("NEEDLE_CY_THREADS")
-        if env:
+        env = _env_threads()
+        if env and env.lower() != "auto":
             try:
                 n = int(env)
             except ValueError:
@@ -68,3 +99,107 @@ def get_num_threads(threads: Optional[int] = None) -> int:
         else:
             n = physical_cores()
     return n
+
+
+class ThreadTuner:
+    """Chooses the thread count of each call from the measured time of earlier ones.
+
+    ``pick(kind)`` returns the count for the next call of that kind and ``record(kind,
+    threads, seconds, tokens)`` feeds its wall time back.  Candidates are 1, the
+    powers of two below ``max_threads`` and ``max_threads``.  Per kind and candidate
+    the cost is the median seconds per token of the last ``window`` samples (one
+    descheduled call must not flip the choice); the first call of a kind runs on
+    every core and is not recorded (it pays for page faults and cold caches).
+
+    After each candidate has run once, and those within 2x of the best ``warmup``
+    times, the fastest runs.  Another candidate is re-tried once ``explore_every``
+    calls times its cost ratio to the best have passed since its last sample: a
+    candidate r times slower is tried every ``explore_every``·r calls, so trying
+    costs about 1/explore_every of the time whatever r is, and a change of load
+    shows within that many calls.
+    """
+
+    def __init__(self, max_threads: int, explore_every: int = 32, warmup: int = 6,
+                 window: int = 7) -> None:
+        if int(max_threads) < 1:
+            raise ValueError(f"ThreadTuner: max_threads must be >= 1, got {max_threads!r}")
+        self.max_threads = int(max_threads)
+        cands = {1, self.max_threads}
+        p = 2
+        while p < self.max_threads:
+            cands.add(p)
+            p *= 2
+        self.candidates: Tuple[int, ...] = tuple(sorted(cands))
+        self.explore_every = max(2, int(explore_every))
+        self.warmup = max(1, int(warmup))
+        self.window = max(1, int(window))
+        self._kinds: Dict[str, dict] = {}
+
+    def _kind(self, kind: str) -> dict:
+        k = self._kinds.get(kind)
+        if k is None:
+            k = self._kinds[kind] = {"calls": 0, "recent": {}, "samples": {}, "last": {}}
+        return k
+
+    def cost(self, kind: str, threads: int) -> Optional[float]:
+        """Median seconds per token of the recent calls of ``kind`` on ``threads`` (None: unsampled)."""
+        recent = self._kind(kind)["recent"].get(threads)
+        if not recent:
+            return None
+        xs = sorted(recent)
+        m = len(xs) // 2
+        return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
+
+    def best(self, kind: str) -> int:
+        """The sampled candidate with the lowest cost (max_threads before any sample)."""
+        costs = {c: self.cost(kind, c) for c in self.candidates}
+        costs = {c: v for c, v in costs.items() if v is not None}
+        if not costs:
+            return self.max_threads
+        return min(costs, key=lambda c: (costs[c], -c))
+
+    def pick(self, kind: str) -> int:
+        """Thread count for the next call of ``kind``."""
+        k = self._kind(kind)
+        k["calls"] += 1
+        calls = k["calls"]
+        if len(self.candidates) == 1 or calls == 1:   # the cold first call: every core
+            return self.max_threads
+        unsampled = [c for c in self.candidates if c not in k["samples"]]
+        if unsampled:
+            return unsampled[0]
+        best = self.best(kind)
+        best_cost = self.cost(kind, best)
+        ratio = {c: self.cost(kind, c) / best_cost if best_cost > 0 else 1.0 for c in self.candidates}
+        young = [c for c in self.candidates
+                 if k["samples"][c] < self.warmup and ratio[c] <= 2.0 and c != best]
+        if young:
+            return min(young, key=lambda c: k["samples"][c])
+        due = [(calls - k["last"][c]) / (self.explore_every * max(1.0, ratio[c]))
+               for c in self.candidates]
+        overdue = [(d, c) for d, c in zip(due, self.candidates) if c != best and d >= 1.0]
+        if overdue:
+            return max(overdue)[1]
+        return best
+
+    def record(self, kind: str, threads: int, seconds: float, tokens: int = 1) -> None:
+        """Feed back the wall time of a call made with ``threads`` threads."""
+        k = self._kind(kind)
+        if k["calls"] <= 1 or tokens < 1 or not seconds > 0:
+            return
+        recent = k["recent"].get(threads)
+        if recent is None:
+            recent = k["recent"][threads] = deque(maxlen=self.window)
+        recent.append(seconds / tokens)
+        k["samples"][threads] = k["samples"].get(threads, 0) + 1
+        k["last"][threads] = k["calls"]
+
+    def summary(self) -> Dict[str, Dict[str, object]]:
+        """Per kind: calls, the current best count, ms per token and samples of each candidate."""
+        out = {}
+        for kind, k in self._kinds.items():
+            out[kind] = {"calls": k["calls"], "best": self.best(kind),
+                         "ms_per_token": {c: round(self.cost(kind, c) * 1e3, 4)
+                                          for c in self.candidates if c in k["samples"]},
+                         "samples": dict(sorted(k["samples"].items()))}
+        return out

@@ -1,0 +1,150 @@
+"""Thread policy: explicit counts, the automatic tuner, the engine's run_threads."""
+import numpy as np
+import pytest
+
+from needle_cy import threads as thr
+from needle_cy.threads import ThreadTuner
+
+
+def drive(tuner, cost_of, calls, kind="step"):
+    """Run ``calls`` calls whose cost per candidate is ``cost_of(call, threads)``;
+    returns the thread count used by each call."""
+    used = []
+    for i in range(calls):
+        n = tuner.pick(kind)
+        tuner.record(kind, n, cost_of(i, n), 1)
+        used.append(n)
+    return used
+
+
+def test_candidates():
+    assert ThreadTuner(1).candidates == (1,)
+    assert ThreadTuner(2).candidates == (1, 2)
+    assert ThreadTuner(6).candidates == (1, 2, 4, 6)
+    with pytest.raises(ValueError):
+        ThreadTuner(0)
+
+
+def test_single_candidate_never_explores():
+    t = ThreadTuner(1)
+    assert set(drive(t, lambda i, n: 1.0, 50)) == {1}
+
+
+@pytest.mark.parametrize("fast", [1, 2])
+def test_settles_on_the_faster_count(fast):
+    t = ThreadTuner(2)
+    used = drive(t, lambda i, n: 1.0 if n == fast else 1.6, 400)
+    assert t.best("step") == fast
+    tail = used[100:]
+    assert tail.count(fast) / len(tail) > 0.95
+
+
+def test_first_call_uses_every_core_and_is_not_recorded():
+    t = ThreadTuner(2)
+    assert t.pick("step") == 2
+    t.record("step", 2, 100.0)          # cold call: ignored
+    assert t.cost("step", 2) is None
+    assert t.summary()["step"]["samples"] == {}
+
+
+def test_a_much_slower_count_costs_little_to_keep_trying():
+    # 2 threads 50x slower (a descheduled sibling on a busy machine): after the
+    # first samples the tuner re-tries it rarely, so the time it wastes stays small.
+    t = ThreadTuner(2)
+    used = drive(t, lambda i, n: 1.0 if n == 1 else 50.0, 2000)
+    time_on_2 = 50.0 * used[1:].count(2)
+    time_on_1 = 1.0 * used[1:].count(1)
+    assert used[1:].count(2) >= 2                 # it did look again
+    assert time_on_2 / (time_on_1 + time_on_2) < 0.15
+
+
+def test_follows_a_change_of_load():
+    # idle machine first (2 threads faster), then a busy one (1 thread faster)
+    t = ThreadTuner(2)
+    drive(t, lambda i, n: 1.0 if n == 2 else 1.5, 300)
+    assert t.best("step") == 2
+    used = drive(t, lambda i, n: 1.0 if n == 1 else 3.0, 600)
+    assert t.best("step") == 1
+    assert used[-200:].count(1) / 200 > 0.9
+
+
+def test_one_outlier_does_not_flip_the_choice():
+    t = ThreadTuner(2)
+    drive(t, lambda i, n: 1.0 if n == 2 else 1.3, 200)
+    t.pick("step")
+    t.record("step", 2, 500.0)          # one call descheduled
+    assert t.best("step") == 2
+
+
+def test_kinds_are_tuned_separately():
+    t = ThreadTuner(2)
+    drive(t, lambda i, n: 1.0 if n == 1 else 2.0, 300, kind="step")
+    drive(t, lambda i, n: 1.0 if n == 2 else 2.0, 300, kind="prefill")
+    assert t.best("step") == 1 and t.best("prefill") == 2
+
+
+def test_automatic_only_without_an_explicit_count(monkeypatch):
+    monkeypatch.delenv("NEEDLE_CY_THREADS", raising=False)
+    thr.set_num_threads(None)
+    assert thr.threads_automatic(None)
+    assert thr.threads_automatic("auto")
+    assert not thr.threads_automatic(2)
+    monkeypatch.setenv("NEEDLE_CY_THREADS", "1")
+    assert not thr.threads_automatic(None)
+    assert thr.get_num_threads() == 1
+    monkeypatch.setenv("NEEDLE_CY_THREADS", "auto")
+    assert thr.threads_automatic(None)
+    assert thr.get_num_threads() == thr.physical_cores()
+    try:
+        thr.set_num_threads(1)
+        assert not thr.threads_automatic(None)
+    finally:
+        thr.set_num_threads(None)
+    monkeypatch.setenv("NEEDLE_CY_THREADS", "lots")
+    with pytest.raises(ValueError, match="NEEDLE_CY_THREADS"):
+        thr.get_num_threads()
+
+
+# ---------------------------------------------------------------- engine side
+engine_mod = pytest.importorskip("needle_cy._model")
+
+
+@pytest.fixture(scope="module")
+def random_archive(tmp_path_factory):
+    from needle_cy.testing.make_random_archive import make_random_archive
+    return make_random_archive(tmp_path_factory.mktemp("thr") / "m.cact", bits=4)
+
+
+def test_run_threads_is_validated(random_archive):
+    from needle_cy.model import Model
+    m = Model.load(random_archive, threads=2)
+    eng = m.engine
+    assert eng.threads == 2 and eng.run_threads == 2
+    eng.run_threads = 1
+    assert eng.run_threads == 1
+    for bad in (0, 3, -1):
+        with pytest.raises(ValueError, match="run_threads"):
+            eng.run_threads = bad
+    with pytest.raises(AttributeError):
+        eng.threads = 8             # scratch is sized for threads: never writable
+    assert m.thread_tuner is None   # an explicit count is used as given
+
+
+def test_tuned_model_gives_the_fixed_models_logits(random_archive, monkeypatch):
+    from needle_cy.model import Model
+    monkeypatch.delenv("NEEDLE_CY_THREADS", raising=False)
+    ids = np.random.default_rng(3).integers(4, 200, size=150)
+    fixed = Model.load(random_archive, threads=1)
+    auto = Model.load(random_archive, threads="auto")
+    if auto.thread_tuner is None:         # one physical core here: a 2-thread tuned model
+        auto = Model.load(random_archive, threads=2)
+        auto.thread_tuner = ThreadTuner(2)
+    want = fixed.prefill(ids[:140])
+    got = auto.prefill(ids[:140])          # three chunks, thread counts alternate
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    for tok in ids[140:]:
+        np.testing.assert_allclose(auto.step(int(tok)), fixed.step(int(tok)), rtol=1e-6, atol=1e-6)
+    used = auto.thread_tuner.summary()
+    assert used["prefill"]["calls"] == 3 and used["step"]["calls"] == 10
+    assert set(used["step"]["samples"]) == {1, 2}    # both counts ran
+    assert auto.position == fixed.position == 150
