@@ -5,7 +5,8 @@
     NEEDLE_CY_BENCH_TABLE=benchmarks/results_model.md pytest benchmarks/bench_model.py ...
         (also writes the tokens/s + memory table, from each benchmark's minimum)
     NEEDLE_CY_BENCH_BITS=4 NEEDLE_CY_BENCH_THREADS=1 NEEDLE_CY_BENCH_REFERENCE=0 pytest ...
-        (one width, one thread count; skip the slow NumPy reference)
+        (one width, one thread count; skip the slow NumPy reference; the default
+        thread list is 1,2,auto — auto = the default policy, a tuner picking per call)
     pytest benchmarks/bench_model.py --benchmark-timer=time.process_time ...
         (CPU seconds instead of wall time: on a shared, overloaded machine this is
         what an idle core would take, for single-threaded runs)
@@ -21,7 +22,8 @@ written once into a cache folder under the system temp dir.
   anonymous resident memory (``RssAnon + RssShmem``, i.e. not counting the mapped
   archive pages) minus the same figure after importing numpy and needle_cy.
 
-Deploy numerics, 1 and 2 threads; the reference runs single-threaded once per width.
+Deploy numerics, 1 and 2 threads and the automatic choice; the reference runs
+single-threaded once per width.
 """
 import json
 import os
@@ -36,7 +38,8 @@ import pytest
 from needle_cy.model import Model
 
 BITS = [int(b) for b in os.environ.get("NEEDLE_CY_BENCH_BITS", "2,4").split(",")]
-THREADS = [int(t) for t in os.environ.get("NEEDLE_CY_BENCH_THREADS", "1,2").split(",")]
+# thread counts, or "auto" (the automatic policy: needle_cy.threads.ThreadTuner)
+THREADS = [t if t == "auto" else int(t) for t in os.environ.get("NEEDLE_CY_BENCH_THREADS", "1,2,auto").split(",")]
 PROMPT = 600
 DECODE_STEPS = 16
 RUN_REFERENCE = os.environ.get("NEEDLE_CY_BENCH_REFERENCE", "1") != "0"
@@ -67,6 +70,8 @@ def model(bits, backend, threads):
     key = (bits, backend, threads)
     if key not in _models:
         _models[key] = Model.load(archive_path(bits), backend=backend, threads=threads)
+        if threads == "auto":
+            assert _models[key].thread_tuner is not None, "auto: no tuner (one core, or no Cython engine)"
     return _models[key]
 
 
@@ -135,7 +140,7 @@ import numpy as np
 from needle_cy.model import Model
 base = anon()
 peak = base
-m = Model.load(sys.argv[1], backend="cython", threads=int(sys.argv[2]))
+m = Model.load(sys.argv[1], backend="cython", threads=sys.argv[2] if sys.argv[2] == "auto" else int(sys.argv[2]))
 peak = max(peak, anon())
 ids = np.random.default_rng(0).integers(4, 16000, size=600 + 64)
 m.prefill(ids[:600])
