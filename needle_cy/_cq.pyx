@@ -9,7 +9,7 @@ Walsh–Hadamard transform shared by all rows), and then
 is evaluated directly on the packed indices.  The NumPy twin is
 ``needle_cy.reference.cq``; tests diff the two.
 
-Two inner loops:
+Three inner loops:
 
 * AVX2 (x86-64 CPUs with AVX2+FMA, detected at run time; compiled with a target
   attribute so a portable build has it too).  The codebook lives in a register
@@ -33,6 +33,25 @@ Two inner loops:
   shuffle-pipe µops (permute + shift; 1.75 with the offset loads) for 8 MACs,
   so the matvec tops out near 8–9 MAC/cycle; at 4 bits three (≈ 5 MAC/cycle).
   The matmul amortises decoding over 8 tokens and is bound by FMA throughput.
+* Integer, for A8 inputs (deploy numerics: every CQ input is an A8 vector
+  x = s·k, k int8; the engine marks its views ``a8_input``), x86-64 with
+  AVX-512 F/BW/VL (``avx512bw``: vpmaddwd) or + VNNI (``avx512vnni``: vpdpwssd),
+  one token at a time.  ``cq_rotate`` recovers s = max|x|/127 and k (refusing
+  any x that is not such a vector: then the float kernels run), rotates the codes
+  exactly (z = H·k, |z| ≤ 127·g, int16) and the kernel sums Σ C[i_j]·z_j in
+  int32, C_k = cb_k·2^E as two int16 halves hi·B + lo looked up with vpermw
+  (cq_int_kernel.h).  A single int16 codebook (16 bits) would be an
+  approximation that moves the fixtures' deploy logits by a mean 0.011 (over the
+  0.01 bar, measured by rounding the codebooks); the two halves keep ≥ 25 bits,
+  so the result equals the float kernels' to float32 rounding (≤ 1e-6 relative
+  in the tests).  B and E are sized per matrix so the int32 sums between two
+  conversions to float cannot overflow.  3-bit rows are repacked to nibbles once
+  (a copy); groups of 16/width … 256 fields have tables.  Speed on Zen 4 (one
+  thread, shared VM): 4 bits 1.6–1.9× the AVX2 float kernel, 2 bits 1.15–1.25×
+  (benchmarks/bench_cq.py).  ``set_kernel``/``kernel_name``/``available_kernels``
+  and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avx512bw, avx2, scalar) choose
+  and report; a NEON kernel would be another instantiation of cq_int_kernel.h
+  behind the same dispatch.  The prefill matmul (several tokens) stays float.
 * Portable scalar Cython (any CPU, any width, any group size ≥ 8): byte-wise
   decoding with codebook lookups, one group at a time; the matmul decodes a
   group's codewords once (a stack buffer) and reuses them for every token.
