@@ -97,6 +97,8 @@ def _extensions():
                 extra_compile_args=base_c + omp_c + arch,
                 extra_link_args=omp_l,
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+                # C headers a module includes (rebuild when they change)
+                depends=[str(p.relative_to(HERE)) for p in sorted((HERE / "needle_cy").glob(f"{name.lstrip('_')}_*.h"))],
             )
         )
     return cythonize(

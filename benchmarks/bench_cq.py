@@ -16,7 +16,10 @@ For every projection shape of the full-size Needle 3 model, at 2 and 4 bits
   ``needle_cy.reference.cq.matvec`` (single-threaded Python/NumPy, run once per
   width) vs a dense float32 ``W @ x`` through NumPy's BLAS (threads limited
   with threadpoolctl) on the same shape;
-* ``matmul64``: Cython ``matmul`` at 64 tokens vs dense ``X @ W.T``.
+* ``matmul64``: Cython ``matmul`` at 64 tokens vs dense ``X @ W.T``;
+* ``matvec_kernel``: every kernel this CPU has, forced one after the other
+  (``avx2`` float; ``avx512bw``/``avx512vnni`` integer on the A8 input), on the
+  A8-quantized input the engine gives them in deploy numerics.
 
 A multiply–accumulate (MAC) is one weight times one activation: rows·cols per
 token.  The minimum over rounds is used (the build machine is shared, the
@@ -48,6 +51,7 @@ ALL_SHAPES = [
     ("head 16384x768", 16384, 768),
     ("mHC 80x3072", 80, 3072),
     ("mHC 320x3072", 320, 3072),
+    ("768x3072", 768, 3072),
 ]
 _only = os.environ.get("NEEDLE_CY_BENCH_SHAPES")
 SHAPES = [s for s in ALL_SHAPES if not _only or f"{s[1]}x{s[2]}" in _only.split(",")]
@@ -110,6 +114,41 @@ def test_matvec_cython(benchmark, shape, bits, threads):
     record(benchmark, "matvec", name, "cython", bits, threads)
 
 
+def a8(x):
+    """The A8 quantizer of spec §3.8: the vector every CQ product sees in deploy numerics."""
+    amax = np.float32(np.abs(x).max())
+    s = amax / np.float32(127) if amax > 0 else np.float32(1)
+    return (np.clip(np.rint(x / s), -128, 127) * s).astype(np.float32)
+
+
+# every matvec kernel this CPU has, side by side: the float ones (float input) and the
+# integer ones (A8 input); NEEDLE_CY_BENCH_KERNELS=avx2,avx512vnni picks a subset
+_kernels_only = os.environ.get("NEEDLE_CY_BENCH_KERNELS")
+KERNELS = [k for k in _cq.available_kernels() if k != "scalar"
+           and (not _kernels_only or k in _kernels_only.split(","))]
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("bits", WIDTHS)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_matvec_kernel(benchmark, kernel, shape, bits, threads):
+    """One kernel forced with set_kernel; the input is A8-quantized for every kernel
+    (the float kernel gives the same result up to rounding)."""
+    name, rows, cols = shape
+    _, cw = quantized(rows, cols, bits)
+    x = a8(dense(rows, cols)[1])
+    out = np.empty(rows, np.float32)
+    integer = kernel.startswith("avx512")
+    benchmark.group = f"matvec {name} {bits} bits"
+    _cq.set_kernel(kernel)
+    try:
+        benchmark(_cq.matvec, cw, x, out=out, threads=threads, a8=integer)
+    finally:
+        _cq.set_kernel("auto")
+    record(benchmark, "matvec-kernel", name, kernel, bits, threads)
+
+
 @pytest.mark.parametrize("bits", WIDTHS)
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_matvec_numpy_reference(benchmark, shape, bits):
@@ -166,7 +205,7 @@ def test_matmul64_dense_blas(benchmark, shape, threads):
 
 def environment_lines(config=None):
     lines = [f"- CPU: {platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} logical CPUs; CQ inner loop: `{_cq.simd_kernel()}`"]
+             f"{os.cpu_count()} logical CPUs; CQ inner loop: `{_cq.simd_kernel()}` (A8 inputs: `{_cq.kernel_name()}`)"]
     timer = getattr(getattr(config, "option", None), "benchmark_timer", None)
     lines.append(f"- timer: {getattr(timer, '__name__', timer) or 'perf_counter'}; "
                  f"threads {THREADS}; 1-min load average {os.getloadavg()[0]:.1f}")
@@ -222,6 +261,21 @@ def render_table(config=None):
                     f((mv * TOKENS) / mm if (mv and mm) else None, "{:.1f}×"),
                 ]
                 out.append("| " + " | ".join(cells) + " |")
+    kernels_run = [k for k in KERNELS if any(r[0] == "matvec-kernel" and r[2] == k for r in RESULTS)]
+    if kernels_run:
+        out.append("")
+        out.append("Matvec by kernel (A8 input; GMAC/s; forced with `_cq.set_kernel`):")
+        out.append("")
+        out.append("| shape | bits | thr | " + " | ".join(kernels_run) + " | best integer / avx2 |")
+        out.append("|---|---|---|" + "---|" * (len(kernels_run) + 1))
+        for name, rows, cols in SHAPES:
+            for bits in WIDTHS:
+                for threads in THREADS:
+                    secs = {k: by.get(("matvec-kernel", name, k, bits, threads)) for k in kernels_run}
+                    cells = [f"{gmacs(rows, cols, 1, v):.1f}" if v else "–" for v in secs.values()]
+                    ints = [v for k, v in secs.items() if k.startswith("avx512") and v]
+                    ratio = (f"{secs['avx2'] / min(ints):.2f}×" if ints and secs.get("avx2") else "–")
+                    out.append(f"| {name} | {bits} | {threads} | " + " | ".join(cells) + f" | {ratio} |")
     out.append("")
     out.append("Dense baselines (GMAC/s): " + "; ".join(
         f"{name} t{t}: matvec {gmacs(r, c, 1, by[('matvec', name, 'blas-fp32', 32, t)]):.1f}, "

@@ -7,7 +7,9 @@ caches the result).  Its ``view`` is a plain C struct of pointers and sizes that
 the nogil functions below read; they never touch Python objects, never check
 their arguments (the Python wrappers and ``prepare`` did) and never allocate:
 the caller owns every buffer, including the float32 workspace whose size
-``cq_work_floats`` tells.
+``cq_work_floats`` tells.  A view whose ``a8_input`` is set (the engine sets it
+in deploy numerics, where every CQ input is an A8 vector) lets ``cq_rotate``
+take the integer kernel for a single token (see _cq.pyx); leave it 0 otherwise.
 
 Typical use from the forward pass (``_model.pyx``)::
 
@@ -16,7 +18,7 @@ Typical use from the forward pass (``_model.pyx``)::
 
     cdef CQWeight wq = prepare(archive.tensor("layers.0.q_proj"))   # once, at load
     cdef const CQView* q = &wq.view
-    # work: at least cq_work_floats(q, T, threads) float32s = 2·T·padded_len (reusable
+    # work: at least cq_work_floats(q, T, threads) float32s = 16 + 2·T·padded_len (reusable
     # across calls and matrices; it does not depend on threads)
     cq_matvec(q, x, y, work, threads)                   # y[rows] = W · x[cols]
     cq_matmul(q, X, T, x_stride, Y, y_stride, work, threads)   # Y[T, rows] = X[T, cols] · Wᵀ
@@ -36,7 +38,7 @@ one thread in a fixed order).  Nothing here allocates or raises; inputs may not
 alias work.  The functions may be called from several threads at once as long
 as each uses its own work buffer.
 """
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint8_t, int16_t
 
 
 ctypedef struct CQView:
@@ -60,6 +62,17 @@ ctypedef struct CQView:
     float codebook[16]         # codeword of each raw field value (unused entries 0)
     int lane_perm[256]         # AVX2 lane order: rotated-activation position s·8 + l ← field offset in the chunk
     float simd_table[32]       # AVX2 register tables; [16:32] = 4-bit codebook byte planes (see _cq.pyx)
+    # integer kernel (A8 inputs, see _cq.pyx): set by prepare, except a8_input
+    int a8_input               # 1: every input is an A8 vector (deploy numerics; the engine sets it)
+    int int_ok                 # 1: integer tables exist (16/int_fb <= group_size <= 256)
+    int int_fb                 # field width the integer kernel reads (3-bit rows are repacked to 4)
+    const uint8_t* int_packed  # packed rows in int_fb-bit fields (= packed unless repacked)
+    const uint8_t* int_packed_end
+    Py_ssize_t int_row_bytes
+    float int_base             # B: codeword·2^E = hi·B + lo
+    float int_descale          # 2^-E / sqrt(group_size)
+    int16_t int_table[64]      # vpermw tables: hi [0:32], lo [32:64]
+    int16_t int_perm[256]      # code lane order: chunk position i <- field offset int_perm[i]
 
 
 cdef class CQWeight:
@@ -67,6 +80,7 @@ cdef class CQWeight:
     cdef object _packed        # keeps the packed bytes (often a view of the archive mmap) alive
     cdef object _norms32       # owns view.norms
     cdef object _codebook
+    cdef object _int_packed    # the 4-bit repack of a 3-bit matrix (None otherwise)
 
 
 cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil

@@ -9,7 +9,7 @@ Walsh–Hadamard transform shared by all rows), and then
 is evaluated directly on the packed indices.  The NumPy twin is
 ``needle_cy.reference.cq``; tests diff the two.
 
-Two inner loops:
+Three inner loops:
 
 * AVX2 (x86-64 CPUs with AVX2+FMA, detected at run time; compiled with a target
   attribute so a portable build has it too).  The codebook lives in a register
@@ -33,6 +33,25 @@ Two inner loops:
   shuffle-pipe µops (permute + shift; 1.75 with the offset loads) for 8 MACs,
   so the matvec tops out near 8–9 MAC/cycle; at 4 bits three (≈ 5 MAC/cycle).
   The matmul amortises decoding over 8 tokens and is bound by FMA throughput.
+* Integer, for A8 inputs (deploy numerics: every CQ input is an A8 vector
+  x = s·k, k int8; the engine marks its views ``a8_input``), x86-64 with
+  AVX-512 F/BW/VL (``avx512bw``: vpmaddwd) or + VNNI (``avx512vnni``: vpdpwssd),
+  one token at a time.  ``cq_rotate`` recovers s = max|x|/127 and k (refusing
+  any x that is not such a vector: then the float kernels run), rotates the codes
+  exactly (z = H·k, |z| ≤ 127·g, int16) and the kernel sums Σ C[i_j]·z_j in
+  int32, C_k = cb_k·2^E as two int16 halves hi·B + lo looked up with vpermw
+  (cq_int_kernel.h).  A single int16 codebook (16 bits) would be an
+  approximation that moves the fixtures' deploy logits by a mean 0.011 (over the
+  0.01 bar, measured by rounding the codebooks); the two halves keep ≥ 25 bits,
+  so the result equals the float kernels' to float32 rounding (≤ 1e-6 relative
+  in the tests).  B and E are sized per matrix so the int32 sums between two
+  conversions to float cannot overflow.  3-bit rows are repacked to nibbles once
+  (a copy); groups of 16/width … 256 fields have tables.  Speed on Zen 4 (one
+  thread, shared VM): 4 bits 1.6–1.9× the AVX2 float kernel, 2 bits 1.15–1.25×
+  (benchmarks/bench_cq.py).  ``set_kernel``/``kernel_name``/``available_kernels``
+  and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avx512bw, avx2, scalar) choose
+  and report; a NEON kernel would be another instantiation of cq_int_kernel.h
+  behind the same dispatch.  The prefill matmul (several tokens) stays float.
 * Portable scalar Cython (any CPU, any width, any group size ≥ 8): byte-wise
   decoding with codebook lookups, one group at a time; the matmul decodes a
   group's codewords once (a stack buffer) and reuses them for every token.
@@ -54,7 +73,8 @@ import weakref
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel
-from libc.stdint cimport uint8_t, uint32_t, int64_t, uintptr_t
+from libc.stdint cimport uint8_t, uint32_t, int16_t, int64_t, uintptr_t
+from libc.math cimport rintf, fabsf
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
@@ -551,7 +571,48 @@ cdef extern from *:
         }
     }
 
+    /* Integer kernels on A8 codes (cq_int_kernel.h), one instantiation per instruction set. */
+    static int nc_cq_cpu_has_avx512bw(void) {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+            && __builtin_cpu_supports("avx512vl");
+    }
+    static int nc_cq_cpu_has_avx512vnni(void) {
+        return nc_cq_cpu_has_avx512bw() && __builtin_cpu_supports("avx512vnni");
+    }
+    #define NC_INT_SUF avx512vnni
+    #define NC_INT_TGT "avx512f,avx512bw,avx512vl,avx512vnni"
+    #define NC_INT_DPW(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
+    #include "cq_int_kernel.h"
+    #undef NC_INT_SUF
+    #undef NC_INT_TGT
+    #undef NC_INT_DPW
+    #define NC_INT_SUF avx512bw
+    #define NC_INT_TGT "avx512f,avx512bw,avx512vl"
+    #define NC_INT_DPW(acc, a, b) _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
+    #include "cq_int_kernel.h"
+    #undef NC_INT_SUF
+    #undef NC_INT_TGT
+    #undef NC_INT_DPW
+    static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                               const float* norms, ptrdiff_t norm_stride, const int16_t* z,
+                               ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
+                               float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
+        if (kernel == 2)
+            nc_cqi_rows_avx512vnni(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
+                                   table, base, scale, r0, r1, y);
+        else
+            nc_cqi_rows_avx512bw(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
+                                 table, base, scale, r0, r1, y);
+    }
+
     #else
+    static int nc_cq_cpu_has_avx512bw(void) { return 0; }
+    static int nc_cq_cpu_has_avx512vnni(void) { return 0; }
+    static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                               const float* norms, ptrdiff_t norm_stride, const int16_t* z,
+                               ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
+                               float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {}
     static int nc_cq_cpu_has_avx2(void) { return 0; }
     static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
                                       const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
@@ -577,6 +638,15 @@ cdef extern from *:
         if (nc_cq_simd_enabled < 0) nc_cq_simd_enabled = nc_cq_cpu_has_avx2();
         return view_simd && nc_cq_simd_enabled;
     }
+    /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni. */
+    static int nc_cq_int_kernel = -1;
+    static int nc_cq_best_int_kernel(void) {
+        return nc_cq_cpu_has_avx512vnni() ? 2 : (nc_cq_cpu_has_avx512bw() ? 1 : 0);
+    }
+    static int nc_cq_active_int_kernel(void) {
+        if (nc_cq_int_kernel < 0) nc_cq_int_kernel = nc_cq_best_int_kernel();
+        return nc_cq_int_kernel;
+    }
     """
     int nc_cq_cpu_has_avx2() nogil
     int nc_cq_simd_enabled
@@ -597,6 +667,15 @@ cdef extern from *:
                                   float* out) noexcept nogil
     void nc_cq_dot_tiles(const float* wd, Py_ssize_t ws, int nr, const float* x, Py_ssize_t xs,
                          int nt, Py_ssize_t n_vec, float* tile, Py_ssize_t ts) noexcept nogil
+    int nc_cq_cpu_has_avx512bw() nogil
+    int nc_cq_cpu_has_avx512vnni() nogil
+    int nc_cq_int_kernel
+    int nc_cq_best_int_kernel() noexcept nogil
+    int nc_cq_active_int_kernel() noexcept nogil
+    void nc_cq_int_rows(int kernel, const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
+                        const float* norms, Py_ssize_t norm_stride, const int16_t* z,
+                        Py_ssize_t n_chunks, int fb, int g, const int16_t* table, float base,
+                        float scale, Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
 
 
 TERNARY_BITS = 5
@@ -612,6 +691,7 @@ cdef Py_ssize_t MATVEC_ROW_BLOCK = 32  # rows per parallel task of the matvec
 cdef Py_ssize_t SLICE_FIELDS = 768   # matmul column slice (see _matmul_rows_simd)
 cdef Py_ssize_t LOW_BIT_DECODE_FIELDS = 384  # widest slice decoded once at 1–2 bits (_decode_once)
 cdef Py_ssize_t SCALAR_PIECE = 1024  # stack buffer of the scalar matmul (vals in _matmul_row_scalar)
+cdef Py_ssize_t WORK_HEADER = 16     # floats before the rotated tokens in a workspace (64 bytes)
 
 
 # ---------------------------------------------------------------------------
@@ -729,9 +809,11 @@ cdef float _row_dot_scalar(const CQView* w, Py_ssize_t r, const float* xt) noexc
 # ---------------------------------------------------------------------------
 
 cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil:
-    """Workspace the kernels need: the rotated tokens twice (plain and lane order).
-    Independent of threads (kept in the signature so callers need not change)."""
-    return 2 * n_tokens * w.padded_len
+    """Workspace the kernels need: a header (WORK_HEADER floats: which form the
+    rotation took, the A8 scale), then the rotated tokens twice (plain and lane
+    order; the integer form uses the same space).  Independent of threads (kept in
+    the signature so callers need not change)."""
+    return WORK_HEADER + 2 * n_tokens * w.padded_len
 
 
 cdef int cq_effective_threads(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil:
@@ -749,7 +831,46 @@ cdef int cq_effective_threads(const CQView* w, Py_ssize_t n_tokens, int threads)
 cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil:
     """True when a workspace rotated for a serves b too (same cols, group, field width, path)."""
     return (a.cols == b.cols and a.group_size == b.group_size
-            and a.field_bits == b.field_bits and a.simd == b.simd)
+            and a.field_bits == b.field_bits and a.simd == b.simd
+            and a.a8_input == b.a8_input and a.int_ok == b.int_ok)
+
+
+cdef inline bint _int_path(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
+    """Whether cq_rotate tries the integer form: one A8 token, tables, a kernel on this CPU."""
+    return n_tokens == 1 and w.a8_input and w.int_ok and nc_cq_active_int_kernel() > 0
+
+
+cdef bint _rotate_int(const CQView* w, const float* x, float* work) noexcept nogil:
+    """The integer form of one token, if x is an A8 vector (x_j = k_j·s, |k_j| ≤ 127).
+
+    s is recovered as max|x|/127 (as the quantizer computed it, to the last bit or
+    one ulp off) and k_j = rint(x_j/s); any x_j further than max|x|·2⁻²⁰ from k_j·s
+    (or a NaN/inf) refuses the vector, and the caller rotates the floats as usual.
+    The codes are rotated exactly (an unscaled FWHT of small integers in float32)
+    and stored as int16 in the integer kernel's lane order after the header."""
+    cdef Py_ssize_t j, c, i, P = w.padded_len, C = w.chunk_fields, g = w.group_size
+    cdef float* kf = work + WORK_HEADER
+    cdef int16_t* z = <int16_t*>(work + WORK_HEADER + P)
+    cdef float amax = 0, s, k, tol
+    for j in range(w.cols):
+        if fabsf(x[j]) > amax:
+            amax = fabsf(x[j])
+    s = amax / <float>127.0 if amax > 0 else <float>1.0
+    tol = amax * <float>9.5367431640625e-07  # 2^-20
+    for j in range(w.cols):
+        k = rintf(x[j] / s)
+        if not (fabsf(k) <= 127 and fabsf(x[j] - k * s) <= tol):
+            return False
+        kf[j] = k
+    memset(kf + w.cols, 0, (P - w.cols) * sizeof(float))
+    for c in range(w.n_groups):
+        cq_fwht_scaled(kf + c * g, g, <float>1.0)
+    for c in range(w.n_chunks):
+        for i in range(C):
+            z[c * C + i] = <int16_t>kf[c * C + w.int_perm[i]]
+    (<int*>work)[0] = 1
+    work[1] = s
+    return True
 
 
 cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
@@ -758,9 +879,12 @@ cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
     that cq_same_rotation accepts.  work: cq_work_floats(w, n_tokens, threads) floats."""
     cdef bint simd = nc_cq_use_simd(w.simd)
     cdef Py_ssize_t P = w.padded_len, t
-    cdef float* xt = work
-    cdef float* xp = work + n_tokens * P
+    cdef float* xt = work + WORK_HEADER
+    cdef float* xp = xt + n_tokens * P
     cdef int n = cq_effective_threads(w, n_tokens, threads)
+    if _int_path(w, n_tokens) and _rotate_int(w, X, work):
+        return
+    (<int*>work)[0] = 0
     if n == 1 or n_tokens == 1:
         for t in range(n_tokens):
             _rotate_token(w, X + t * x_stride, xt + t * P, xp + t * P, simd)
@@ -773,11 +897,31 @@ cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
                             int threads) noexcept nogil:
     """y[rows] = W · x from a workspace that cq_rotate filled for one token."""
     cdef bint simd = nc_cq_use_simd(w.simd)
-    cdef const float* xt = work
-    cdef const float* xp = work + w.padded_len
+    cdef const float* xt = work + WORK_HEADER
+    cdef const float* xp = xt + w.padded_len
     cdef int n = cq_effective_threads(w, 1, threads)
     cdef Py_ssize_t r
     cdef Py_ssize_t rb, r0, r1, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
+    cdef int kernel = nc_cq_active_int_kernel()
+    cdef const int16_t* z = <const int16_t*>(work + WORK_HEADER + w.padded_len)
+    cdef float scale
+    if (<const int*>work)[0] == 1:
+        # the integer form (cq_rotate took it for this view's rotation family)
+        scale = work[1] * w.int_descale
+        if n == 1:
+            nc_cq_int_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
+                           w.norm_stride, z, w.n_chunks, w.int_fb, w.group_size, w.int_table,
+                           w.int_base, scale, 0, w.rows, y)
+        else:
+            for rb in prange(n_blocks, num_threads=n, schedule="static"):
+                r0 = rb * MATVEC_ROW_BLOCK
+                r1 = r0 + MATVEC_ROW_BLOCK
+                if r1 > w.rows:
+                    r1 = w.rows
+                nc_cq_int_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
+                               w.norm_stride, z, w.n_chunks, w.int_fb, w.group_size, w.int_table,
+                               w.int_base, scale, r0, r1, y)
+        return
     if simd:
         if n == 1:
             nc_cq_avx2_rows_dot(w.packed, w.row_bytes, w.packed_end, w.norms, w.norm_stride, xp,
@@ -945,11 +1089,14 @@ cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
     cdef bint simd = nc_cq_use_simd(w.simd)
     cdef Py_ssize_t P = w.padded_len, rb, r, r0, r1
     cdef Py_ssize_t n_blocks = (w.rows + ROW_BLOCK - 1) // ROW_BLOCK
-    cdef const float* xt = work
-    cdef const float* xp = work + n_tokens * P
+    cdef const float* xt = work + WORK_HEADER
+    cdef const float* xp = xt + n_tokens * P
     cdef int n = cq_effective_threads(w, n_tokens, threads)
     cdef void* raw = NULL
     if n_tokens < 1:
+        return
+    if n_tokens == 1 and (<const int*>work)[0] == 1:
+        cq_matvec_rotated(w, work, Y, threads)
         return
     if simd:
         # The decode scratch (48 KB) is one heap block per thread per call rather than
@@ -1070,7 +1217,8 @@ cdef class CQWeight:
         C = 8 * F
         n_chunks = (cols_padded + C - 1) // C
         norm_stride = (n_chunks * C + g - 1) // g
-        norms32 = np.zeros(rows * norm_stride + 8, np.float32)
+        # (16 spare floats: the integer kernel loads 16 lane norms at a time)
+        norms32 = np.zeros(rows * norm_stride + 16, np.float32)
         norms32[: rows * norm_stride].reshape(rows, norm_stride)[:, :n_groups] = norms
         if not np.isfinite(norms32).all():
             _fail("CQ norms", "finite values", "NaN or infinity")
@@ -1131,6 +1279,53 @@ cdef class CQWeight:
             planes = np.ascontiguousarray(cb_bytes.T).reshape(64)
         cdef const uint8_t[::1] plane_view = planes
         memcpy(<void*>&v.simd_table[16], &plane_view[0], 64)
+        self._init_int(codebook, fb)
+
+    def _init_int(self, codebook, Py_ssize_t fb):
+        """Tables of the integer kernel (A8 inputs); see the module docstring."""
+        cdef CQView* v = &self.view
+        cdef Py_ssize_t g = v.group_size, int_fb = 4 if fb == 3 else fb, i
+        v.a8_input = 0
+        v.int_fb = <int>int_fb
+        v.int_packed = v.packed
+        v.int_packed_end = v.packed_end
+        v.int_row_bytes = v.row_bytes
+        self._int_packed = None
+        # a lane sums 16/int_fb consecutive fields (one group); |z| <= 127·g fits int16
+        v.int_ok = 1 if (16 // int_fb <= g <= 256) else 0
+        if not v.int_ok:
+            return
+        if fb == 3:  # 8 fields per 3 bytes → one field per nibble (a copy, once)
+            runs = np.asarray(self._packed).reshape(v.rows, -1, 3).astype(np.uint32)
+            words = runs[:, :, 0] | (runs[:, :, 1] << 8) | (runs[:, :, 2] << 16)
+            fields = (words[:, :, None] >> (3 * np.arange(8, dtype=np.uint32))) & 7
+            fields = fields.reshape(v.rows, -1).astype(np.uint8)
+            nib = np.ascontiguousarray(fields[:, 0::2] | (fields[:, 1::2] << 4))
+            self._int_packed = nib
+            v.int_row_bytes = nib.shape[1]
+            v.int_packed = <const uint8_t*>cnp.PyArray_DATA(nib)
+            v.int_packed_end = v.int_packed + v.rows * v.int_row_bytes
+        cdef Py_ssize_t C = 256 // int_fb, steps = 8 // int_fb
+        # int32 products a lane sums between two conversions to float (a group, or a chunk)
+        cdef Py_ssize_t per = g // C if g >= C else 1
+        cdef Py_ssize_t products = 2 * steps * per
+        cdef long long M = min(16384, (2 ** 31 - 1) // (products * 127 * g))  # |hi|, |lo| <= M
+        B = 1 << M.bit_length()                    # lo in [-B/2, B/2], B/2 <= M
+        cb = np.asarray(codebook, np.float64)
+        top = float(np.abs(cb).max())
+        E = 0 if top == 0 else int(math.floor(math.log2((M - 1) * B / top)))
+        code = np.rint(np.ldexp(cb, E))            # codeword·2^E, ≥ 25 significant bits
+        hi = np.rint(code / B)
+        lo = code - hi * B
+        n_cb = len(cb)
+        for i in range(32):
+            j = i & ((1 << int_fb) - 1)
+            v.int_table[i] = <int16_t>(hi[j] if j < n_cb else 0)
+            v.int_table[32 + i] = <int16_t>(lo[j] if j < n_cb else 0)
+        v.int_base = <float>B
+        v.int_descale = <float>(math.ldexp(1.0, -E) / math.sqrt(g))
+        for i in range(C):  # step s = i // 32 reads field s of byte w = i % 32
+            v.int_perm[i] = <int16_t>((i % 32) * (8 // int_fb) + i // 32)
 
     @property
     def rows(self):
@@ -1153,9 +1348,21 @@ cdef class CQWeight:
         """True when the AVX2 kernels run this matrix (CPU support and group size permitting)."""
         return bool(nc_cq_use_simd(self.view.simd))
 
+    @property
+    def int_tables(self):
+        """True when this matrix has integer-kernel tables (group size 16/width .. 256)."""
+        return bool(self.view.int_ok)
+
+    def kernel(self, a8=False):
+        """Name of the inner loop a matvec of this matrix runs now (A8 input or float input)."""
+        if a8 and self.view.int_ok and nc_cq_active_int_kernel() > 0:
+            return _INT_NAMES[nc_cq_active_int_kernel()]
+        return "avx2" if self.simd else "scalar"
+
     def __repr__(self):
         return (f"CQWeight({self.view.rows}x{self.view.cols}, bits={self.view.bits}, "
-                f"group_size={self.view.group_size}, kernel={'avx2' if self.simd else 'scalar'})")
+                f"group_size={self.view.group_size}, kernel={self.kernel()}, "
+                f"a8_kernel={self.kernel(True)})")
 
 
 _prepared = weakref.WeakKeyDictionary()
@@ -1178,6 +1385,68 @@ def prepare(W):
 def simd_kernel():
     """Name of the inner loop in use: 'avx2' or 'scalar'."""
     return "avx2" if nc_cq_use_simd(1) else "scalar"
+
+
+_INT_NAMES = {1: "avx512bw", 2: "avx512vnni"}
+KERNELS = ("avx512vnni", "avx512bw", "avx2", "scalar")  # best first
+
+
+def available_kernels():
+    """Kernels this CPU can run, best first: 'avx512vnni' and 'avx512bw' (integer, A8
+    inputs; float inputs then take 'avx2'), 'avx2' (float), 'scalar' (portable)."""
+    found = []
+    if nc_cq_cpu_has_avx512vnni():
+        found.append("avx512vnni")
+    if nc_cq_cpu_has_avx512bw():
+        found.append("avx512bw")
+    if nc_cq_cpu_has_avx2():
+        found.append("avx2")
+    return found + ["scalar"]
+
+
+def kernel_name(a8=True):
+    """The kernel a matvec takes now: for an A8 input (deploy numerics) by default,
+    for a float input with a8=False.  (A matrix without integer tables, see
+    CQWeight.kernel, takes the float one.)"""
+    k = nc_cq_active_int_kernel()
+    if a8 and k > 0:
+        return _INT_NAMES[k]
+    return simd_kernel()
+
+
+def set_kernel(name):
+    """Force a kernel ('avx512vnni', 'avx512bw', 'avx2' = float AVX2 only, 'scalar' =
+    the portable float loops) or go back to the best one ('auto').  Returns the
+    previous kernel_name().  For tests and comparisons; the environment variable
+    NEEDLE_CY_CQ_KERNEL does the same at import."""
+    global nc_cq_int_kernel, nc_cq_simd_enabled
+    previous = kernel_name()
+    if name == "auto":
+        nc_cq_int_kernel = nc_cq_best_int_kernel()
+        nc_cq_simd_enabled = nc_cq_cpu_has_avx2()
+        return previous
+    if name not in KERNELS:
+        raise ValueError(f"CQ kernel must be 'auto' or one of {KERNELS}, got {name!r}")
+    if name not in available_kernels():
+        raise ValueError(f"CQ kernel {name!r} needs an instruction set this CPU lacks "
+                         f"(available: {available_kernels()})")
+    nc_cq_int_kernel = {"avx512vnni": 2, "avx512bw": 1}.get(name, 0)
+    nc_cq_simd_enabled = 0 if name == "scalar" else nc_cq_cpu_has_avx2()
+    return previous
+
+
+def _kernel_from_environment():
+    import os
+    import warnings
+    name = os.environ.get("NEEDLE_CY_CQ_KERNEL", "auto").strip() or "auto"
+    try:
+        set_kernel(name)
+    except ValueError as exc:
+        warnings.warn(f"NEEDLE_CY_CQ_KERNEL ignored: {exc}", RuntimeWarning)
+        set_kernel("auto")
+
+
+_kernel_from_environment()
 
 
 def set_simd(enabled):
@@ -1223,10 +1492,15 @@ cdef inline bint _is_f32_vector(object a, Py_ssize_t n, bint writeable):
             and (not writeable or cnp.PyArray_ISWRITEABLE(arr)))
 
 
-def matvec(W, x, out=None, threads=None):
-    """y = W · x: W a CQMatrix (or CQWeight) [rows, cols], x [cols] → float32 [rows]."""
+def matvec(W, x, out=None, threads=None, a8=False):
+    """y = W · x: W a CQMatrix (or CQWeight) [rows, cols], x [cols] → float32 [rows].
+
+    a8=True: x is an A8 vector (deploy numerics); the integer kernel runs where it
+    can (an x that is not one takes the float kernel)."""
     cdef CQWeight cw = W if type(W) is CQWeight else prepare(W)
-    cdef const CQView* v = &cw.view
+    cdef CQView va = cw.view
+    va.a8_input = 1 if a8 else 0
+    cdef const CQView* v = &va
     cdef cnp.ndarray xa = x if _is_f32_vector(x, v.cols, False) else _as_float32("matvec x", x, (v.cols,))
     cdef cnp.ndarray y
     cdef cnp.npy_intp n_rows = v.rows
@@ -1249,10 +1523,13 @@ def matvec(W, x, out=None, threads=None):
     return y
 
 
-def matmul(W, X, out=None, threads=None):
-    """Y = X · Wᵀ: X [T, cols] → float32 [T, rows] (every token in one pass over W)."""
+def matmul(W, X, out=None, threads=None, a8=False):
+    """Y = X · Wᵀ: X [T, cols] → float32 [T, rows] (every token in one pass over W).
+    a8: as for matvec (the integer kernel serves single tokens)."""
     cdef CQWeight cw = prepare(W)
-    cdef const CQView* v = &cw.view
+    cdef CQView va = cw.view
+    va.a8_input = 1 if a8 else 0
+    cdef const CQView* v = &va
     Xa = np.asarray(X)
     if Xa.ndim != 2:
         _fail("matmul X", f"a 2-D [T, {v.cols}] array", _describe(Xa))
@@ -1276,7 +1553,7 @@ def matmul(W, X, out=None, threads=None):
     return Y
 
 
-def multiply_shared(weights, x, threads=None):
+def multiply_shared(weights, x, threads=None, a8=False):
     """Several matrices times one input, rotating the input once (cq_rotate + cq_*_rotated).
 
     weights: CQMatrix/CQWeight objects with equal cols, group size and field width;
@@ -1286,9 +1563,13 @@ def multiply_shared(weights, x, threads=None):
     if not cws:
         return []
     cdef CQWeight first = cws[0], other
-    cdef const CQView* v0 = &first.view
+    cdef CQView va0 = first.view, vb
+    va0.a8_input = 1 if a8 else 0
+    cdef const CQView* v0 = &va0
     for other in cws[1:]:
-        if not cq_same_rotation(v0, &other.view):
+        vb = other.view
+        vb.a8_input = va0.a8_input
+        if not cq_same_rotation(v0, &vb):
             _fail("multiply_shared weights",
                   f"equal cols / group_size / field width ({v0.cols}, {v0.group_size}, {v0.field_bits})",
                   (other.view.cols, other.view.group_size, other.view.field_bits))
@@ -1314,11 +1595,13 @@ def multiply_shared(weights, x, threads=None):
             cq_rotate(v0, xp, T, v0.cols, work, n)
         for other, Y in zip(cws, results):
             yp = <float*>cnp.PyArray_DATA(Y)
+            vb = other.view
+            vb.a8_input = va0.a8_input
             with nogil:
                 if T == 1:
-                    cq_matvec_rotated(&other.view, work, yp, n)
+                    cq_matvec_rotated(&vb, work, yp, n)
                 else:
-                    cq_matmul_rotated(&other.view, work, T, yp, other.view.rows, n)
+                    cq_matmul_rotated(&vb, work, T, yp, vb.rows, n)
     finally:
         free(work)
     return [Y[0] for Y in results] if vector else results

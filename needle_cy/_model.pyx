@@ -361,7 +361,9 @@ cdef class CythonEngine:
     cdef CQView _view(self, W):
         cdef CQWeight cw = prepare(W)
         self._keep.append(cw)
-        return cw.view
+        cdef CQView v = cw.view
+        v.a8_input = 1 if self.quant else 0   # deploy: every CQ input is an A8 vector (integer kernel)
+        return v
 
     cdef _bind(self, w):
         cdef LayerC* lc

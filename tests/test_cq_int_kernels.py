@@ -1,0 +1,141 @@
+"""The integer CQ kernels (A8 inputs, needle_cy/cq_int_kernel.h) against the NumPy reference.
+
+Every integer kernel this CPU has (each forced with set_kernel; the others skip
+with the instruction set they need), every width (1, 2, 3, 4, ternary), group
+sizes 16–256, column counts that are not a multiple of the group, row counts that
+are not a multiple of the 4-row block or of the 32-row parallel block, 1 and 2
+threads.  Inputs are A8 vectors as the engine makes them (deploy numerics); an
+input that is not one must take the float kernel and give its exact result.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from needle_cy import _cq
+from needle_cy.reference import cq as ref
+
+INT_KERNELS = ["avx512vnni", "avx512bw"]
+NEEDS = {"avx512vnni": "AVX-512 F/BW/VL + VNNI", "avx512bw": "AVX-512 F/BW/VL"}
+
+
+@pytest.fixture(params=INT_KERNELS)
+def int_kernel(request):
+    name = request.param
+    if name not in _cq.available_kernels():
+        pytest.skip(f"CPU lacks {NEEDS[name]}: the {name} kernel cannot run here")
+    previous = _cq.set_kernel(name)
+    assert _cq.kernel_name() == name
+    yield name
+    _cq.set_kernel("auto")
+    assert _cq.kernel_name() == previous or previous not in _cq.available_kernels()
+
+
+def a8(x):
+    """The A8 quantizer of spec §3.8 (float32, as needle_cy._ops.a8_inplace)."""
+    x = np.asarray(x, np.float32)
+    amax = np.float32(np.abs(x).max(axis=-1, keepdims=True))
+    s = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
+    return (np.clip(np.rint(x / s), -128, 127) * s).astype(np.float32)
+
+
+def rel_err(found, expected):
+    scale = max(float(np.abs(expected).max()), 1e-30)
+    return float(np.abs(np.asarray(found, np.float64) - expected).max()) / scale
+
+
+def random_cq(rng, rows, cols, bits, g):
+    W = rng.standard_normal((rows, cols)).astype(np.float32)
+    W *= rng.uniform(0.1, 3.0, size=(rows, 1)).astype(np.float32)
+    return ref.quantize(W, bits, g)
+
+
+@pytest.mark.parametrize("g", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+def test_int_matvec_matches_reference(int_kernel, bits, g):
+    rng = np.random.default_rng(100 * bits + g)
+    for rows, cols in [(37, 2 * g), (5, 3 * g + 7), (1, g + 5), (3, max(1, g // 2 - 3)), (70, 768)]:
+        W = random_cq(rng, rows, cols, bits, g)
+        cw = _cq.prepare(W)
+        assert cw.int_tables and cw.kernel(a8=True) == int_kernel
+        x = a8(rng.standard_normal(cols) * rng.uniform(0.01, 100))
+        want = ref.matvec(W, x)
+        for threads in (1, 2):
+            got = _cq.matvec(W, x, threads=threads, a8=True)
+            assert got.dtype == np.float32 and got.shape == (rows,)
+            assert rel_err(got, want) <= 1e-5, (rows, cols, threads)
+        # one token through matmul and multiply_shared takes the same kernel
+        np.testing.assert_array_equal(_cq.matmul(W, x[None], a8=True)[0], got)
+        np.testing.assert_array_equal(_cq.multiply_shared([W, W], x, a8=True)[1], got)
+
+
+def test_int_extreme_codes_do_not_overflow(int_kernel):
+    # |k| = 127 everywhere, signs aligned with the rotation: the largest rotated
+    # codes (127·g) meet the largest codewords
+    rng = np.random.default_rng(9)
+    for g in (128, 256):
+        for bits in (1, 2, 4):
+            W = random_cq(rng, 9, 2 * g, bits, g)
+            for x in (np.full(2 * g, 3.5, np.float32), np.tile(ref.hadamard_matrix(g)[5] > 0, 2) * 2.0 - 1.0):
+                x = a8(x)
+                assert rel_err(_cq.matvec(W, x, a8=True), ref.matvec(W, x)) <= 1e-5, (g, bits)
+
+
+def test_zero_input(int_kernel):
+    W = random_cq(np.random.default_rng(1), 6, 300, 4, 128)
+    np.testing.assert_array_equal(_cq.matvec(W, np.zeros(300, np.float32), a8=True), np.zeros(6, np.float32))
+
+
+def test_not_an_a8_vector_takes_the_float_kernel(int_kernel):
+    rng = np.random.default_rng(2)
+    W = random_cq(rng, 40, 500, 4, 128)
+    x = rng.standard_normal(500).astype(np.float32)          # not k·s for int8 k
+    np.testing.assert_array_equal(_cq.matvec(W, x, a8=True), _cq.matvec(W, x))
+    x = a8(x)
+    x[7] = np.nan
+    assert np.isnan(_cq.matvec(W, x, a8=True)).all()
+
+
+def test_groups_without_tables_take_the_float_kernel(int_kernel):
+    rng = np.random.default_rng(3)
+    for bits, g in ((1, 8), (4, 512)):
+        W = random_cq(rng, 5, 2 * g + 3, bits, g)
+        cw = _cq.prepare(W)
+        assert not cw.int_tables and cw.kernel(a8=True) in ("avx2", "scalar")
+        x = a8(rng.standard_normal(W.cols))
+        np.testing.assert_array_equal(_cq.matvec(W, x, a8=True), _cq.matvec(W, x))
+
+
+def test_kernel_selection_and_environment_override():
+    assert _cq.available_kernels()[-1] == "scalar"
+    assert _cq.kernel_name(a8=False) in ("avx2", "scalar")
+    with pytest.raises(ValueError, match="one of"):
+        _cq.set_kernel("neon-lut")
+    missing = [k for k in _cq.KERNELS if k not in _cq.available_kernels()]
+    if missing:
+        with pytest.raises(ValueError, match="lacks"):
+            _cq.set_kernel(missing[0])
+    code = "from needle_cy import _cq; print(_cq.kernel_name(), _cq.kernel_name(a8=False))"
+    env = dict(os.environ, NEEDLE_CY_CQ_KERNEL="scalar",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(_cq.__file__))] + sys.path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["scalar", "scalar"]
+
+
+def test_deploy_fixture_with_each_kernel(int_kernel):
+    """The whole model in deploy numerics with this kernel: the official fixtures' bar."""
+    from conftest import fixture_path
+    from needle_cy.model import Model
+    cases = np.load(fixture_path("needle3_tiny_a", "cases.npz"))
+    m = Model.load(fixture_path("needle3_tiny_a", "model.cact"), threads=1)
+    case = "single_call"
+    ids = cases[f"{case}.ids"]
+    rows = [m.prefill(ids[:1])] + [m.step(int(t)) for t in ids[1:60]]   # steps: the integer matvec
+    got = np.stack(rows)
+    want = cases[f"{case}.logits_deploy"].astype(np.float32)[:60]
+    assert np.abs(got - want).mean() <= 0.01
+    margin = cases[f"{case}.margin_deploy"][:60]
+    sure = margin > 0.1
+    assert np.array_equal(got.argmax(-1)[sure], want.argmax(-1)[sure])
