@@ -148,3 +148,26 @@ def test_fine_tune_from_the_shipped_archive(tmp_path):
         assert fa.read()[-20000:] == fb.read()[-20000:]       # tokenizer record carried over
     trainer.fit(steps=2)
     assert trainer.state["step"] == 2
+
+
+def test_time_budget_sets_an_end_that_fits(tmp_path):
+    """--time-budget: after calibration control.json holds the reachable end with the
+    decay inside it, and the run ends within the budget (or stops at it, logged)."""
+    run = make_run(tmp_path / "t")
+    budget = 4.0
+    trainer = torch_train.fit(str(run), threads=1, time_budget=budget)
+    events = [r for r in _log(run) if r.get("event") == "time_budget"]
+    assert len(events) == 1
+    ctl = json.loads((run / "control.json").read_text())
+    assert ctl["end"] == events[0]["end"] > 25                 # more than the calibration steps
+    assert ctl["decay_steps"] == int(0.2 * ctl["end"])
+    overrun = [r for r in _log(run) if r.get("event") == "time_budget_overrun"]
+    assert trainer.state["step"] == ctl["end"] or overrun
+    assert trainer.state["seconds"] < budget * 1.5
+
+
+def test_scratch_run_keeps_the_run_folders_tokenizer(tmp_path):
+    run = make_run(tmp_path / "s")
+    (run / "tokenizer.record").write_bytes(b"not-a-real-record")
+    trainer = torch_train.fit(str(run), steps=1, threads=1)
+    assert trainer.state["tokenizer_bytes"] == b"not-a-real-record"

@@ -406,3 +406,34 @@ def test_version_7_widens_requests_and_refusals():
     v7 = data.generate(300, seed=2, version=7)
     assert [ex["query"] for ex in v5] != [ex["query"] for ex in v7]
     assert not any(re.search(r' from "[^"]*" = ', ex["reasoning"]) for ex in v7)   # notes value-first
+
+
+def test_merge_tokens_concatenates_and_compresses(tmp_path):
+    import numpy as np
+    from needle_cy.training import train
+
+    def token_file(path, seqs, mask=True):
+        ids = np.concatenate([np.asarray(s, np.int32) for s in seqs])
+        offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
+        arrays = dict(ids=ids, offsets=offsets, prompt_lens=np.full(len(seqs), 2, np.int32))
+        if mask:
+            arrays["target_mask"] = (ids % 2).astype(np.uint8)
+        np.savez(path, **arrays)
+        return path
+
+    a = token_file(tmp_path / "a.npz", [[2, 5, 6, 1], [2, 7, 1]])
+    b = token_file(tmp_path / "b.npz", [[2, 9, 9, 9, 1]])
+    out = train.merge_tokens([a, b], tmp_path / "ab.npz")
+    z = np.load(out)
+    assert z["ids"].dtype == np.uint16
+    assert z["ids"].tolist() == [2, 5, 6, 1, 2, 7, 1, 2, 9, 9, 9, 1]
+    assert z["offsets"].tolist() == [0, 4, 7, 12]
+    assert z["prompt_lens"].tolist() == [2, 2, 2]
+    assert z["target_mask"].tolist() == [i % 2 for i in z["ids"].tolist()]
+    hyper = dict(buckets=[16], tokens_per_batch=32, seed=0, prompt_weight=0.1)
+    ids, weights, _ = train.Batches(str(tmp_path), hyper, "ab.npz").batch(0)   # the trainer reads it
+    seqs = [[2, 5, 6, 1], [2, 7, 1], [2, 9, 9, 9, 1]]
+    assert ids.shape == (2, 16)
+    assert all([int(x) for x in row[row > 0]] in seqs for row in ids)
+    with pytest.raises(ValueError, match="target_mask"):
+        train.merge_tokens([a, token_file(tmp_path / "c.npz", [[2, 1]], mask=False)], tmp_path / "x.npz")

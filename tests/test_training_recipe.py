@@ -94,3 +94,45 @@ def test_tiny_recipe_with_the_torch_trainer_warm_starts_from_an_archive(tmp_path
 def recipe_base_archive():
     from pathlib import Path
     return Path(__file__).resolve().parent.parent / "needle_cy" / "models" / "default.cact"
+
+
+def test_auto_trainer_measures_once_and_keeps_its_choice(tmp_path, monkeypatch):
+    """``"trainer": "auto"``: the candidates train a few steps of the run on a copy, the
+    fastest is kept in trainer.json and trains the run; a rerun reuses the choice."""
+    pytest.importorskip("torch", reason="torch (train extra) is not installed")
+    from needle_cy.testing import make_random_archive
+    from needle_cy.training import corpus, recipe, torch_train
+
+    monkeypatch.setenv(corpus.CORPUS_ENV, str(shared_path("data", "tool_corpus")))
+    base = tmp_path / "base.cact"
+    make_random_archive(base, layers=1, d_model=32, vocab=4096, bits=4, engram_slots=7, heads=False,
+                        tokenizer_from=str(recipe_base_archive()))
+    measured = []
+    real = recipe.measure_trainers
+
+    def two_torch_candidates(run_dir, tokens, candidates=None):
+        out = real(run_dir, tokens, [("torch", {"precision": "fp32", "threads": 1}),
+                                     ("torch", {"precision": "bf16", "threads": 1})], steps=4)
+        measured.append(out)
+        return out
+
+    monkeypatch.setattr(recipe, "measure_trainers", two_torch_candidates)
+    config = {"start": "warm", "trainer": "auto", "model": {},
+              "hyper": {"tokens_per_batch": 1024, "buckets": [1024], "checkpoint_every": 2, "log_every": 1,
+                        "seed": 3},
+              "data": [{"name": "tiny", "generator": "mix", "examples": 8, "seed": 5}],
+              "phases": [[3, 3, 1, "tokens_tiny.npz"]], "confidence": None, "export": {"bits": 4}}
+    config_path = tmp_path / "auto.json"
+    config_path.write_text(json.dumps(config))
+    args = ["--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "m.cact"), "--config",
+            str(config_path), "--base", str(base)]
+    recipe.main(args)
+    choice = json.loads((tmp_path / "run" / "trainer.json").read_text())
+    speeds = [r["tok_per_s"] for r in choice["measured"]]
+    assert len(speeds) == 2 and all(s > 0 for s in speeds)
+    assert choice["trainer"] == "torch"
+    assert choice["options"] == choice["measured"][speeds.index(max(speeds))]["options"]
+    assert torch_train.load_checkpoint(str(tmp_path / "run"))["step"] == 3
+    assert (tmp_path / "m.cact").exists()
+    recipe.main(args)                                   # resumes: no second measurement
+    assert len(measured) == 1

@@ -15,9 +15,12 @@ The config (``recipe.json`` beside this file is the shipped model's) names:
   "examples", "seed"}``;
 * ``phases``: ``[until_step, schedule_end, decay_steps, token_file(, min_lr_ratio)]``,
   trained in order (warmup-stable-decay, ``train.lr_at``);
-* ``trainer``: ``"jax"`` (the official step, ``train.fit``; the default) or ``"torch"``
+* ``trainer``: ``"jax"`` (the official step, ``train.fit``; the default), ``"torch"``
   (``torch_train.fit``, exact to the engine and faster on CPUs; ``"torch_options"``:
-  ``precision``, ``threads``, ``device``, ``qat``);
+  ``precision``, ``threads``, ``device``, ``qat``) or ``"auto"``: each (JAX; PyTorch fp32
+  and bf16) trains a few steps of this very run on a throw-away copy and the fastest
+  trains it (``measure_trainers``; the choice and the figures stay in
+  ``run_dir/trainer.json``, so a resumed run keeps its trainer);
 * ``confidence``: the post-hoc head (``collect`` / ``fit`` on the model's own turns);
 * ``export``: the CQ width.
 
@@ -58,16 +61,30 @@ def _base_archive(config, run_dir, base):
     return path
 
 
-def _torch(config):
+TRAINERS = ("jax", "torch", "auto")
+CHOICE = "trainer.json"
+
+
+def _trainer(config, run_dir):
+    """"jax" or "torch" for this run; for "auto" the measured choice (None until made)."""
     trainer = config.get("trainer", "jax")
-    if trainer not in ("jax", "torch"):
-        raise ValueError(f"recipe config: trainer must be 'jax' or 'torch', got {trainer!r}")
-    return trainer == "torch"
+    if trainer not in TRAINERS:
+        raise ValueError(f"recipe config: trainer must be one of {TRAINERS}, got {trainer!r}")
+    if trainer == "auto":
+        path = os.path.join(run_dir, CHOICE)
+        if not os.path.exists(path):
+            return None
+        with open(path) as handle:
+            return json.load(handle)["trainer"]
+    return trainer
 
 
 def _step(config, run_dir):
     """The run's trained step, or None before its first state."""
-    if _torch(config):
+    trainer = _trainer(config, run_dir)
+    if trainer is None:
+        return None
+    if trainer == "torch":
         from . import torch_train
         ckpt = torch_train.load_checkpoint(run_dir)
         return None if ckpt is None else ckpt["step"]
@@ -81,7 +98,7 @@ def _start(config, run_dir, base):
     if config["start"] == "warm":
         archive = _base_archive(config, run_dir, base)
         if _step(config, run_dir) is None and not os.path.exists(os.path.join(run_dir, "run.json")):
-            train.warm_start(run_dir, archive, params=not _torch(config), **hyper)
+            train.warm_start(run_dir, archive, params=_trainer(config, run_dir) == "jax", **hyper)
         return archive
     if _step(config, run_dir) is not None:
         return None
@@ -96,19 +113,100 @@ def _start(config, run_dir, base):
     return None
 
 
+def measure_trainers(run_dir, tokens, candidates=None, steps=8, log_every=2):
+    """Training tokens/s of each candidate ``(trainer, torch options)`` on a throw-away
+    copy of this run: its geometry, hyper-parameters and token file ``tokens``, the
+    real loop (batches, loss, AdamW, schedule), ``steps`` steps; the first log window
+    (compilation, warm-up) is dropped and the median of the others kept."""
+    import shutil
+    import tempfile
+
+    if candidates is None:
+        candidates = [("jax", {}), ("torch", {"precision": "fp32"}), ("torch", {"precision": "bf16"})]
+    results = []
+    for trainer, options in candidates:
+        with tempfile.TemporaryDirectory() as tmp:
+            run = train.load_run(run_dir)
+            run["hyper"] = dict(run["hyper"], log_every=log_every, checkpoint_every=10 ** 9)
+            with open(os.path.join(tmp, "run.json"), "w") as handle:
+                json.dump(run, handle)
+            for name in (tokens, "tokenizer.record"):
+                if os.path.exists(os.path.join(run_dir, name)):
+                    os.symlink(os.path.abspath(os.path.join(run_dir, name)), os.path.join(tmp, name))
+            with open(os.path.join(tmp, "control.json"), "w") as handle:
+                json.dump({"tokens": tokens}, handle)
+            try:
+                if trainer == "torch":
+                    from . import torch_train
+                    torch_train.fit(tmp, steps=steps, **options)
+                else:
+                    train.fit(tmp, steps=steps)
+            except ImportError as exc:          # that trainer's stack is not installed
+                results.append({"trainer": trainer, "options": options, "tok_per_s": None,
+                                "error": str(exc)})
+                continue
+            with open(os.path.join(tmp, "log.jsonl")) as handle:
+                logs = [json.loads(line) for line in handle]
+            speeds = sorted(r["tok_per_s"] for r in logs if "tok_per_s" in r)[1:] or \
+                [r["tok_per_s"] for r in logs if "tok_per_s" in r]
+            results.append({"trainer": trainer, "options": options,
+                            "tok_per_s": speeds[len(speeds) // 2] if speeds else None})
+        shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+def choose_trainer(run_dir, tokens, candidates=None):
+    """The fastest trainer on this machine for this run, measured once and kept in
+    run_dir/trainer.json (so a resumed run keeps its trainer)."""
+    path = os.path.join(run_dir, CHOICE)
+    if os.path.exists(path):
+        with open(path) as handle:
+            return json.load(handle)
+    results = measure_trainers(run_dir, tokens, candidates)
+    ok = [r for r in results if r["tok_per_s"]]
+    if not ok:
+        raise RuntimeError(f"no trainer could run: {results}")
+    best = max(ok, key=lambda r: r["tok_per_s"])
+    choice = {"trainer": best["trainer"], "options": best["options"], "measured": results,
+              "cpu": _cpu_name(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    with open(path, "w") as handle:
+        json.dump(choice, handle, indent=1)
+    print(f"trainer: {best['trainer']} {best['options']} at {best['tok_per_s']} tok/s "
+          f"(measured: {[(r['trainer'], r['options'], r['tok_per_s']) for r in results]})")
+    return choice
+
+
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
 def run(config, run_dir, out, base=None, threads=None):
     t0 = time.time()
     os.makedirs(run_dir, exist_ok=True)
     init = _start(config, run_dir, base)
-    if _torch(config):
-        from . import torch_train as trainer        # fit(run_dir, until_step, init, ...), export
-        fit_options = dict(config.get("torch_options", {}), init=init)
-        export = trainer.export
-    else:
-        trainer, fit_options, export = train, {}, train.export_ours
     for spec in config.get("data", []):
         if not os.path.exists(os.path.join(run_dir, f"tokens_{spec['name']}.npz")):
             train.add_data(run_dir, spec["name"], spec["examples"], spec["seed"], spec["generator"])
+    torch_options = dict(config.get("torch_options", {}))
+    if config.get("trainer") == "auto":
+        choice = choose_trainer(run_dir, config["phases"][0][3])
+        torch_options.update(choice["options"])
+        if choice["trainer"] == "jax" and init is not None and train.load_state(run_dir) is None:
+            train.warm_start(run_dir, init, params=True, **config.get("hyper", {}))
+    if _trainer(config, run_dir) == "torch":
+        from . import torch_train as trainer        # fit(run_dir, until_step, init, ...), export
+        fit_options = dict(torch_options, init=init)
+        export = trainer.export
+    else:
+        trainer, fit_options, export = train, {}, train.export_ours
     for phase in config["phases"]:
         until = phase[0]
         step = _step(config, run_dir)

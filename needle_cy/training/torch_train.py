@@ -14,7 +14,7 @@ JAX ``state.pkl`` in the same folder is left alone.
 
     python -m needle_cy.training.torch_train fit RUN [--steps N] [--until-step N]
         [--init ARCHIVE.cact] [--qat] [--precision fp32|bf16] [--device auto|cpu|cuda]
-        [--threads N] [--compile]
+        [--threads N] [--compile] [--time-budget SECONDS]
     python -m needle_cy.training.torch_train export RUN OUT.cact [--bits 2]
 
 ``--init`` starts a run from an existing archive (its dequantized tensors, geometry and
@@ -140,6 +140,10 @@ class Trainer:
         ckpt = load_checkpoint(run_dir)
         if ckpt is None:
             model, tok = build_model(self.run, init)
+            record = os.path.join(run_dir, "tokenizer.record")
+            if tok is None and os.path.exists(record):     # a scratch model on a given tokenizer
+                with open(record, "rb") as handle:
+                    tok = handle.read()
             self.state = {"step": 0, "tokens": 0, "target_tokens": 0, "seconds": 0.0,
                           "tokenizer_bytes": tok, "init": None if init is None else str(init)}
             opt_state = None
@@ -184,9 +188,18 @@ class Trainer:
                        bits=self.model.bits, group_size=self.model.group_size)
         _save(self.run_dir, payload)
 
-    def fit(self, steps=None, until_step=None):
+    def fit(self, steps=None, until_step=None, time_budget=None, decay_share=0.2, calibrate=20):
+        """Train to the schedule's end (control.json / run.json), ``steps`` more steps or
+        ``until_step``.  With ``time_budget`` (seconds of this call) the end is set from the
+        measured speed: after ``calibrate`` steps (plus a few warm-up steps that pay for
+        compilation) control.json gets ``end`` = the step reachable in the budget and
+        ``decay_steps`` = ``decay_share`` of it, so the LR decays fully before time runs
+        out; a run that still overruns stops at the budget with a checkpoint."""
         hyper, st = self.hyper, self.state
         first = st["step"]
+        t_start = time.time()
+        warm_steps = 5
+        t_calib = None
 
         def stop_at():
             sched_end, decay, ratio = read_control(self.run_dir, hyper)
@@ -213,6 +226,21 @@ class Trainer:
             st["tokens"] += ntok
             st["target_tokens"] += int((weights >= 1.0).sum())
             acc_loss, acc_tce, acc_n, acc_tok = acc_loss + loss, acc_tce + tce, acc_n + 1, acc_tok + ntok
+            if time_budget is not None:
+                done = st["step"] - first
+                if done == warm_steps:
+                    t_calib = time.time()
+                elif done == warm_steps + calibrate:
+                    per_step = (time.time() - t_calib) / calibrate
+                    left = time_budget - (time.time() - t_start)
+                    new_end = st["step"] + max(1, int(0.97 * left / per_step))
+                    _write_control(self.run_dir, new_end, max(1, int(decay_share * new_end)), self.tokens_file)
+                    _log(self.run_dir, {"event": "time_budget", "seconds": time_budget,
+                                        "s_per_step": round(per_step, 5), "end": new_end})
+                    end, sched_end, decay, ratio = stop_at()
+                if time.time() - t_start > time_budget and st["step"] < end:
+                    _log(self.run_dir, {"event": "time_budget_overrun", "step": st["step"], "end": end})
+                    end = st["step"]
             if st["step"] % hyper["log_every"] == 0 or st["step"] == end:
                 now = time.time()
                 st["seconds"] += now - t_last
@@ -231,12 +259,25 @@ class Trainer:
         return st
 
 
+def _write_control(run_dir, end, decay_steps, tokens_file):
+    path = os.path.join(run_dir, "control.json")
+    ctl = {}
+    if os.path.exists(path):
+        with open(path) as handle:
+            ctl = json.load(handle)
+    ctl.update(end=int(end), decay_steps=int(decay_steps), tokens=tokens_file)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(ctl, handle)
+    os.replace(tmp, path)
+
+
 def fit(run_dir, steps=None, until_step=None, init=None, qat=False, precision="fp32", device="auto",
-        threads=None, compile=False):
+        threads=None, compile=False, time_budget=None):
     """Train (or resume) the run in ``run_dir``; returns the Trainer (model, state)."""
     trainer = Trainer(run_dir, init=init, qat=qat, precision=precision, device=device, threads=threads,
                       compile=compile)
-    trainer.fit(steps=steps, until_step=until_step)
+    trainer.fit(steps=steps, until_step=until_step, time_budget=time_budget)
     return trainer
 
 
@@ -272,6 +313,7 @@ def main(argv=None):
     f.add_argument("--device", default="auto")
     f.add_argument("--threads", type=int)
     f.add_argument("--compile", action="store_true", help="torch.compile the model")
+    f.add_argument("--time-budget", type=float, help="seconds: set the schedule's end from the measured speed")
     e = sub.add_parser("export")
     e.add_argument("run_dir")
     e.add_argument("out")
@@ -279,7 +321,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.cmd == "fit":
         fit(args.run_dir, args.steps, args.until_step, args.init, args.qat, args.precision, args.device,
-            args.threads, args.compile)
+            args.threads, args.compile, args.time_budget)
     else:
         export(args.run_dir, args.out, args.bits)
 

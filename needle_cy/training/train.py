@@ -19,6 +19,7 @@ Commands:
 
     python -m needle_cy.training.train prepare RUN [--examples N] [--seed S]
     python -m needle_cy.training.train add-data RUN NAME [--examples N] [--seed S] [--version 2]
+    python -m needle_cy.training.train merge-tokens OUT.npz A.npz B.npz ...  # one compressed file
     python -m needle_cy.training.train fit RUN [--steps N] [--until-step N]   # resumes
     python -m needle_cy.training.train export RUN OUT.cact [--bits 4]
 """
@@ -679,6 +680,34 @@ def export_ours(run_dir, out_path, bits=2, state_path=None):
     return out_path
 
 
+def merge_tokens(paths, out_path):
+    """Concatenate token files (``_tokenize``'s format) into one compressed file whose ids
+    are uint16 when the vocabulary allows: the mix's repeated catalogues compress ~9x
+    (24.4 M tokens: 123 MB as int32 + mask, 13.7 MB compressed), small enough to carry
+    a run's data to another machine.  Readers (``Batches``) take either form."""
+    ids, offsets, prompt_lens, masks, base = [], [np.zeros(1, np.int64)], [], [], 0
+    for path in paths:
+        z = np.load(path)
+        if "target_mask" not in z.files and masks:
+            raise ValueError(f"{path}: no target_mask while earlier files have one")
+        ids.append(z["ids"])
+        offsets.append(z["offsets"][1:] + base)
+        prompt_lens.append(z["prompt_lens"])
+        if "target_mask" in z.files:
+            masks.append(z["target_mask"])
+        base += int(z["offsets"][-1])
+    ids = np.concatenate(ids)
+    dtype = np.uint16 if ids.size == 0 or int(ids.max()) < 65536 else np.int32
+    arrays = dict(ids=ids.astype(dtype), offsets=np.concatenate(offsets),
+                  prompt_lens=np.concatenate(prompt_lens))
+    if masks:
+        if len(masks) != len(paths):
+            raise ValueError("merge_tokens: every file or none must have a target_mask")
+        arrays["target_mask"] = np.concatenate(masks)
+    np.savez_compressed(out_path, **arrays)
+    return out_path
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m needle_cy.training.train")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -693,6 +722,9 @@ def main(argv=None):
     a.add_argument("--examples", type=int, default=60000)
     a.add_argument("--seed", type=int, default=1)
     a.add_argument("--version", default="2", help="a smart-home data version (1-7) or 'mix'")
+    m = sub.add_parser("merge-tokens", help="concatenate token files into one compressed file")
+    m.add_argument("out")
+    m.add_argument("inputs", nargs="+")
     f = sub.add_parser("fit")
     f.add_argument("run_dir")
     f.add_argument("--steps", type=int)
@@ -709,6 +741,8 @@ def main(argv=None):
     elif args.cmd == "add-data":
         version = args.version if args.version == "mix" else int(args.version)
         add_data(args.run_dir, args.name, args.examples, args.seed, version)
+    elif args.cmd == "merge-tokens":
+        merge_tokens(args.inputs, args.out)
     elif args.cmd == "fit":
         fit(args.run_dir, args.steps, args.until_step, args.qat)
     elif args.writer == "ours":
