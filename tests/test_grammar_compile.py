@@ -96,17 +96,17 @@ def test_program_tables_are_compressed(monkeypatch):
     assert np.array_equal(p.trans.reshape(n_states, 256), per_automaton)
     assert ((per_automaton >= -1) & (per_automaton < n_states)).all()
     # the C runtime builds the same table in C
-    from needle_cy import _grammar
-    assert np.array_equal(_grammar._class_trans(p, p.byte_classes()[1]), class_trans)
+    from needle_cy.grammar import _runtime
+    assert np.array_equal(_runtime._class_trans(p, p.byte_classes()[1]), class_trans)
     bad = G.compile_tools_program(tools[:2])
     bad.dfa_row = np.asarray(bad.dfa_row) + len(bad.dfa_trans)
     with pytest.raises(ValueError):
-        _grammar._class_trans(bad, bad.byte_classes()[1])
+        _runtime._class_trans(bad, bad.byte_classes()[1])
     bad = G.compile_tools_program(tools[:2])
     bad.dfa_trans = np.asarray(bad.dfa_trans).copy()
     bad.dfa_trans[0] = len(bad.accept) + 5
     with pytest.raises(ValueError):
-        _grammar._class_trans(bad, bad.byte_classes()[1])
+        _runtime._class_trans(bad, bad.byte_classes()[1])
     # with every column hash equal, the exact check falls back to exact classes
     monkeypatch.setattr(G, "_COL_WEIGHTS", np.zeros(4096, np.int64))
     b2, first2 = G._program_classes(np.asarray(p.dfa_classes))

@@ -99,7 +99,7 @@ import numpy as np
 from fractions import Fraction
 from urllib.parse import unquote
 
-from .errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
+from ..errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
 
 # ----------------------------------------------------------------------------
 # capacities (shared with the runtimes; the .pxd repeats them)
@@ -2123,7 +2123,7 @@ class Compiler:
         """Whether a concrete JSON value satisfies a conjunction (compiled + run on the reference).
         The program may refuse values the conjunction allows (see ``approx``): a refusal then
         answers ``unsure``."""
-        from .reference.grammar import ReferenceState
+        from ..reference.grammar import ReferenceState
         sub = Compiler(self.doc)
         sub.synthetic = dict(self.synthetic)
         sub.draft = self.draft
@@ -2324,7 +2324,7 @@ class Compiler:
         p.num_checks.append({"lo": lo, "hi": hi, "mult": mult})
         # constraints no number meets (an integer between 0.5 and 0.7, no multiple inside
         # the range): the numeric types are dropped, so the value cannot start
-        from .reference.grammar import N_INT, N_MINUS, N_ZERO, number_live
+        from ..reference.grammar import N_INT, N_MINUS, N_ZERO, number_live
         only_int = not (p.types[nid] & T_NUM)
         firsts = [(b"-", N_MINUS), (b"0", N_ZERO)] + [(bytes([c]), N_INT) for c in b"123456789"]
         if not any(number_live(p.num_checks[-1], text, ph, only_int) for text, ph in firsts):
@@ -2990,10 +2990,10 @@ def _tool_names_program(names, roots):
     return q
 
 
-def _runtime():
+def _runtime_module():
     try:
-        from . import _grammar
-        return _grammar
+        from . import _runtime
+        return _runtime
     except ImportError:  # pragma: no cover - the extension is part of the build
         return None
 
@@ -3003,11 +3003,11 @@ class Grammar:
 
     def __init__(self, program, backend="cython"):
         self.program = program
-        mod = _runtime() if backend == "cython" else None
+        mod = _runtime_module() if backend == "cython" else None
         if mod is not None:
             self._impl = mod.CGrammar(program)
         else:
-            from .reference.grammar import ReferenceGrammar
+            from ..reference.grammar import ReferenceGrammar
             self._impl = ReferenceGrammar(program.pylists())
         self.backend = "cython" if mod is not None else "python"
 

@@ -21,7 +21,7 @@ from libc.string cimport memcmp, memcpy, memmove, memset
 
 import numpy as np
 
-from .errors import GrammarStateError
+from ..errors import GrammarStateError
 
 cimport numpy as cnp
 
