@@ -1,13 +1,14 @@
 """Build script for needle_cy's Cython extensions.
 
-Every ``needle_cy/*.pyx`` is compiled.  OpenMP is used where a test compile
+Every ``.pyx`` under ``needle_cy/`` is compiled (``needle_cy/grammar/_runtime.pyx`` becomes
+``needle_cy.grammar._runtime``).  OpenMP is used where a test compile
 shows the compiler supports it; otherwise the extensions build single-threaded
 (``prange`` then runs serially).  By default the code is tuned for the local CPU
 (``-march=native`` or ``-mcpu=native``); set ``NEEDLE_CY_PORTABLE=1`` for a
 build that runs on any CPU of the same architecture.
 
-``NEEDLE_CY_BUILD_ONLY=_cq,_ops`` restricts the build to the named modules
-(useful while developing one extension).  ``NEEDLE_CY_SANITIZE=1`` builds with
+``NEEDLE_CY_BUILD_ONLY=_cq,_ops,grammar._runtime`` restricts the build to the named modules
+(the name below ``needle_cy``, or just the file's stem; useful while developing one extension).  ``NEEDLE_CY_SANITIZE=1`` builds with
 AddressSanitizer and UndefinedBehaviorSanitizer at -O1 (used by tests/sanitize.sh).
 """
 import os
@@ -85,9 +86,9 @@ def _extensions():
             omp_l = omp_l + san
     only = {m.strip() for m in os.environ.get("NEEDLE_CY_BUILD_ONLY", "").split(",") if m.strip()}
     exts = []
-    for pyx in sorted((HERE / "needle_cy").glob("*.pyx")):
-        name = pyx.stem
-        if only and name not in only:
+    for pyx in sorted((HERE / "needle_cy").rglob("*.pyx")):
+        name = ".".join(pyx.relative_to(HERE / "needle_cy").with_suffix("").parts)
+        if only and name not in only and pyx.stem not in only:
             continue
         exts.append(
             Extension(

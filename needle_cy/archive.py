@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .cq_format import LLOYD_MAX_LEVELS, TERNARY_BITS, CQMatrix, codebook, cq_nbytes, field_bits_of  # noqa: F401 (re-exported)
 from .errors import CactFormatError, TokenizerError
 from .tokenizer_record import parse_tokenizer_record
 
-TERNARY_BITS = 5  # record bits value of the 1.58-bit ternary width
 
 TAG_NEEDLE3 = 0x05E12A84
 TAG_NEEDLE2 = 0x05E12A83
@@ -79,88 +79,6 @@ MHC_TENSORS = ("mhc_a_pre", "mhc_a_post", "mhc_a_res", "mhc_b_pre", "mhc_b_post"
                "mhc_phi_pre", "mhc_phi_post", "mhc_phi_res", "hada_p1", "hada_p2")
 ENGRAM_TENSORS = ("tables", "key_proj", "value_proj", "taps")
 HEAD_TENSORS = ("probes", "gain", "query", "row_bias", "proj", "bias", "calibration")
-
-
-# ---------------------------------------------------------------------------------------
-# CQMatrix
-
-
-@dataclass(frozen=True, eq=False)
-class CQMatrix:
-    """A CQ-quantized matrix [rows, cols] (spec §3.3–§3.5), usually viewing the mmap.
-
-    packed: uint8 [rows, row_bytes], LSB-first fields of ``field_bits`` each.
-    norms: float16 [rows, n_groups], one norm per group of ``group_size`` columns.
-    codebook: float32 lookup indexed by the RAW field value (ternary: [0, +c, 0, −c]).
-    Arrays read from an archive are copy-on-write views of the file mapping
-    (writable, so Cython memoryviews accept them; writes never reach the file).
-    """
-
-    rows: int
-    cols: int
-    bits: int
-    group_size: int
-    packed: np.ndarray
-    norms: np.ndarray
-    codebook: np.ndarray
-
-    def __post_init__(self):
-        # The Cython kernels index these arrays without bounds checks: refuse any
-        # inconsistent combination here, once.
-        if self.bits not in (1, 2, 3, 4, TERNARY_BITS):
-            raise ValueError(f"CQMatrix bits must be 1, 2, 3, 4 or 5 (ternary), got {self.bits}")
-        g = self.group_size
-        if g < 8 or g & (g - 1):
-            raise ValueError(f"CQMatrix group_size must be a power of two >= 8, got {g}")
-        if self.rows < 1 or self.cols < 1:
-            raise ValueError(f"CQMatrix shape must be positive, got ({self.rows}, {self.cols})")
-        checks = (
-            ("packed", self.packed, np.uint8, (self.rows, self.row_bytes)),
-            ("norms", self.norms, np.float16, (self.rows, self.n_groups)),
-            ("codebook", self.codebook, np.float32, (1 << self.field_bits,)),
-        )
-        for name, arr, dtype, shape in checks:
-            if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
-                found = (getattr(arr, "dtype", type(arr).__name__), getattr(arr, "shape", None))
-                raise ValueError(f"CQMatrix.{name}: expected {np.dtype(dtype).name} {shape}, found {found}")
-            if not arr.flags.c_contiguous:
-                raise ValueError(f"CQMatrix.{name} must be C-contiguous")
-
-    @property
-    def n_groups(self):
-        return -(-self.cols // self.group_size)
-
-    @property
-    def cols_padded(self):
-        return self.n_groups * self.group_size
-
-    @property
-    def field_bits(self):
-        return 2 if self.bits == TERNARY_BITS else self.bits
-
-    @property
-    def row_bytes(self):
-        return self.cols_padded * self.field_bits // 8
-
-    @property
-    def nbytes(self):
-        """Blob size in the container: packed rows then FP16 norms."""
-        return cq_nbytes(self.rows, self.cols, self.bits, self.group_size)
-
-    @property
-    def shape(self):
-        return (self.rows, self.cols)
-
-    def __repr__(self):
-        bits = "ternary" if self.bits == TERNARY_BITS else f"{self.bits}-bit"
-        return f"CQMatrix({self.rows}x{self.cols}, {bits}, group {self.group_size})"
-
-
-def cq_nbytes(rows: int, cols: int, bits: int, group_size: int) -> int:
-    """Blob length of a CQ record: out·row_bytes + out·n_groups·2 (spec §2.4)."""
-    field_bits = 2 if bits == TERNARY_BITS else bits
-    n_groups = -(-cols // group_size)
-    return rows * (n_groups * group_size * field_bits // 8) + rows * n_groups * 2
 
 
 # ---------------------------------------------------------------------------------------
@@ -483,8 +401,6 @@ class _Fail:
 
 def _codebook_group(cb4):
     """Group size whose Lloyd–Max 4-bit codebook the file's cb4 is (128 if none fits)."""
-    from .reference.cq import LLOYD_MAX_LEVELS
-
     levels = np.array(LLOYD_MAX_LEVELS[4])
     best, best_err = 128, np.inf
     for p in range(3, 17):
@@ -874,8 +790,6 @@ class Archive:
 
     def codebook_for(self, bits: int, group_size: int) -> np.ndarray:
         """Lookup table of a record: the file's codebook where it applies, else §3.2's."""
-        from .reference.cq import codebook
-
         if bits in self.codebooks and group_size == self.codebook_group:
             return self.codebooks[bits].copy()
         return codebook(bits, group_size)
@@ -908,6 +822,8 @@ class Archive:
         """float32 values of any numeric record (CQ decoded per spec §3.5)."""
         value = self.tensor(role_or_index)
         if isinstance(value, CQMatrix):
+            # a whole-matrix float32 decode is for inspection, not the forward pass (the
+            # kernels multiply packed rows): the readable decoder of the reference does it
             from .reference.cq import dequantize
 
             return dequantize(value)
@@ -1006,7 +922,8 @@ def write_archive(path: str | os.PathLike, config: NeedleConfig, tensors: dict, 
     with an optional "default".  ``tokenizer_bytes`` is attached as the last RAW
     record.  The header codebook is the one of the default group size.
     """
-    from .reference.cq import codebook, field_bits_of, quantize
+    # writing quantizes with the reference's quantizer (the spec's encoder; not an inference path)
+    from .reference.cq import quantize
 
     cfg = config
 

@@ -25,7 +25,6 @@ from typing import Optional
 import numpy as np
 
 from .errors import LadderError
-from .reference.ops import MonarchParams
 
 HEAD_NAMES = ("embedding", "confidence", "router")
 
@@ -87,6 +86,26 @@ def cq_row_slice(W, rows):
     return CQMatrix(rows=int(packed.shape[0]), cols=W.cols, bits=W.bits, group_size=W.group_size,
                     packed=np.ascontiguousarray(packed), norms=np.ascontiguousarray(norms),
                     codebook=W.codebook)
+
+
+@dataclass
+class MonarchParams:
+    """One layer's Monarch MLP parameters (all float32): what reference.ops.monarch_mlp and _ops read."""
+    d1: np.ndarray
+    d2: np.ndarray
+    b2: np.ndarray
+    d3: np.ndarray
+    d4: np.ndarray
+    w1a: np.ndarray
+    w1b: np.ndarray
+    w2a: np.ndarray
+    w2b: np.ndarray
+    w3a: np.ndarray
+    w3b: np.ndarray
+    cond_v: np.ndarray   # [d, R]
+    cond_u: np.ndarray   # [R, N]
+    p1: np.ndarray       # int64 [N]
+    p2: np.ndarray       # int64 [N]
 
 
 @dataclass

@@ -3,13 +3,13 @@
 #
 #   NEEDLE_CY_THREADS=1 nice -n 19 tests/sanitize.sh [modules] [-- pytest args]
 #
-# Builds the named extensions (default: _grammar and _bpe, the modules the grammar and
+# Builds the named extensions (default: grammar._runtime and _bpe, the modules the grammar and
 # tokenizer tests drive) at -O1 with -fsanitize=address,undefined into build/sanitize/ --
 # a copy of the package, so the in-place build is untouched -- then runs their tests with
 # the ASan runtime preloaded.  Any sanitizer report fails the run (halt_on_error).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODULES="${1:-_grammar,_bpe}"
+MODULES="${1:-grammar._runtime,_bpe}"
 shift || true
 [ "${1:-}" = "--" ] && shift
 OUT=build/sanitize
@@ -22,7 +22,8 @@ find "$OUT/needle_cy" -name '*.so' -delete
 NEEDLE_CY_SANITIZE=1 NEEDLE_CY_BUILD_ONLY="$MODULES" \
     python setup.py build_ext --build-lib "$OUT" --build-temp "$OUT/tmp" -j 2 > "$OUT/build.log" 2>&1
 # extensions that were not rebuilt come from the normal in-place build
-for so in needle_cy/*.so; do
+shopt -s nullglob
+for so in needle_cy/*.so needle_cy/*/*.so; do
     [ -e "$OUT/$so" ] || cp "$so" "$OUT/$so"
 done
 ASAN_LIB="$(${CC:-gcc} -print-file-name=libasan.so)"

@@ -17,6 +17,7 @@ import pytest
 from conftest import shared_path
 from grammar_helpers import random_walk
 from needle_cy import grammar as G
+from needle_cy.grammar import automata, program, regex
 from needle_cy.grammar import compile_schema, compile_tools
 
 ALPHABET = b'{}[],:"\\-+.0123456789eEtrufalsnbxyz_ \xc3\xa9'
@@ -51,34 +52,34 @@ def _same_language(g1, g2, streams):
 # ----------------------------------------------------------------------------- byte classes
 
 def _dfas():
-    out = [G.regex_dfa(p) for p in (r"^[a-z]+\d{2,3}$", r"ab|cd", r"^\w+@x\.(com|org)$", r"^é+[^a]?$")]
-    out += [G.regex_dfa(G.FORMAT_REGEX[f]) for f in ("email", "date-time", "uri")]
-    out += [G.literal_dfa([b"kitchen", b"kids room", b"k"]),
-            G.literal_dfa([b"a", b"ab"], labels=[3, 4], other_label=7),
-            G.literal_dfa([bytes(range(256))]),            # every byte used: 256 classes
-            G.literal_dfa([])]
-    out.append(G.complement_dfa(out[0]))
-    out.append(G.intersect_dfas([out[0], out[2]]))
+    out = [regex.regex_dfa(p) for p in (r"^[a-z]+\d{2,3}$", r"ab|cd", r"^\w+@x\.(com|org)$", r"^é+[^a]?$")]
+    out += [regex.regex_dfa(G.FORMAT_REGEX[f]) for f in ("email", "date-time", "uri")]
+    out += [automata.literal_dfa([b"kitchen", b"kids room", b"k"]),
+            automata.literal_dfa([b"a", b"ab"], labels=[3, 4], other_label=7),
+            automata.literal_dfa([bytes(range(256))]),            # every byte used: 256 classes
+            automata.literal_dfa([])]
+    out.append(automata.complement_dfa(out[0]))
+    out.append(automata.intersect_dfas([out[0], out[2]]))
     return out
 
 
 def test_compressed_tables_expand_to_the_transitions():
     for d in _dfas():
-        cmap, table = G._compress(d)
+        cmap, table = automata._compress(d)
         assert cmap.dtype == np.uint8 and cmap.shape == (256,)
         assert table.shape == (d.n, int(cmap.max()) + 1)
         assert np.array_equal(table[:, cmap], d.trans)
         # a DFA built from its class form has the same transitions
-        assert np.array_equal(G.DFA(None, d.accept, cls=(cmap, table)).trans, d.trans)
+        assert np.array_equal(automata.DFA(None, d.accept, cls=(cmap, table)).trans, d.trans)
 
 
 def test_compression_survives_hash_collisions(monkeypatch):
     """All column hashes equal: the exact check must catch it and fall back to exact classes."""
     for d in _dfas():
         want = d.trans.copy()
-        fresh = G.DFA(want, d.accept)
-        monkeypatch.setattr(G, "_COL_WEIGHTS", np.zeros(max(d.n, 1), np.int64))
-        cmap, table = G._compress(fresh)
+        fresh = automata.DFA(want, d.accept)
+        monkeypatch.setattr(automata, "_COL_WEIGHTS", np.zeros(max(d.n, 1), np.int64))
+        cmap, table = automata._compress(fresh)
         monkeypatch.undo()
         assert np.array_equal(table[:, cmap], want)
 
@@ -96,21 +97,21 @@ def test_program_tables_are_compressed(monkeypatch):
     assert np.array_equal(p.trans.reshape(n_states, 256), per_automaton)
     assert ((per_automaton >= -1) & (per_automaton < n_states)).all()
     # the C runtime builds the same table in C
-    from needle_cy import _grammar
-    assert np.array_equal(_grammar._class_trans(p, p.byte_classes()[1]), class_trans)
+    from needle_cy.grammar import _runtime
+    assert np.array_equal(_runtime._class_trans(p, p.byte_classes()[1]), class_trans)
     bad = G.compile_tools_program(tools[:2])
     bad.dfa_row = np.asarray(bad.dfa_row) + len(bad.dfa_trans)
     with pytest.raises(ValueError):
-        _grammar._class_trans(bad, bad.byte_classes()[1])
+        _runtime._class_trans(bad, bad.byte_classes()[1])
     bad = G.compile_tools_program(tools[:2])
     bad.dfa_trans = np.asarray(bad.dfa_trans).copy()
     bad.dfa_trans[0] = len(bad.accept) + 5
     with pytest.raises(ValueError):
-        _grammar._class_trans(bad, bad.byte_classes()[1])
+        _runtime._class_trans(bad, bad.byte_classes()[1])
     # with every column hash equal, the exact check falls back to exact classes
-    monkeypatch.setattr(G, "_COL_WEIGHTS", np.zeros(4096, np.int64))
-    b2, first2 = G._program_classes(np.asarray(p.dfa_classes))
-    t2 = G._state_major(np.asarray(p.dfa_classes), np.asarray(p.dfa_row, dtype=np.int64),
+    monkeypatch.setattr(automata, "_COL_WEIGHTS", np.zeros(4096, np.int64))
+    b2, first2 = program._program_classes(np.asarray(p.dfa_classes))
+    t2 = program._state_major(np.asarray(p.dfa_classes), np.asarray(p.dfa_row, dtype=np.int64),
                         np.asarray(p.dfa_cmap, dtype=np.int64), np.asarray(p.dfa_trans), first2)
     assert np.array_equal(t2.reshape(n_states, len(first2))[:, b2], per_automaton)
 
@@ -120,7 +121,7 @@ def test_program_tables_are_compressed(monkeypatch):
 def _program_tables(p):
     """Every table of a program that defines its language (the compressed transitions
     through their expansion: class numbering may differ between equivalent compiles)."""
-    out = {name: np.asarray(getattr(p, name)).tolist() for name in G.NODE_FIELDS}
+    out = {name: np.asarray(getattr(p, name)).tolist() for name in program.NODE_FIELDS}
     for name in ("prefix_pool", "alt_pool", "cls_prop", "cls_node", "accept", "reach_off", "other",
                  "dep_pool", "tool_nodes"):
         out[name] = np.asarray(getattr(p, name)).tolist()
@@ -271,7 +272,7 @@ def test_class_form_operations_keep_their_meaning():
     import re
     rng = random.Random(2)
     pats = [r"^[A-Z][a-z]*\d?$", r"^(ab|cd)+$", r"x[B-D]y"]
-    dfas = [G.regex_dfa(p) for p in pats]
+    dfas = [regex.regex_dfa(p) for p in pats]
 
     def acc(d, s):
         st = d.run(s)
@@ -281,8 +282,8 @@ def test_class_form_operations_keep_their_meaning():
         s = bytes(rng.choice(b"ABCDEabcdxyz09") for _ in range(rng.randint(0, 6)))
         want = [re.search(p, s.decode()) is not None for p in pats]
         for d, w in zip(dfas, want):
-            assert acc(d, s) == w and acc(G.complement_dfa(d), s) == (not w), s
-        assert acc(G.intersect_dfas(dfas[:2]), s) == (want[0] and want[1]), s
+            assert acc(d, s) == w and acc(automata.complement_dfa(d), s) == (not w), s
+        assert acc(automata.intersect_dfas(dfas[:2]), s) == (want[0] and want[1]), s
 
 
 def test_literal_trie_labels():
@@ -292,7 +293,7 @@ def test_literal_trie_labels():
         strs = [bytes(rng.choice(b"abc") for _ in range(rng.randint(0, 5))) for _ in range(rng.randint(0, 8))]
         labels = [rng.randint(0, 5) for _ in strs] if rng.random() < 0.5 else None
         other = rng.choice([None, 7])
-        d = G._literal_dfa(strs, labels, other)
+        d = automata._literal_dfa(strs, labels, other)
         for _ in range(40):
             s = bytes(rng.choice(b"abcd") for _ in range(rng.randint(0, 6)))
             st = d.run(s)
@@ -314,7 +315,7 @@ def test_program_classes_are_the_common_refinement():
             for _ in range(n):
                 k = int(rng.integers(1, 257))
                 maps.append(np.unique(rng.integers(0, k, 256), return_inverse=True)[1].reshape(-1).astype(np.uint8))
-            byte_class, first = G._program_classes(np.concatenate(maps))
+            byte_class, first = program._program_classes(np.concatenate(maps))
             stacked = np.stack(maps)
             same = (stacked[:, :, None] == stacked[:, None, :]).all(axis=0)
             assert np.array_equal(byte_class[:, None] == byte_class[None, :], same)

@@ -267,7 +267,7 @@ def test_tokenizer_decode_refuses_non_int_ids():
 
 def test_widened_class_unions_are_supersets():
     """\\d and \\w in "either" mode are widened (cheap automata); they must contain Python's."""
-    from needle_cy.grammar import _WIDE_FROM, _py_class, class_ranges
+    from needle_cy.grammar.charset import _WIDE_FROM, _py_class, class_ranges
     for letter in "dw":
         wide = class_ranges(letter, "either")
         for lo, hi in _py_class(letter):

@@ -15,66 +15,12 @@ import math
 
 import numpy as np
 
-from ..archive import CQMatrix, TERNARY_BITS
+from ..cq_format import (  # noqa: F401 (the format facts, re-exported: tests and callers read them here)
+    BINARY_LEVEL, LLOYD_MAX_LEVELS, SUPPORTED_BITS, TERNARY_BITS, TERNARY_LEVEL, CQMatrix, check_group_size,
+    codebook, field_bits_of, sorted_levels,
+)
 
-# Lloyd–Max levels of a standard Gaussian (spec §3.2), float64, ascending.  The
-# codebook for group size g is float32(level / sqrt(g)), computed in float64.
-LLOYD_MAX_LEVELS = {
-    2: (-1.5066708475715247, -0.45144060939344055, 0.4529474939511613, 1.5099326242547164),
-    3: (-2.141247862845774, -1.3337164609389895, -0.7483982925010272, -0.23774016363616235,
-        0.2500446195658646, 0.7555868210708537, 1.3379826350451236, 2.1476362705161423),
-    4: (-2.709990028558534, -2.0444556051349227, -1.5947570221842273, -1.233336191082712,
-        -0.9222139662739897, -0.6395373737252813, -0.37266394934485414, -0.11445072030649898,
-        0.14380628677643073, 0.4039889754802918, 0.6726933686864701, 0.9614053009735016,
-        1.2755257831234952, 1.6370587960592824, 2.0844263722579237, 2.7410141261982846),
-}
-BINARY_LEVEL = math.sqrt(2.0 / math.pi)  # E|x| of a standard Gaussian
-TERNARY_LEVEL = 1.2240064                # spec §3.2, "1.58-bit"
 NORM_EPS = 1e-12                          # u = r / max(ν, eps)
-SUPPORTED_BITS = (1, 2, 3, 4, TERNARY_BITS)
-
-
-def check_group_size(group_size):
-    """Group sizes are powers of two with whole bytes per group at every width."""
-    g = int(group_size)
-    if g < 8 or g & (g - 1):
-        raise ValueError(f"CQ group size must be a power of two >= 8, got {group_size}")
-    return g
-
-
-def field_bits_of(bits):
-    """Bits per stored field: the width itself, or 2 for ternary (bits = 5)."""
-    if bits not in SUPPORTED_BITS:
-        raise ValueError(f"CQ width must be one of {SUPPORTED_BITS}, got {bits}")
-    return 2 if bits == TERNARY_BITS else int(bits)
-
-
-def sorted_levels(bits, group_size):
-    """The distinct codewords of a width, ascending, float32 (what quantize searches)."""
-    g = check_group_size(group_size)
-    if bits in LLOYD_MAX_LEVELS:
-        return (np.array(LLOYD_MAX_LEVELS[bits], np.float64) / math.sqrt(g)).astype(np.float32)
-    if bits == 1:
-        c = BINARY_LEVEL / math.sqrt(g)
-        return np.array([-c, c], np.float64).astype(np.float32)
-    if bits == TERNARY_BITS:
-        c = TERNARY_LEVEL / math.sqrt(g)
-        return np.array([-c, 0.0, c], np.float64).astype(np.float32)
-    raise ValueError(f"CQ width must be one of {SUPPORTED_BITS}, got {bits}")
-
-
-def codebook(bits, group_size):
-    """Lookup table indexed by the RAW packed field value (float32).
-
-    Widths 1–4: ``2**bits`` ascending entries (field value = index).  Ternary
-    (bits = 5): 4 entries for the 2-bit field read as a signed trit,
-    ``[0, +c, 0, -c]`` (field code 2 is never written; it decodes as 0).
-    """
-    levels = sorted_levels(bits, group_size)
-    if bits == TERNARY_BITS:
-        minus_c, zero, plus_c = levels
-        return np.array([zero, plus_c, zero, minus_c], np.float32)
-    return levels
 
 
 def trits_to_fields(trit_index):

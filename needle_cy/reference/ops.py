@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..weights import MonarchParams  # noqa: F401 (the bound weights' structure; tests build it here)
+
 F32 = np.float32
 
 # ---------------------------------------------------------------------------
@@ -485,26 +487,6 @@ def kron_apply(z, a, b):
     # (Aᵀ Z) B with float64 accumulation (rounded once, independent of the batch shape)
     out = ((np.asarray(a, np.float64).T @ zz.astype(np.float64)) @ np.asarray(b, np.float64)).astype(F32)
     return out.reshape(z.shape).astype(F32)
-
-
-@dataclass
-class MonarchParams:
-    """One layer's Monarch MLP parameters (all float32)."""
-    d1: np.ndarray
-    d2: np.ndarray
-    b2: np.ndarray
-    d3: np.ndarray
-    d4: np.ndarray
-    w1a: np.ndarray
-    w1b: np.ndarray
-    w2a: np.ndarray
-    w2b: np.ndarray
-    w3a: np.ndarray
-    w3b: np.ndarray
-    cond_v: np.ndarray   # [d, R]
-    cond_u: np.ndarray   # [R, N]
-    p1: np.ndarray       # int64 [N]
-    p2: np.ndarray       # int64 [N]
 
 
 def monarch_condition(m, cond_v, cond_u):

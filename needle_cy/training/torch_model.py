@@ -440,7 +440,7 @@ class NeedleTorch(nn.Module):
     def _codebook(self, bits, device):
         key = (bits, self.group_size, str(device))
         if key not in self._codebooks:
-            from ..reference.cq import codebook
+            from ..cq_format import codebook
             self._codebooks[key] = torch.from_numpy(np.asarray(codebook(bits, self.group_size), np.float32)).to(device)
         return self._codebooks[key]
 

@@ -1,10 +1,10 @@
 # cython: language_level=3
 """Grammar runtime in C: feed bytes to a state, clone it, and choose whole tokens.
 
-The compiled program comes from ``needle_cy.grammar`` (schema -> nodes, DFAs,
-exact decimals).  This module walks it byte by byte; its pure-Python twin
-``needle_cy.reference.grammar`` has a function of the same name for each one
-here and is what tests compare against.
+The compiled program comes from ``needle_cy.grammar`` (``builder``/``tools``:
+schema -> nodes, DFAs, exact decimals; ``program``: the tables read here).  This
+module walks it byte by byte; its pure-Python twin ``needle_cy.reference.grammar``
+has a function of the same name for each one here and is what tests compare against.
 
 Token level: a vocabulary (the tokenizer's ``piece_table``) is turned once into
 a byte trie (``PieceTable``).  ``allowed_tokens`` walks the trie from a state,
@@ -21,7 +21,7 @@ from libc.string cimport memcmp, memcpy, memmove, memset
 
 import numpy as np
 
-from .errors import GrammarStateError
+from ..errors import GrammarStateError
 
 cimport numpy as cnp
 
@@ -37,7 +37,7 @@ cdef extern from *:
     """
     unsigned long long ng_mulmod(unsigned long long a, unsigned long long b, unsigned long long m) nogil
 
-# frame kinds (same numbers as the reference)
+# frame kinds and phases (needle_cy.grammar.limits holds the same numbers for Python; a test compares them)
 cdef enum:
     F_VALUE = 0
     F_STRING = 1
@@ -2585,3 +2585,26 @@ def _class_trans(P, first):
 
 
 _PIECE_TABLES = {}
+
+
+def _shared_constants():
+    """The C values of the numbers ``needle_cy.grammar.limits`` holds for Python (the compiler
+    and the reference): tests compare the two, so neither copy can drift."""
+    return {
+        "MAX_DEPTH": MAX_DEPTH, "MAX_AUX": MAX_AUX, "MAX_SLOTS": MAX_SLOTS, "NUM_BUF": NUM_BUF,
+        "MAX_EVENTS": MAX_EVENTS,
+        "F_VALUE": F_VALUE, "F_STRING": F_STRING, "F_KEY": F_KEY, "F_NUMBER": F_NUMBER,
+        "F_LITERAL": F_LITERAL, "F_ARRAY": F_ARRAY, "F_OBJECT": F_OBJECT, "F_ONEOF": F_ONEOF,
+        "F_CALLS": F_CALLS,
+        "A_START": A_START, "A_ITEM": A_ITEM, "A_NEXT": A_NEXT,
+        "O_START": O_START, "O_COLON": O_COLON, "O_VALUE": O_VALUE, "O_AFTER": O_AFTER, "O_NEXT": O_NEXT,
+        "C_OPEN": C_OPEN, "C_FIRST": C_FIRST, "C_HEAD": C_HEAD, "C_NAME": C_NAME, "C_MID": C_MID,
+        "C_ARGS": C_ARGS, "C_CLOSE": C_CLOSE, "C_AFTER": C_AFTER, "C_NEXT": C_NEXT,
+        "N_START": N_START, "N_MINUS": N_MINUS, "N_ZERO": N_ZERO, "N_INT": N_INT, "N_DOT": N_DOT,
+        "N_FRAC": N_FRAC, "N_EXP": N_EXP, "N_EXPSIGN": N_EXPSIGN, "N_EXPDIG": N_EXPDIG,
+        "T_NULL": T_NULL, "T_TRUE": T_TRUE, "T_FALSE": T_FALSE, "T_INT": T_INT, "T_NUM": T_NUM,
+        "T_STR": T_STR, "T_ARR": T_ARR, "T_OBJ": T_OBJ,
+        "NODE_CHOICE": NODE_CHOICE, "NEVER_NODE": NEVER_NODE,
+        "CALL_HEAD": CALL_HEAD[:CALL_HEAD_LEN], "CALL_MID": CALL_MID[:CALL_MID_LEN],
+        "S_BITS": [start_bit(b) for b in range(256)],
+    }

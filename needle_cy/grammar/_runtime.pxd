@@ -9,7 +9,7 @@ number being read.  Everything is plain C data, so cloning a state is a few
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
-# capacities (grammar.py holds the same numbers for the reference)
+# capacities (needle_cy.grammar.limits holds the same numbers for Python; a test compares them)
 cdef enum:
     MAX_DEPTH = 40
     MAX_AUX = 160

@@ -1,0 +1,954 @@
+"""Program building: the nodes of a schema's conjunctions (types, strings, numbers, arrays,
+objects, enums, choices), the exactness rules of ``oneOf``, and ``compile_program``.
+
+``Compiler`` walks a schema through ``schema.SchemaResolver`` (pointer -> flat conjunction of
+parts) and builds one node per distinct conjunction into a ``program.Program``."""
+from __future__ import annotations
+
+import math
+import time
+from fractions import Fraction
+
+from ..errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
+from . import runtime
+from .automata import (NFA, _all_dfa, _dead_dfa, _reach_sets, complement_dfa, intersect_dfas, literal_dfa,
+                       nfa_to_dfa, product_dfa, prune_dfa_keep)
+from .charset import MAX_CP, cs_norm
+from .formats import ENFORCED_FORMATS, FORMAT_REGEX, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS
+from .keywords import ANNOTATIONS, SUPPORTED, _nonneg_int
+from .limits import (ANY_NODE, COMPILE_BUDGET_S, COUNT_CAP, MAX_NODES, MAX_NUM_EXP, NEVER_NODE, NODE_CHOICE,
+                     NODE_VALUE, N_INT, N_MINUS, N_ZERO, T_ALL, T_ARR, T_FALSE, T_INT, T_NULL, T_NUM, T_OBJ,
+                     T_STR, T_TRUE, TYPE_BITS)
+from .numbers import dec_cmp, dec_to_fraction, norm_decimal, number_live, number_texts
+from .program import Program
+from .regex import _regex, regex_dfa, regex_sensitive
+from .schema import SchemaResolver, _Part, _escape_ptr, compact, json_equal
+
+_NL_END_DFA = None   # the strings that do not end in a newline
+
+
+class Compiler:
+    """Builds the program of one schema document: one node per distinct conjunction of parts
+    (``node``), filled keyword by keyword (``fill``); ``schema`` resolves pointers into
+    conjunctions."""
+
+    def __init__(self, doc):
+        self.schema = SchemaResolver(doc)
+        self.p = Program()
+        self.memo = {}
+        self._value_programs = {}   # conjunction key -> [compiler, root, approximate, runtime] (_value_ok)
+        self.approx = set()      # nodes that refuse some value their schema allows (see check_oneof)
+        self.approx_nl = set()   # nodes that refuse such values only for a string value ending in "\n"
+        self.str_dfa_obj = {}    # node -> the automaton of its str_dfa (check_oneof narrows it)
+        self.nl_stripped = set()
+        self.kids = {}           # node -> nodes it contains (items, property values, alternatives)
+        self.oneof_ptr = {}      # oneOf choice node -> its pointer
+        self.t0 = time.monotonic()
+        self.depth = 0
+        self.memo[()] = ANY_NODE
+        start = Compiler._start_program
+        if start is None:
+            self._new_node_raw(types=T_ALL)          # ANY_NODE
+            self._new_node_raw(types=0)              # NEVER_NODE
+            self._fill_object(ANY_NODE, [])
+            Compiler._start_program = {k: list(v) if isinstance(v, list) else v
+                                       for k, v in self.p.__dict__.items() if isinstance(v, (list, int))}
+        else:
+            # every program starts with the same ANY and NEVER nodes (ANY's key automaton
+            # included): copy them instead of compiling them again
+            for k, v in start.items():
+                setattr(self.p, k, list(v) if isinstance(v, list) else v)
+
+    _start_program = None
+
+    def _new_node_raw(self, **kw):
+        p = self.p
+        nid = len(p.kind)
+        if nid % 64 == 0 and time.monotonic() - self.t0 > COMPILE_BUDGET_S:
+            raise GrammarLimitError(f"schema compilation exceeded {COMPILE_BUDGET_S:.0f} s")
+        if nid >= MAX_NODES:
+            # anyOf/oneOf distributed over other conjuncts can multiply: refuse, loudly
+            raise GrammarLimitError(f"schema expands to more than {MAX_NODES} grammar nodes")
+        p.kind.append(kw.get("kind", NODE_VALUE))
+        p.types.append(kw.get("types", T_ALL))
+        p.str_min.append(0)
+        p.str_max.append(-1)
+        p.str_dfa.append(-1)
+        p.num_dfa.append(-1)
+        p.num_check.append(-1)
+        p.int_lo.append(0)
+        p.int_hi.append(0)
+        p.int_flags.append(0)
+        p.arr_prefix_off.append(0)
+        p.arr_prefix_n.append(0)
+        p.arr_items.append(ANY_NODE)
+        p.arr_min.append(0)
+        p.arr_max.append(-1)
+        p.arr_unique.append(0)
+        p.obj_key_dfa.append(-1)
+        p.obj_nwords.append(0)
+        p.obj_req_off.append(0)
+        p.obj_min.append(0)
+        p.obj_max.append(-1)
+        p.obj_other_ok.append(1)
+        p.obj_dep_off.append(0)
+        p.obj_dep_n.append(0)
+        p.alt_off.append(0)
+        p.alt_n.append(0)
+        p.oneof.append(0)
+        return nid
+
+    # -- node construction
+    def node(self, parts):
+        key = tuple(sorted(p.key() for p in parts))
+        if key in self.memo:
+            return self.memo[key]
+        self.depth += 1
+        if self.depth > 400:
+            raise GrammarLimitError("schema nesting too deep to compile")
+        try:
+            flat = self.schema.expand(parts)
+            if flat is None:
+                self.memo[key] = NEVER_NODE
+                return NEVER_NODE
+            fkey = tuple(sorted(p.key() for p, _ in flat))
+            if fkey in self.memo:
+                self.memo[key] = self.memo[fkey]
+                return self.memo[fkey]
+            nid = self._new_node_raw()
+            self.memo[key] = nid
+            self.memo[fkey] = nid
+            self.fill(nid, flat)
+            if self.p.types[nid] == 0:
+                # no value can start: the false schema, so that an object refuses the key
+                # (and anyOf the alternative) instead of stranding after it
+                self.memo[key] = self.memo[fkey] = NEVER_NODE
+                return NEVER_NODE
+            return nid
+        finally:
+            self.depth -= 1
+
+    def fill(self, nid, flat):
+        p = self.p
+        # 1. choices: pick the first anyOf/oneOf and distribute the rest
+        for part, sch in flat:
+            for kw in ("anyOf", "oneOf"):
+                if kw in sch and kw not in part.excl:
+                    alts = sch[kw]
+                    if not isinstance(alts, list) or not alts:
+                        raise SchemaError(f"{kw} at {part.ptr} must be a non-empty list")
+                    rest = [q for q, _ in flat if q is not part]
+                    reduced = _Part(part.ptr, part.excl | {kw})
+                    if len(alts) > 64:
+                        raise GrammarLimitError(f"{kw} with {len(alts)} alternatives at {part.ptr}")
+                    alt_nodes = []
+                    for i in range(len(alts)):
+                        alt_nodes.append(self.node(rest + [reduced, _Part(f"{part.ptr}/{kw}/{i}")]))
+                    if kw == "anyOf":
+                        alt_nodes = [a for a in alt_nodes if a != NEVER_NODE]
+                        if not alt_nodes:
+                            self._make_never(nid)
+                            return
+                        if len(set(alt_nodes)) == 1:
+                            self._copy_node(nid, alt_nodes[0])
+                            return
+                        alt_nodes = list(dict.fromkeys(alt_nodes))
+                    else:
+                        # identical alternatives can never be "exactly one" together
+                        counts = {}
+                        for a in alt_nodes:
+                            counts[a] = counts.get(a, 0) + 1
+                        alt_nodes = [a for a in alt_nodes if a != NEVER_NODE and counts[a] == 1]
+                        if not alt_nodes:
+                            self._make_never(nid)
+                            return
+                        if len(alt_nodes) == 1:
+                            self._copy_node(nid, alt_nodes[0])
+                            return
+                    p.kind[nid] = NODE_CHOICE
+                    p.alt_off[nid] = len(p.alt_pool)
+                    p.alt_n[nid] = len(alt_nodes)
+                    p.alt_pool.extend(alt_nodes)
+                    p.oneof[nid] = 1 if kw == "oneOf" else 0
+                    self.kids[nid] = list(alt_nodes)
+                    if kw == "oneOf":
+                        self.oneof_ptr[nid] = f"{part.ptr}/oneOf"
+                    return
+        # 2. a plain value node: merge keywords
+        types = T_ALL
+        enum_vals = None
+        for part, sch in flat:
+            ex = part.excl
+            if "type" in sch and "type" not in ex:
+                t = sch["type"]
+                tl = t if isinstance(t, list) else [t]
+                m = 0
+                for x in tl:
+                    if x == "any" and self.schema.draft <= 3:
+                        m |= T_ALL
+                        continue
+                    if not isinstance(x, str) or x not in TYPE_BITS:
+                        if isinstance(x, dict):
+                            raise UnsupportedSchemaError(f"schema inside type at {part.ptr}", keyword="type",
+                                                         pointer=part.ptr + "/type")
+                        raise SchemaError(f"unknown type {x!r} at {part.ptr}")
+                    m |= TYPE_BITS[x]
+                types &= m
+            for kw in ("enum", "const"):
+                if kw in sch and kw not in ex:
+                    vals = sch[kw] if kw == "enum" else [sch[kw]]
+                    if not isinstance(vals, list):
+                        raise SchemaError(f"enum at {part.ptr} is not a list")
+                    if enum_vals is None:
+                        enum_vals = list(vals)
+                    else:
+                        enum_vals = [v for v in enum_vals if any(json_equal(v, w) for w in vals)]
+        nots = [(part, sch["not"]) for part, sch in flat if "not" in sch and "not" not in part.excl]
+        if enum_vals is not None:
+            # drop values of the wrong type; then filter by every other keyword by
+            # compiling the conjunction without enum/const and running each value
+            enum_vals = [v for v in enum_vals if _value_type_bit(v) & types]
+            rest_parts = [_Part(q.ptr, q.excl | {"enum", "const", "not"}) for q, _ in flat]
+            trivial = all(set(sch) - q.excl - ANNOTATIONS <= {"type", "enum", "const", "not"}
+                          for q, sch in flat)
+            kept = []
+            for v in enum_vals:
+                if not trivial and not self._value_ok(v, rest_parts):
+                    continue
+                # dropped when the `not` schema holds -- or may hold: its program is approximate
+                if any(self._value_ok(v, [_Part(f"{q.ptr}/not")], unsure=True) for q, _ in nots):
+                    continue
+                kept.append(v)
+            # "type": "integer" takes integer syntax only, with or without an enum (1.0 is not
+            # an integer in draft 4 and is refused by plain "integer" in every draft)
+            self._make_enum(nid, kept, int_only=not types & T_NUM)
+            return
+        if nots:
+            # `not` without a finite value set: a few exact static forms
+            for part, sub in nots:
+                if sub is True or sub == {}:
+                    self._make_never(nid)
+                    return
+                if sub is False:
+                    continue
+                if isinstance(sub, dict) and set(sub) - ANNOTATIONS <= {"type"} and "type" in sub:
+                    t = sub["type"]
+                    tl = t if isinstance(t, list) else [t]
+                    m = 0
+                    for x in tl:
+                        m |= TYPE_BITS.get(x, 0)
+                    if m & T_INT and not m & T_NUM:
+                        # not integer: numbers stay allowed (only non-integer syntax is impossible to
+                        # separate from integers statically) -> refuse
+                        raise UnsupportedSchemaError(f"'not' over integer at {part.ptr}", keyword="not",
+                                                     pointer=part.ptr + "/not")
+                    types &= ~m
+                    continue
+                if isinstance(sub, dict) and set(sub) - ANNOTATIONS <= {"required"} and \
+                        isinstance(sub.get("required"), list) and len(sub["required"]) == 0:
+                    # not {required: []} = not (object => true) = non-objects only... objects always
+                    # satisfy it, so objects are excluded
+                    types &= ~T_OBJ
+                    continue
+                if part.ptr in self.schema.neg_errors:
+                    raise self.schema.neg_errors[part.ptr]
+                raise UnsupportedSchemaError(f"'not' is only supported with enum/const or a type (at {part.ptr})",
+                                             keyword="not", pointer=part.ptr + "/not")
+        p.types[nid] = types
+        if types & T_STR:
+            self._fill_string(nid, flat)
+        if types & T_INT:
+            self._fill_number(nid, flat, types)
+        if types & T_ARR:
+            self._fill_array(nid, flat)
+        if types & T_OBJ:
+            self._fill_object(nid, flat)
+
+    def reaches_approx(self, seed=None):
+        """Nodes containing (through items, property values, alternatives) an approximate
+        node: one that refuses some value its schema allows (a narrowed format, a pattern the
+        two regex engines read differently); ``seed``: from those nodes instead."""
+        parents = {}
+        for n, ks in self.kids.items():
+            for c in ks:
+                parents.setdefault(c, []).append(n)
+        out = set(self.approx | self.approx_nl) if seed is None else set(seed)
+        todo = list(out)
+        while todo:
+            for q in parents.get(todo.pop(), ()):
+                if q not in out:
+                    out.add(q)
+                    todo.append(q)
+        return out
+
+    def _descendants(self, roots):
+        out = set(roots)
+        todo = list(out)
+        while todo:
+            for c in self.kids.get(todo.pop(), ()):
+                if c not in out:
+                    out.add(c)
+                    todo.append(c)
+        return out
+
+    def _strip_nl(self, nid):
+        """The node refuses every string value ending in a newline (marked ``approx_nl``)."""
+        p = self.p
+        self.nl_stripped.add(nid)
+        if p.kind[nid] != NODE_VALUE or not p.types[nid] & T_STR:
+            return
+        global _NL_END_DFA
+        if _NL_END_DFA is None:
+            _NL_END_DFA = complement_dfa(regex_dfa("\\n$"))
+        if p.str_dfa[nid] < 0:
+            d = _NL_END_DFA
+        else:
+            d = intersect_dfas([self.str_dfa_obj[nid], _NL_END_DFA])
+        p.str_dfa[nid] = p.add_dfa(d)
+        self.str_dfa_obj[nid] = d
+        self.approx_nl.add(nid)
+
+    def _types_of(self, nid, seen=()):
+        p = self.p
+        if p.kind[nid] != NODE_CHOICE:
+            return p.types[nid]
+        if nid in seen:
+            return T_ALL
+        t = 0
+        for a in p.alt_pool[p.alt_off[nid]: p.alt_off[nid] + p.alt_n[nid]]:
+            t |= self._types_of(a, seen + (nid,))
+        return t
+
+    def check_oneof(self):
+        """oneOf is exact only when each alternative is: "exactly one" refuses a value two
+        alternatives both accept, so an alternative that wrongly refuses a value would let the
+        value through another one.  Approximate alternatives are allowed when no two
+        alternatives share a JSON type (then at most one can ever match).  When the only
+        approximations an alternative reaches refuse a value for a string value ending in a
+        newline (a ``$`` pattern, or such a refusal made here), every node of every
+        alternative refuses string values ending in a newline: a value accepted through one
+        alternative then contains no such string, so no other alternative can match it under
+        Python's reading either.  Otherwise the schema is refused."""
+        if not self.oneof_ptr:
+            return
+        p = self.p
+        while True:
+            hot = hot_nl = None
+            strip = set()
+            for nid, ptr in self.oneof_ptr.items():
+                if p.kind[nid] != NODE_CHOICE or not p.oneof[nid]:
+                    continue
+                alts = p.alt_pool[p.alt_off[nid]: p.alt_off[nid] + p.alt_n[nid]]
+                if hot is None:
+                    hot = self.reaches_approx(self.approx)
+                    hot_nl = self.reaches_approx(self.approx_nl)
+                if not any(a in hot or a in hot_nl for a in alts):
+                    continue
+                types = [self._types_of(a) for a in alts]
+                need = False
+                for i in range(len(alts)):
+                    for j in range(i + 1, len(alts)):
+                        if not types[i] & types[j]:
+                            continue
+                        if alts[i] in hot or alts[j] in hot:
+                            raise UnsupportedSchemaError(
+                                f"oneOf at {ptr}: an alternative uses a narrowed format or a pattern the "
+                                "regex engines read differently, and another alternative can match a "
+                                "value of the same type; 'exactly one' cannot be enforced exactly",
+                                keyword="oneOf", pointer=ptr)
+                        if alts[i] in hot_nl or alts[j] in hot_nl:
+                            need = True
+                if need:
+                    strip |= self._descendants(alts)
+            strip -= self.nl_stripped
+            if not strip:
+                return
+            for n in sorted(strip):
+                self._strip_nl(n)
+
+    def _make_never(self, nid):
+        self.p.kind[nid] = NODE_VALUE
+        self.p.types[nid] = 0
+
+    def _copy_node(self, nid, src):
+        p = self.p
+        self.kids[nid] = [src]
+        if src in self.oneof_ptr:
+            self.oneof_ptr[nid] = self.oneof_ptr[src]
+        for name in ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num_check", "int_lo",
+                     "int_hi", "int_flags", "arr_prefix_off", "arr_prefix_n", "arr_items", "arr_min",
+                     "arr_max", "arr_unique", "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min",
+                     "obj_max", "obj_other_ok", "obj_dep_off", "obj_dep_n", "alt_off", "alt_n", "oneof"):
+            arr = getattr(p, name)
+            arr[nid] = arr[src]
+        if src in self.str_dfa_obj:
+            self.str_dfa_obj[nid] = self.str_dfa_obj[src]
+        if src >= len(p.kind) or p.kind[src] is None:
+            raise AssertionError
+
+    def _value_ok(self, value, parts, unsure=False):
+        """Whether a concrete JSON value satisfies a conjunction (compiled, then run on the
+        runtime: the C one, the Python reference only where the extension is not built).
+        The program may refuse values the conjunction allows (see ``approx``): a refusal then
+        answers ``unsure``.  A conjunction's program is built once per compile and its runtime
+        made on first use: every value of an enum is run on the same one (making a C runtime
+        costs more than the Python reference's lazy start, so once rather than per value)."""
+        key = tuple(sorted(q.key() for q in parts))
+        hit = self._value_programs.get(key)
+        if hit is None:
+            sub = Compiler(self.schema.doc)
+            sub.schema.synthetic = dict(self.schema.synthetic)
+            sub.schema.draft = self.schema.draft
+            root = sub.node(parts)
+            sub.check_oneof()
+            hit = self._value_programs[key] = [sub, root, root in sub.reaches_approx(), None]
+        sub, root, approx, grammar = hit
+        if unsure and approx:
+            return True
+        if grammar is None:
+            sub.p.root = root
+            grammar = hit[3] = runtime.make(sub.p.finish())[0]
+        st = grammar.start()
+        try:
+            data = compact(value).encode("utf-8")
+        except ValueError:
+            return False
+        return st.feed(data) and st.is_complete()
+
+    def _make_enum(self, nid, values, int_only=False):
+        """A node accepting exactly the given values (numbers in integer syntax only when
+        ``int_only``)."""
+        p = self.p
+        strs = [v for v in values if isinstance(v, str)]
+        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        comps = [v for v in values if isinstance(v, (list, dict))]
+        types = 0
+        for v in values:
+            if v is None:
+                types |= T_NULL
+            elif v is True:
+                types |= T_TRUE
+            elif v is False:
+                types |= T_FALSE
+        if strs:
+            types |= T_STR
+            d = literal_dfa(sorted({s.encode("utf-8") for s in strs}))
+            p.str_dfa[nid] = p.add_dfa(d)
+            self.str_dfa_obj[nid] = d
+        if nums:
+            texts = sorted({t.encode() for v in nums for t in number_texts(v)})
+            if int_only:
+                texts = [t for t in texts if t.lstrip(b"-").isdigit()]
+            if texts:
+                types |= T_INT if int_only else T_INT | T_NUM
+                p.num_dfa[nid] = p.add_dfa(literal_dfa(texts))
+        if not comps:
+            p.types[nid] = types
+            return
+        # composite values: a choice of the scalar part and one exact schema per value
+        alts = []
+        if types:
+            scalar = self._new_node_raw()
+            for name in ("types", "str_dfa", "num_dfa"):
+                getattr(p, name)[scalar] = getattr(p, name)[nid]
+            if nid in self.str_dfa_obj:
+                self.str_dfa_obj[scalar] = self.str_dfa_obj[nid]
+            p.types[scalar] = types
+            alts.append(scalar)
+        uniq = []
+        for v in comps:
+            if not any(json_equal(v, w) for w in uniq):
+                uniq.append(v)
+        for v in uniq:
+            alts.append(self.node([_Part(self.schema.synth(_const_schema(v)))]))
+        if len(alts) == 1:
+            self._copy_node(nid, alts[0])
+            return
+        p.kind[nid] = NODE_CHOICE
+        p.alt_off[nid] = len(p.alt_pool)
+        p.alt_n[nid] = len(alts)
+        p.alt_pool.extend(alts)
+        p.oneof[nid] = 0
+        self.kids[nid] = list(alts)
+
+    def _fill_string(self, nid, flat):
+        p = self.p
+        dfas = []
+        for part, sch in flat:
+            ex = part.excl
+            if "minLength" in sch and "minLength" not in ex:
+                p.str_min[nid] = max(p.str_min[nid], _nonneg_int(sch["minLength"], part.ptr, "minLength"))
+            if "maxLength" in sch and "maxLength" not in ex:
+                v = min(_nonneg_int(sch["maxLength"], part.ptr, "maxLength"), COUNT_CAP)
+                p.str_max[nid] = v if p.str_max[nid] < 0 else min(p.str_max[nid], v)
+            if "pattern" in sch and "pattern" not in ex:
+                pat = sch["pattern"]
+                if not isinstance(pat, str):
+                    raise SchemaError(f"pattern at {part.ptr} is not a string")
+                dfas.append(self._pattern(pat, part.ptr + "/pattern", nid=nid, value=True))
+            if "__not_pattern" in sch:
+                # the complement of what either engine matches: refused by both
+                dfas.append(complement_dfa(self._pattern(sch["__not_pattern"], part.ptr + "/not/pattern",
+                                                         mode="either", nid=nid)))
+            if "__not_format" in sch:
+                dfas.append(complement_dfa(self._format(sch["__not_format"], part.ptr + "/not/format")))
+            if "__not_strings" in sch:
+                dfas.append(complement_dfa(literal_dfa(sorted({x.encode("utf-8") for x in sch["__not_strings"]}))))
+            if "format" in sch and "format" not in ex:
+                f = sch["format"]
+                if f in ENFORCED_FORMATS:
+                    dfas.append(self._format(f, part.ptr + "/format"))
+                    if f in NARROWED_FORMATS:
+                        self.approx.add(nid)
+                elif f in UNENFORCED_STANDARD_FORMATS:
+                    raise UnsupportedSchemaError(f"format {f!r} is not enforced (at {part.ptr})",
+                                                 keyword="format", pointer=part.ptr + "/format")
+                # other (non-standard) formats are annotations
+        if p.str_min[nid] > COUNT_CAP:
+            p.str_min[nid] = 0
+            p.types[nid] &= ~T_STR
+        if dfas:
+            d = intersect_dfas(dfas)
+            p.str_dfa[nid] = p.add_dfa(d)
+            self.str_dfa_obj[nid] = d
+
+    _pattern_cache = {}
+
+    def _pattern(self, pat, ptr, mode="both", nid=None, value=False):
+        """The DFA of a user pattern in a dialect mode (see ``regex_dfa``), memoised per
+        process (patterns recur).  When the engines read the pattern differently the node
+        ``nid`` is marked approximate (it may refuse a value one engine allows).  A pattern
+        whose only difference is ``$`` is exact in "either" mode (Python's reading: ECMA's
+        matches are a subset), and in "both" mode, for a string ``value``, refuses only
+        strings ending in a newline that Python matches (``approx_nl``)."""
+        key = (pat, mode)
+        hit = Compiler._pattern_cache.get(key)
+        if hit is None:
+            hit = _regex(pat, ptr, mode)
+            if len(Compiler._pattern_cache) >= 1024:
+                Compiler._pattern_cache.clear()
+            Compiler._pattern_cache[key] = hit
+        if hit[1] and nid is not None:
+            if hit[1] == 2:
+                self.approx.add(nid)
+            elif mode == "both":
+                (self.approx_nl if value else self.approx).add(nid)
+        return hit[0]
+
+    def _format(self, name, ptr):
+        """The DFA of a built-in format (``FORMAT_REGEX``: ASCII rules, read as written)."""
+        return self._pattern(FORMAT_REGEX[name], ptr)
+
+    def _fill_number(self, nid, flat, types):
+        p = self.p
+        lo = hi = None   # (dec, exclusive)
+        mults = []
+        for part, sch in flat:
+            ex = part.excl
+            for kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
+                if kw not in sch or kw in ex:
+                    continue
+                v = sch[kw]
+                if kw in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(v, bool):
+                    continue  # draft-4 form: handled with minimum/maximum
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                    raise SchemaError(f"{kw} at {part.ptr} is not a number")
+                d = norm_decimal(v)
+                if d[1] and abs(d[2]) + len(d[1]) > MAX_NUM_EXP:
+                    raise GrammarLimitError(f"{kw} at {part.ptr} is beyond 10**+-{MAX_NUM_EXP}")
+                if kw == "multipleOf":
+                    if dec_to_fraction(d) <= 0:
+                        raise SchemaError(f"multipleOf at {part.ptr} must be > 0")
+                    if len(d[1]) > 18:
+                        raise GrammarLimitError(f"multipleOf with more than 18 digits at {part.ptr}")
+                    mults.append(d)
+                    continue
+                is_min = kw in ("minimum", "exclusiveMinimum")
+                excl = kw.startswith("exclusive") or (
+                    sch.get("exclusiveMinimum" if is_min else "exclusiveMaximum") is True)
+                if is_min:
+                    if lo is None or dec_cmp(d, lo[0]) > 0 or (dec_cmp(d, lo[0]) == 0 and excl):
+                        lo = (d, excl)
+                else:
+                    if hi is None or dec_cmp(d, hi[0]) < 0 or (dec_cmp(d, hi[0]) == 0 and excl):
+                        hi = (d, excl)
+        mult = None
+        if mults:
+            fr = [dec_to_fraction(m) for m in mults]
+            # lcm of rationals: lcm(numerators) / gcd(denominators)
+            num = 1
+            den = 0
+            for f in fr:
+                num = num * f.numerator // math.gcd(num, f.numerator)
+                den = math.gcd(den, f.denominator)
+            mval = Fraction(num, den)
+            # back to a decimal (den divides a power of 10 since all were decimals)
+            e = 0
+            while (mval * 10 ** e).denominator != 1:
+                e += 1
+            mult = norm_decimal(str(int(mval * 10 ** e)) + ("e-%d" % e if e else ""))
+            if len(mult[1]) > 18:
+                raise GrammarLimitError("multipleOf combination with more than 18 digits")
+        if lo is None and hi is None and mult is None:
+            return
+        if lo is not None and hi is not None:
+            c = dec_cmp(lo[0], hi[0])
+            if c > 0 or (c == 0 and (lo[1] or hi[1])):
+                p.types[nid] &= ~(T_INT | T_NUM)
+                return
+        p.num_check[nid] = len(p.num_checks)
+        p.num_checks.append({"lo": lo, "hi": hi, "mult": mult})
+        # constraints no number meets (an integer between 0.5 and 0.7, no multiple inside
+        # the range): the numeric types are dropped, so the value cannot start
+        only_int = not (p.types[nid] & T_NUM)
+        firsts = [(b"-", N_MINUS), (b"0", N_ZERO)] + [(bytes([c]), N_INT) for c in b"123456789"]
+        if not any(number_live(p.num_checks[-1], text, ph, only_int) for text, ph in firsts):
+            p.types[nid] &= ~(T_INT | T_NUM)
+        # integer early bounds (inclusive, int64 range)
+        flags = 0
+        if lo is not None:
+            f = dec_to_fraction(lo[0])
+            v = math.floor(f) + 1 if (lo[1] and f == math.floor(f)) else math.ceil(f)
+            if -2 ** 62 < v < 2 ** 62:
+                p.int_lo[nid] = int(v)
+                flags |= 1
+        if hi is not None:
+            f = dec_to_fraction(hi[0])
+            v = math.ceil(f) - 1 if (hi[1] and f == math.ceil(f)) else math.floor(f)
+            if -2 ** 62 < v < 2 ** 62:
+                p.int_hi[nid] = int(v)
+                flags |= 2
+        p.int_flags[nid] = flags
+
+    def _fill_array(self, nid, flat):
+        p = self.p
+        for part, sch in flat:
+            ex = part.excl
+            if "minItems" in sch and "minItems" not in ex:
+                p.arr_min[nid] = max(p.arr_min[nid], _nonneg_int(sch["minItems"], part.ptr, "minItems"))
+            if "maxItems" in sch and "maxItems" not in ex:
+                v = min(_nonneg_int(sch["maxItems"], part.ptr, "maxItems"), COUNT_CAP)
+                p.arr_max[nid] = v if p.arr_max[nid] < 0 else min(p.arr_max[nid], v)
+            if sch.get("uniqueItems") is True and "uniqueItems" not in ex:
+                p.arr_unique[nid] = 1
+        # rebuild precisely per source
+        sources = []
+        for part, sch in flat:
+            ex = part.excl
+            tl, tail = None, None
+            if "prefixItems" in sch and "prefixItems" not in ex and self.schema.draft >= 2020:
+                tl = (f"{part.ptr}/prefixItems", len(sch["prefixItems"]))
+                if "items" in sch and "items" not in ex:
+                    tail = f"{part.ptr}/items"
+            elif "items" in sch and "items" not in ex:
+                if isinstance(sch["items"], list):
+                    tl = (f"{part.ptr}/items", len(sch["items"]))
+                    if "additionalItems" in sch and "additionalItems" not in ex:
+                        tail = f"{part.ptr}/additionalItems"
+                else:
+                    tail = f"{part.ptr}/items"
+            sources.append((tl, tail))
+        n_prefix = max([tl[1] for tl, _ in sources if tl is not None], default=0)
+        node_ids = []
+        for i in range(n_prefix + 1):
+            conj = []
+            for tl, tail in sources:
+                if tl is not None and i < tl[1]:
+                    conj.append(_Part(f"{tl[0]}/{i}"))
+                elif tail is not None:
+                    conj.append(_Part(tail))
+            node_ids.append(self.node(conj) if conj else ANY_NODE)
+        self.kids.setdefault(nid, []).extend(node_ids)
+        p.arr_prefix_off[nid] = len(p.prefix_pool)
+        p.arr_prefix_n[nid] = n_prefix
+        p.prefix_pool.extend(node_ids[:n_prefix])
+        p.arr_items[nid] = node_ids[n_prefix]
+        # tighten maxItems when the items after the prefix are impossible
+        if node_ids[n_prefix] == NEVER_NODE:
+            mx = n_prefix
+            for i in range(n_prefix):
+                if node_ids[i] == NEVER_NODE:
+                    mx = i
+                    break
+            p.arr_max[nid] = mx if p.arr_max[nid] < 0 else min(p.arr_max[nid], mx)
+        if (p.arr_max[nid] >= 0 and p.arr_min[nid] > p.arr_max[nid]) or p.arr_min[nid] > COUNT_CAP:
+            p.arr_min[nid] = min(p.arr_min[nid], COUNT_CAP)
+            p.types[nid] &= ~T_ARR
+
+    def _fill_object(self, nid, flat):
+        p = self.p
+        props = {}         # name -> list of parts
+        patterns = []      # (regex, part pointer)
+        required = set()
+        additional_sources = []   # per source: (declared names set, pattern list, additional ptr or None)
+        deps = []                 # (property, [properties it requires])
+        name_dfas = []
+        for part, sch in flat:
+            ex = part.excl
+            names = set()
+            pats = []
+            if "properties" in sch and "properties" not in ex:
+                pr = sch["properties"]
+                if not isinstance(pr, dict):
+                    raise SchemaError(f"properties at {part.ptr} is not an object")
+                for k in pr:
+                    props.setdefault(k, [])
+                    names.add(k)
+            if "patternProperties" in sch and "patternProperties" not in ex:
+                for k in sch["patternProperties"]:
+                    pats.append((k, f"{part.ptr}/patternProperties/{_escape_ptr(k)}"))
+            if "required" in sch and "required" not in ex:
+                req = sch["required"]
+                if isinstance(req, list):
+                    required.update(req)
+                elif isinstance(req, bool) and self.schema.draft <= 3:
+                    pass
+                else:
+                    raise SchemaError(f"required at {part.ptr} is not a list")
+            if "minProperties" in sch and "minProperties" not in ex:
+                p.obj_min[nid] = max(p.obj_min[nid], _nonneg_int(sch["minProperties"], part.ptr, "minProperties"))
+            if "maxProperties" in sch and "maxProperties" not in ex:
+                v = min(_nonneg_int(sch["maxProperties"], part.ptr, "maxProperties"), COUNT_CAP)
+                p.obj_max[nid] = v if p.obj_max[nid] < 0 else min(p.obj_max[nid], v)
+            addl = None
+            if "additionalProperties" in sch and "additionalProperties" not in ex:
+                addl = f"{part.ptr}/additionalProperties"
+            additional_sources.append((part, names, pats, addl))
+            for dk in ("dependencies", "dependentRequired"):
+                if dk in sch and dk not in ex:
+                    for name, dv in sch[dk].items():
+                        if isinstance(dv, dict) and set(dv) - ANNOTATIONS <= {"required"}:
+                            dv = dv.get("required", [])
+                        if not isinstance(dv, list):
+                            continue  # schema dependencies were rewritten in expand()
+                        deps.append((name, list(dv)))
+            if "propertyNames" in sch and "propertyNames" not in ex:
+                name_dfas.append(self._names_dfa(f"{part.ptr}/propertyNames", nid))
+            patterns.extend(pats)
+        for k in required:
+            props.setdefault(k, [])
+        for k, ks in deps:
+            props.setdefault(k, [])
+            for k2 in ks:
+                props.setdefault(k2, [])
+        names = sorted(props)
+        if len(names) > 64 * 8:
+            raise GrammarLimitError(f"object with {len(names)} declared properties")
+
+        def value_parts(key_name, matched_patterns):
+            """Conjunction for a key: per source its property, matching patterns, else additional."""
+            conj = []
+            for part, src_names, pats, addl in additional_sources:
+                hit = False
+                if key_name is not None and key_name in src_names:
+                    conj.append(_Part(f"{part.ptr}/properties/{_escape_ptr(key_name)}"))
+                    hit = True
+                for (rx, pptr) in pats:
+                    if rx in matched_patterns:
+                        conj.append(_Part(pptr))
+                        hit = True
+                if not hit and addl is not None:
+                    conj.append(_Part(addl))
+            return conj
+
+        pattern_list = sorted(set(rx for rx, _ in patterns))
+        pattern_dfas = [self._pattern(rx, "patternProperties", nid=nid) for rx in pattern_list]
+        # a pattern the engines read differently also runs in "either" mode: a key one engine
+        # matches and the other does not is refused (its value schema would be ambiguous)
+        either_dfas = [(j, self._pattern(rx, "patternProperties", mode="either"))
+                       for j, rx in enumerate(pattern_list) if regex_sensitive(rx)]
+
+        def hits(d, name):
+            st = d.run(name.encode("utf-8"))
+            return st >= 0 and d.accept[st] >= 0
+
+        def matched(name):
+            out = set()
+            for rx, d in zip(pattern_list, pattern_dfas):
+                if hits(d, name):
+                    out.add(rx)
+            for j, d in either_dfas:
+                if hits(d, name) and pattern_list[j] not in out:
+                    return None
+            return frozenset(out)
+
+        # key classes: declared names first
+        classes = {}     # (prop index or -1, frozenset patterns) -> class id
+        cls_prop, cls_node = [], []
+
+        def class_id(pidx, pats):
+            key = (pidx, pats)
+            if key not in classes:
+                name = names[pidx] if pidx >= 0 else None
+                node = NEVER_NODE if pats is None else self.node(value_parts(name, pats))
+                classes[key] = len(cls_prop)
+                cls_prop.append(pidx)
+                cls_node.append(node)
+            return classes[key]
+
+        name_labels = []
+        for i, k in enumerate(names):
+            name_labels.append(class_id(i, matched(k)))
+        if not pattern_dfas and not name_dfas:
+            key_dfa = literal_dfa([k.encode("utf-8") for k in names], labels=name_labels,
+                                  other_label=class_id(-1, frozenset()))
+            return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps)
+        # product DFA: names trie x patterns x propertyNames
+        trie = literal_dfa([k.encode("utf-8") for k in names], labels=list(range(len(names)))) \
+            if names else _dead_dfa()
+        comps = [trie] + pattern_dfas + [d for _, d in either_dfas] + name_dfas
+        n_pat = len(pattern_dfas)
+        n_either = len(either_dfas)
+        complete = [True] * (1 + n_pat + n_either) + [False] * len(name_dfas)
+
+        def combine(labels):
+            for j in range(1 + n_pat + n_either, len(labels)):
+                if labels[j] < 0:
+                    return -1
+            if labels[0] >= 0:
+                return name_labels[labels[0]]
+            for (j, _), lab in zip(either_dfas, labels[1 + n_pat:1 + n_pat + n_either]):
+                if lab >= 0 and labels[1 + j] < 0:
+                    return -1    # one engine matches the key, the other does not: refused
+            pats = frozenset(rx for rx, lab in zip(pattern_list, labels[1:1 + n_pat]) if lab >= 0)
+            return class_id(-1, pats)
+
+        key_dfa = product_dfa(comps, combine, complete)
+        return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps)
+
+    def _finish_object(self, nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps=()):
+        p = self.p
+        # classes whose value schema is impossible are not valid keys
+        acc_in = key_dfa.accept.tolist()
+        acc = [a if (a >= 0 and cls_node[a] != NEVER_NODE) else -1 for a in acc_in]
+        key_dfa = prune_dfa_keep(key_dfa if acc == acc_in else key_dfa.relabel(acc, trim=False))
+        nwords = max(1, (len(names) + 63) // 64)
+        reach, other = _reach_sets(key_dfa, cls_prop, nwords)
+        cls_base = len(p.cls_prop)
+        self.kids.setdefault(nid, []).extend(cls_node)
+        p.cls_prop.extend(cls_prop)
+        p.cls_node.extend(cls_node)
+        if cls_base:
+            key_dfa = key_dfa.relabel([a + cls_base if a >= 0 else -1 for a in key_dfa.accept.tolist()])
+        p.obj_key_dfa[nid] = p.add_dfa(key_dfa, reach, other)
+        p.obj_nwords[nid] = nwords
+        req_words = [0] * nwords
+        for k in required:
+            i = names.index(k)
+            if cls_node[name_labels[i]] == NEVER_NODE:
+                p.types[nid] &= ~T_OBJ  # a required property can never be valid
+            req_words[i // 64] |= 1 << (i % 64)
+        p.obj_req_off[nid] = len(p.words)
+        p.words.extend(req_words)
+        p.obj_dep_off[nid] = len(p.dep_pool) // 2
+        p.obj_dep_n[nid] = len(deps)
+        for k, ks in deps:
+            w = [0] * nwords
+            for k2 in ks:
+                i = names.index(k2)
+                w[i // 64] |= 1 << (i % 64)
+            p.dep_pool.extend([names.index(k), len(p.words)])
+            p.words.extend(w)
+        p.obj_other_ok[nid] = 1 if any(other) else 0
+        if (p.obj_max[nid] >= 0 and p.obj_min[nid] > p.obj_max[nid]) or p.obj_min[nid] > COUNT_CAP:
+            p.obj_min[nid] = min(p.obj_min[nid], COUNT_CAP)
+            p.types[nid] &= ~T_OBJ
+        if p.obj_max[nid] >= 0 and len(required) > p.obj_max[nid]:
+            p.types[nid] &= ~T_OBJ
+
+    def _names_dfa(self, ptr, nid):
+        """propertyNames: a string-only schema made of pattern/enum/const/format/type/maxLength-free parts."""
+        sch = self.schema.get(ptr)
+        if sch is True or sch == {}:
+            return _all_dfa()
+        if sch is False:
+            return _dead_dfa()
+        flat = self.schema.expand([_Part(ptr)])
+        if flat is None:
+            return _dead_dfa()
+        dfas = []
+        for part, s in flat:
+            for k in s:
+                if k in ANNOTATIONS or k in part.excl:
+                    continue
+                if k == "type":
+                    if s[k] != "string" and "string" not in (s[k] if isinstance(s[k], list) else []):
+                        return _dead_dfa()
+                elif k == "pattern":
+                    dfas.append(self._pattern(s[k], f"{part.ptr}/pattern", nid=nid))
+                elif k in ("enum", "const"):
+                    vals = s[k] if k == "enum" else [s[k]]
+                    dfas.append(literal_dfa(sorted({v.encode("utf-8") for v in vals if isinstance(v, str)}))
+                                if any(isinstance(v, str) for v in vals) else _dead_dfa())
+                elif k == "format":
+                    if s[k] in ENFORCED_FORMATS:
+                        dfas.append(self._format(s[k], f"{part.ptr}/format"))
+                        if s[k] in NARROWED_FORMATS:
+                            self.approx.add(nid)
+                    elif s[k] in UNENFORCED_STANDARD_FORMATS:
+                        raise UnsupportedSchemaError(f"format {s[k]!r} in propertyNames", keyword="format",
+                                                     pointer=f"{part.ptr}/format")
+                elif k == "maxLength" or k == "minLength":
+                    n = _nonneg_int(s[k], part.ptr, k)
+                    if n > 1000:
+                        raise GrammarLimitError(f"{k} {n} inside propertyNames at {part.ptr}: the key "
+                                                "automaton counts at most 1000 code points")
+                    any_cp = ("set", cs_norm([(0, MAX_CP)]))
+                    ast = ("rep", any_cp, n, None) if k == "minLength" else ("rep", any_cp, 0, n)
+                    nfa = NFA()
+                    a, b = nfa.new(), nfa.new()
+                    nfa.build(ast, a, b)
+                    dfas.append(nfa_to_dfa(nfa, a, b))
+                elif k in SUPPORTED:
+                    raise UnsupportedSchemaError(f"keyword {k!r} inside propertyNames", keyword=k,
+                                                 pointer=f"{part.ptr}/{k}")
+        if not dfas:
+            return _all_dfa()
+        return intersect_dfas(dfas)
+
+
+def _const_schema(v):
+    if isinstance(v, dict):
+        return {"type": "object", "properties": {k: _const_schema(x) for k, x in v.items()},
+                "required": list(v), "additionalProperties": False}
+    if isinstance(v, list):
+        return {"type": "array", "prefixItems": [_const_schema(x) for x in v], "items": False,
+                "minItems": len(v)}
+    return {"const": v}
+
+
+def _value_type_bit(v):
+    if v is None:
+        return T_NULL
+    if v is True:
+        return T_TRUE
+    if v is False:
+        return T_FALSE
+    if isinstance(v, int):
+        return T_INT
+    if isinstance(v, float):
+        return T_INT if v.is_integer() else T_NUM
+    if isinstance(v, str):
+        return T_STR
+    if isinstance(v, list):
+        return T_ARR
+    if isinstance(v, dict):
+        return T_OBJ
+    return 0
+
+
+# ============================================================================
+# a schema's program
+
+def compile_program(schema):
+    if not isinstance(schema, (dict, bool)):
+        raise SchemaError(f"a schema must be an object or a boolean, found {type(schema).__name__}")
+    c = Compiler(schema)
+    try:
+        root = c.node([_Part("#")])
+    except RecursionError:
+        raise GrammarLimitError("schema nesting too deep to compile") from None
+    c.check_oneof()
+    c.p.root = root
+    return c.p.finish()
+
