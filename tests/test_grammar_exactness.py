@@ -99,6 +99,20 @@ CASES = [
     ({"type": "object", "minProperties": 2 ** 31}, {}, False),
     ({"not": {"type": "string", "minLength": 2 ** 31}}, "abc", True),
     ({"not": {"type": "string", "maxLength": 2 ** 31}}, "abc", False),
+    # a format the schema's draft does not define is an annotation there (fuzz finding,
+    # seed 7: draft-04 has no "date", so `not: {format: date}` refuses every value)
+    ({"$schema": D4, "not": {"format": "date"}}, "12:00:00Z", False),
+    ({"$schema": D4, "not": {"format": "date"}}, "2024-02-29", False),
+    ({"$schema": D4, "format": "date"}, "yesterday", True),
+    ({"$schema": "http://json-schema.org/draft-06/schema#", "format": "time"}, "noon", True),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "format": "uuid"}, "x", True),
+    ({"format": "uuid"}, "x", False),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "format": "date"}, "yesterday", False),
+    # draft 3 calls ipv4 "ip-address"
+    ({"$schema": "http://json-schema.org/draft-03/schema#", "format": "ip-address"}, "1.2.3.4", True),
+    ({"$schema": "http://json-schema.org/draft-03/schema#", "format": "ip-address"}, "1.2.3", False),
+    ({"$schema": "http://json-schema.org/draft-03/schema#", "format": "ipv4"}, "x", True),
+    ({"$schema": D4, "propertyNames": {"format": "date"}}, {"x": 1}, True),
 ]
 
 

@@ -14,7 +14,7 @@ from . import runtime
 from .automata import (NFA, _all_dfa, _dead_dfa, _reach_sets, complement_dfa, intersect_dfas, literal_dfa,
                        nfa_to_dfa, product_dfa, prune_dfa_keep)
 from .charset import MAX_CP, cs_norm
-from .formats import ENFORCED_FORMATS, FORMAT_REGEX, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS
+from .formats import ENFORCED_FORMATS, FORMAT_REGEX, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format
 from .keywords import ANNOTATIONS, SUPPORTED, _nonneg_int
 from .limits import (ANY_NODE, COMPILE_BUDGET_S, COUNT_CAP, MAX_NODES, MAX_NUM_EXP, NEVER_NODE, NODE_CHOICE,
                      NODE_VALUE, N_INT, N_MINUS, N_ZERO, T_ALL, T_ARR, T_FALSE, T_INT, T_NULL, T_NUM, T_OBJ,
@@ -495,7 +495,7 @@ class Compiler:
             if "__not_strings" in sch:
                 dfas.append(complement_dfa(literal_dfa(sorted({x.encode("utf-8") for x in sch["__not_strings"]}))))
             if "format" in sch and "format" not in ex:
-                f = sch["format"]
+                f = draft_format(sch["format"], self.schema.draft)
                 if f in ENFORCED_FORMATS:
                     dfas.append(self._format(f, part.ptr + "/format"))
                     if f in NARROWED_FORMATS:
@@ -881,12 +881,13 @@ class Compiler:
                     dfas.append(literal_dfa(sorted({v.encode("utf-8") for v in vals if isinstance(v, str)}))
                                 if any(isinstance(v, str) for v in vals) else _dead_dfa())
                 elif k == "format":
-                    if s[k] in ENFORCED_FORMATS:
-                        dfas.append(self._format(s[k], f"{part.ptr}/format"))
-                        if s[k] in NARROWED_FORMATS:
+                    f = draft_format(s[k], self.schema.draft)
+                    if f in ENFORCED_FORMATS:
+                        dfas.append(self._format(f, f"{part.ptr}/format"))
+                        if f in NARROWED_FORMATS:
                             self.approx.add(nid)
-                    elif s[k] in UNENFORCED_STANDARD_FORMATS:
-                        raise UnsupportedSchemaError(f"format {s[k]!r} in propertyNames", keyword="format",
+                    elif f in UNENFORCED_STANDARD_FORMATS:
+                        raise UnsupportedSchemaError(f"format {f!r} in propertyNames", keyword="format",
                                                      pointer=f"{part.ptr}/format")
                 elif k == "maxLength" or k == "minLength":
                     n = _nonneg_int(s[k], part.ptr, k)

@@ -20,6 +20,23 @@ UNENFORCED_STANDARD_FORMATS = {
 }
 
 
+def draft_format(name, draft):
+    """The format a schema of ``draft`` (3, 4, 6, 7, 2019, 2020) asks for with ``name``, or
+    None where that draft does not define it, so it is an annotation there: "date" and
+    "time" are formats of draft 3 and of 7 onwards but not of 4 and 6, "uuid" only from
+    2019-09, "ipv4" not of draft 3, whose "ip-address" it is."""
+    if draft <= 3:
+        if name == "ip-address":
+            return "ipv4"
+        if name == "ipv4":
+            return None
+    if name in ("date", "time") and draft in (4, 6):
+        return None
+    if name == "uuid" and draft <= 7:
+        return None
+    return name
+
+
 # ----------------------------------------------------------------------------
 # formats as regexes (exact rules, documented)
 _YEAR = r"(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"       # 0001-9999

@@ -10,7 +10,7 @@ import json
 from urllib.parse import unquote
 
 from ..errors import SchemaError, UnsupportedSchemaError
-from .formats import EXACT_FORMATS, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS
+from .formats import EXACT_FORMATS, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format
 from .keywords import ANNOTATIONS, INTERNAL, KNOWN_UNSUPPORTED, SUPPORTED, _check_values, _nonneg_int
 
 # ============================================================================
@@ -285,6 +285,7 @@ class SchemaResolver:
                 raise SchemaError(f"pattern at {ptr} is not a string")
             return {"type": "string", "__not_pattern": v}   # non-strings satisfy `pattern`
         if k == "format":
+            v = draft_format(v, self.draft)
             if v in NARROWED_FORMATS:
                 raise UnsupportedSchemaError(
                     f"'not' over format {v!r} (at {kp}): the grammar's {v} refuses some valid "
