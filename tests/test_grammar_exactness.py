@@ -113,6 +113,10 @@ CASES = [
     ({"$schema": "http://json-schema.org/draft-03/schema#", "format": "ip-address"}, "1.2.3", False),
     ({"$schema": "http://json-schema.org/draft-03/schema#", "format": "ipv4"}, "x", True),
     ({"$schema": D4, "propertyNames": {"format": "date"}}, {"x": 1}, True),
+    # a $ref/anyOf cycle that consumes nothing holds nothing (fuzz finding, seed 7: the
+    # cycle's node was copied before it was filled, and `true` passed `type: array`)
+    ({"allOf": [{"type": "array"}, {"$ref": "#/$defs/d"}], "$defs": {"d": {"anyOf": [{"$ref": "#/$defs/d"}]}}},
+     True, False),
 ]
 
 
@@ -125,6 +129,20 @@ def test_exact_accept_or_refuse(case, backend):
     else:
         assert oracle(schema, value) == accepted, "expectation disagrees with jsonschema"
     assert compile_schema(schema, backend).accepts(text(value)) == accepted
+
+
+def test_cycles_without_progress_are_the_least_fixed_point():
+    """d = anyOf[d, X] holds what X holds (a validator that recurses on d never ends, so
+    jsonschema cannot judge these: RecursionError); recursion through items stays."""
+    d = {"$defs": {"d": {"anyOf": [{"$ref": "#/$defs/d"}, {"type": "null"}]}}, "$ref": "#/$defs/d"}
+    g = compile_schema(d)
+    assert g.accepts("null") and not g.accepts("1") and not g.accepts("[]")
+    alone = {"$defs": {"d": {"anyOf": [{"$ref": "#/$defs/d"}]}}, "$ref": "#/$defs/d"}
+    assert not any(compile_schema(alone).accepts(x) for x in ("true", "null", "[]", "{}", '"a"'))
+    tree = {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#"}}]}
+    assert compile_schema(tree).accepts("[1,[2,[3]],[]]") and not compile_schema(tree).accepts('[1,"x"]')
+    kids = {"type": "object", "properties": {"kids": {"type": "array", "items": {"anyOf": [{"$ref": "#"}]}}}}
+    assert compile_schema(kids).accepts('{"kids":[{"kids":[]}]}') and not compile_schema(kids).accepts('{"kids":[1]}')
 
 
 REFUSED = [

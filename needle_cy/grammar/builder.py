@@ -45,6 +45,11 @@ class Compiler:
         self.oneof_ptr = {}      # oneOf choice node -> its pointer
         self.t0 = time.monotonic()
         self.depth = 0
+        # nodes being filled -> the value depth they describe (0 = the document, +1 per
+        # array item / property value): an alternative that comes back to a node being
+        # filled at the same depth is a cycle of $ref/anyOf that consumed nothing
+        self._filling = {}
+        self._value_depth = 0
         self.memo[()] = ANY_NODE
         start = Compiler._start_program
         if start is None:
@@ -118,7 +123,13 @@ class Compiler:
             nid = self._new_node_raw()
             self.memo[key] = nid
             self.memo[fkey] = nid
-            self.fill(nid, flat)
+            value_depth = self._value_depth
+            self._filling[nid] = value_depth
+            try:
+                self.fill(nid, flat)
+            finally:
+                del self._filling[nid]
+                self._value_depth = value_depth
             if self.p.types[nid] == 0:
                 # no value can start: the false schema, so that an object refuses the key
                 # (and anyOf the alternative) instead of stranding after it
@@ -143,13 +154,22 @@ class Compiler:
                         raise GrammarLimitError(f"{kw} with {len(alts)} alternatives at {part.ptr}")
                     alt_nodes = []
                     for i in range(len(alts)):
-                        alt_nodes.append(self.node(rest + [reduced, _Part(f"{part.ptr}/{kw}/{i}")]))
+                        a = self.node(rest + [reduced, _Part(f"{part.ptr}/{kw}/{i}")])
+                        if self._filling.get(a, -1) == self._value_depth:
+                            # back to a node still being filled, with no value consumed
+                            # (d = anyOf[d, ...]): the least fixed point, as a validator
+                            # that terminates would read it -- this alternative holds nothing
+                            a = NEVER_NODE
+                        alt_nodes.append(a)
+                    # a node still being filled (legitimate recursion through an item or a
+                    # property) cannot be copied yet: it stays a one-way choice
+                    unfinished = any(a in self._filling for a in alt_nodes)
                     if kw == "anyOf":
                         alt_nodes = [a for a in alt_nodes if a != NEVER_NODE]
                         if not alt_nodes:
                             self._make_never(nid)
                             return
-                        if len(set(alt_nodes)) == 1:
+                        if len(set(alt_nodes)) == 1 and not unfinished:
                             self._copy_node(nid, alt_nodes[0])
                             return
                         alt_nodes = list(dict.fromkeys(alt_nodes))
@@ -162,7 +182,7 @@ class Compiler:
                         if not alt_nodes:
                             self._make_never(nid)
                             return
-                        if len(alt_nodes) == 1:
+                        if len(alt_nodes) == 1 and not unfinished:
                             self._copy_node(nid, alt_nodes[0])
                             return
                     p.kind[nid] = NODE_CHOICE
@@ -174,7 +194,9 @@ class Compiler:
                     if kw == "oneOf":
                         self.oneof_ptr[nid] = f"{part.ptr}/oneOf"
                     return
-        # 2. a plain value node: merge keywords
+        # 2. a plain value node: merge keywords (its items and property values are one
+        # value deeper)
+        self._value_depth += 1
         types = T_ALL
         enum_vals = None
         for part, sch in flat:
