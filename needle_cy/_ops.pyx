@@ -402,6 +402,31 @@ cdef extern from *:
             nc_i8_scores16(q, q_stride, qs, qcorr, GB, kq, k_stride, ks, nq4, j,
                            (__mmask16)((1u << (b - j)) - 1u), scores, score_stride);
     }
+    #elif defined(__AVX2__) && defined(__FMA__)
+    #define NC_I8_AVX2 1
+    /* scores of 8 consecutive slots from j for one head, without VNNI: the quad bytes
+       of 4 slots widened to int16, multiplied by (q0, q1, q2, q3) and pair-summed into
+       int32 (exact: no saturating byte product), two partial sums per slot folded
+       at the end. */
+    static inline void nc_i8_scores8_avx2(const signed char* q, float qs, int qcorr,
+                                          const unsigned char* kq, Py_ssize_t k_stride,
+                                          const float* ks, Py_ssize_t nq4, Py_ssize_t j, float* scores) {
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        for (Py_ssize_t i4 = 0; i4 < nq4; i4++) {
+            const __m256i qv = _mm256_set1_epi64x((long long)(
+                ((unsigned long long)(unsigned short)q[4 * i4]) |
+                ((unsigned long long)(unsigned short)q[4 * i4 + 1] << 16) |
+                ((unsigned long long)(unsigned short)q[4 * i4 + 2] << 32) |
+                ((unsigned long long)(unsigned short)q[4 * i4 + 3] << 48)));
+            const __m256i kv = _mm256_loadu_si256((const __m256i*)(kq + (i4 * k_stride + j) * 4));
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(kv)), qv));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(kv, 1)), qv));
+        }
+        __m256i sum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);   /* slots in order */
+        __m256 sf = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_set1_epi32(qcorr)));
+        sf = _mm256_mul_ps(sf, _mm256_mul_ps(_mm256_set1_ps(qs), _mm256_loadu_ps(ks + j)));
+        _mm256_storeu_ps(scores + j, sf);
+    }
     #endif
     /* scores of slots [a, b) for G heads */
     static inline void nc_i8_scores(const signed char* q, Py_ssize_t q_stride, const float* qs,
@@ -423,7 +448,12 @@ cdef extern from *:
     #else
         for (; g0 < G; g0++) {
             const signed char* qg = q + g0 * q_stride;
-            for (Py_ssize_t j = a; j < b; j++) {
+            Py_ssize_t j = a;
+    #ifdef NC_I8_AVX2
+            for (; j + 8 <= b; j += 8)
+                nc_i8_scores8_avx2(qg, qs[g0], qcorr[g0], kq, k_stride, ks, nq4, j, scores + g0 * score_stride);
+    #endif
+            for (; j < b; j++) {
                 int acc = 0;
                 for (Py_ssize_t i4 = 0; i4 < nq4; i4++) {
                     const unsigned char* kk = kq + (i4 * k_stride + j) * 4;
@@ -464,6 +494,24 @@ cdef extern from *:
             for (v = 0; v < NV; v++)
                 _mm512_storeu_ps(out + g * out_stride + 16 * v, _mm512_mul_ps(acc[g][v], _mm512_set1_ps(inv[g])));
     }
+    #elif defined(NC_I8_AVX2)
+    /* out = inv · Σ_j p(j)·vs(j)·v(j) for one head, dv = 8·NV, the row in registers */
+    static inline __attribute__((always_inline)) void nc_i8_pv_avx2(
+            const float* sc, const int NV, const signed char* vc, const float* vs, Py_ssize_t dv,
+            const Py_ssize_t* ranges, int n_ranges, float inv, float* out) {
+        __m256 acc[8];
+        int v, r;
+        for (v = 0; v < NV; v++) acc[v] = _mm256_setzero_ps();
+        for (r = 0; r < n_ranges; r++) {
+            for (Py_ssize_t j = ranges[2 * r]; j < ranges[2 * r + 1]; j++) {
+                const __m256 w = _mm256_set1_ps(sc[j] * vs[j]);
+                for (v = 0; v < NV; v++)
+                    acc[v] = _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                        _mm_loadl_epi64((const __m128i*)(vc + j * dv + 8 * v)))), acc[v]);
+            }
+        }
+        for (v = 0; v < NV; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(inv)));
+    }
     #endif
     static inline void nc_i8_pv(const float* scores, Py_ssize_t score_stride, Py_ssize_t G,
                                 const signed char* vc, const float* vs, Py_ssize_t dv,
@@ -487,6 +535,19 @@ cdef extern from *:
                     NC_I8PV6(4)
     #undef NC_I8PV6
     #undef NC_I8PV
+                }
+            }
+            return;
+        }
+    #elif defined(NC_I8_AVX2)
+        if (dv % 8 == 0 && dv <= 64) {
+            for (; g0 < G; g0++) {
+                const float* sg = scores + g0 * score_stride;
+                float* og = out + g0 * out_stride;
+                switch (dv / 8) {
+    #define NC_I8PV2(NN) case NN: nc_i8_pv_avx2(sg, NN, vc, vs, dv, ranges, n_ranges, inv[g0], og); break;
+                    NC_I8PV2(1) NC_I8PV2(2) NC_I8PV2(3) NC_I8PV2(4) NC_I8PV2(5) NC_I8PV2(6) NC_I8PV2(7) NC_I8PV2(8)
+    #undef NC_I8PV2
                 }
             }
             return;
