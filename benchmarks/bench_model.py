@@ -17,7 +17,8 @@ written once into a cache folder under the system temp dir.
 * ``prefill``: a 600-token prompt on a fresh state (tokens/s = 600 / time);
 * ``decode``: 16 ``step`` calls after a 64- and after a 600-token prompt (the state
   is restored from a snapshot before every round, outside the timing);
-  ``NEEDLE_CY_BENCH_DECODE_AFTER=600`` picks the prompt lengths;
+  ``NEEDLE_CY_BENCH_DECODE_AFTER=600`` picks the prompt lengths,
+  ``NEEDLE_CY_BENCH_DECODE_ROUNDS=10`` the rounds (default 5) the minimum is taken over;
 * ``memory``: in a fresh subprocess, load + prefill + 64 steps, the prefill 600
   tokens and, separately, the full KV window (max_seq_len − 64 = 4032 tokens, so the
   64 steps end with every cache slot written); the peak anonymous resident memory
@@ -44,6 +45,7 @@ THREADS = [int(t) for t in os.environ.get("NEEDLE_CY_BENCH_THREADS", "1,2").spli
 PROMPT = 600
 DECODE_STEPS = 16
 DECODE_AFTER = [int(n) for n in os.environ.get("NEEDLE_CY_BENCH_DECODE_AFTER", "64,600").split(",")]
+DECODE_ROUNDS = int(os.environ.get("NEEDLE_CY_BENCH_DECODE_ROUNDS", "5"))    # minimum over these
 MEMORY_CONTEXTS = [c for c in os.environ.get("NEEDLE_CY_BENCH_MEMORY", "600,full").split(",") if c != "none"]
 MEMORY_STEPS = 64
 RUN_REFERENCE = os.environ.get("NEEDLE_CY_BENCH_REFERENCE", "1") != "0"
@@ -126,7 +128,7 @@ def test_decode(benchmark, bits, impl, threads, after):
         for t in steps:
             m.step(t)
 
-    benchmark.pedantic(run, setup=setup, rounds=1 if impl == "numpy" else 5, iterations=1)
+    benchmark.pedantic(run, setup=setup, rounds=1 if impl == "numpy" else DECODE_ROUNDS, iterations=1)
     _record(benchmark, f"decode{after}", impl, bits, threads, DECODE_STEPS)
 
 

@@ -40,12 +40,13 @@ Two storages, chosen once per engine (``kv_storage``):
   float32; keys in quads of dimensions, ``k_cache [layer, kv_head, ⌈dq/4⌉, slot, 4]``
   uint8 holding code + 128 (offset binary: the unsigned operand of the VNNI
   dot product), and ``k_scale [layer, kv_head, slot]``.  The values attended,
-  code·scale, are bit for bit the fake-quant floats the reference attends to.
-  Scores are exact int32 sums of query codes × key codes (the query is A8'd at
-  that point, §4.7 step 6) times the two scales; the weighted sum over values is
-  Σ (p·scale)·code.  A quarter of the float32 cache's bytes (plus 8 per slot),
-  and the 16 slots of one 64-byte key vector are consecutive, so the scores of
-  consecutive slots still stream.
+  code·scale, are bit for bit the fake-quant floats the reference attends to
+  (a −0 becomes +0).  Scores are exact int32 sums of query codes × key codes (the
+  query is A8'd at that point, §4.7 step 6) times the two scales, so they do not
+  depend on the kernel path; the weighted sum over values is Σ (p·scale)·code.
+  120 bytes per slot and KV head at dq 48 / dv 64 instead of 448, and the 16
+  slots of one 64-byte key vector are consecutive, so the scores of consecutive
+  slots still stream (the float layout's idea, four dimensions per lane).
 * ``"float32"`` — everything else (``numerics="float"``; kv_bits 2/3/4, whose CQ
   fake-quant values are not a small integer grid per vector): float32 values
   *after* the KV quantizer, ``[layer, kv_head, slot, dv]``; keys transposed,
