@@ -26,15 +26,34 @@ on a throw-away state.  Every buffer is allocated once per engine (scratch)
 or per state (KV cache, histories, pools): nothing is allocated per token.
 Threads: the CQ kernels split rows across ``threads`` OpenMP threads; the
 per-token work of a chunk (norms, conv, RoPE, attention, MLP, mHC mixing) is
-split across tokens.
+split across tokens.  A chunk of one token (``step``) has nothing to split that
+way, so its attention runs the KV heads in parallel instead (each head's G query
+heads on one thread, the same arithmetic whatever the thread count).
 
 KV cache layout
 ---------------
-Stored as float32 values *after* the KV quantizer (the fake-quant output
-k̂ = q·s is exactly what the reference attends to).  Values are laid out
-``[layer, kv_head, slot, dv]``; keys transposed, ``[layer, kv_head, dq, slot]``,
-so the scores of consecutive slots come from streaming multiply–adds.  Slot of
-absolute position p: p itself below the sink count S, else
+Two storages, chosen once per engine (``kv_storage``):
+
+* ``"int8"`` — deploy numerics at kv_bits ≥ 8 (spec §3.9: A8 per head vector).
+  The cache holds the quantizer's own codes and scales: values
+  ``v_cache [layer, kv_head, slot, dv]`` int8 and ``v_scale [layer, kv_head, slot]``
+  float32; keys in quads of dimensions, ``k_cache [layer, kv_head, ⌈dq/4⌉, slot, 4]``
+  uint8 holding code + 128 (offset binary: the unsigned operand of the VNNI
+  dot product), and ``k_scale [layer, kv_head, slot]``.  The values attended,
+  code·scale, are bit for bit the fake-quant floats the reference attends to
+  (a −0 becomes +0).  Scores are exact int32 sums of query codes × key codes (the
+  query is A8'd at that point, §4.7 step 6) times the two scales, so they do not
+  depend on the kernel path; the weighted sum over values is Σ (p·scale)·code.
+  120 bytes per slot and KV head at dq 48 / dv 64 instead of 448, and the 16
+  slots of one 64-byte key vector are consecutive, so the scores of consecutive
+  slots still stream (the float layout's idea, four dimensions per lane).
+* ``"float32"`` — everything else (``numerics="float"``; kv_bits 2/3/4, whose CQ
+  fake-quant values are not a small integer grid per vector): float32 values
+  *after* the KV quantizer, ``[layer, kv_head, slot, dv]``; keys transposed,
+  ``[layer, kv_head, dq, slot]``, so the scores of consecutive slots come from
+  streaming multiply–adds.  ``k_scale``/``v_scale`` are None.
+
+Slot of absolute position p: p itself below the sink count S, else
 ``S + (p − S) mod (capacity − S)`` — a ring buffer.  Capacity is the window
 W plus one chunk, so writing a chunk never overwrites a key an earlier query of
 the same chunk still sees; without a window the capacity is ``max_seq_len`` and
@@ -46,13 +65,13 @@ import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, threadid
 from libc.math cimport sqrtf, expf, INFINITY
-from libc.stdint cimport int64_t, uint32_t
+from libc.stdint cimport int64_t, uint32_t, int8_t, uint8_t
 from libc.string cimport memcpy, memset, memmove
 
 from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row,
                             cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated)
-from needle_cy._ops cimport (a8_inplace, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
-                             conv_step_c, attend_group_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
+from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
+                             conv_step_c, attend_group_c, attend_group_i8_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
                              sinkhorn_c, monarch_mlp_c, pool_update_c, dot_c)
 
 from needle_cy._cq import prepare
@@ -62,6 +81,7 @@ from needle_cy.errors import ContextOverflowError, ModelStateError
 cnp.import_array()
 
 NUMERICS = ("deploy", "float")
+KV_STORAGES = ("int8", "float32")
 PAD_ID = 0
 DEF PAD_ID_C = 0
 DEF CHUNK_MAX = 64           # tokens per batched chunk (prefill / forward)
@@ -122,20 +142,31 @@ ctypedef struct SiteC:
     const float* taps            # [n_taps, d]
 
 
+ctypedef struct KVCache:
+    # the state's cache arrays (the pointers of one storage are set, the others NULL)
+    float* k                     # float32 [L, K, dq, cap]  keys transposed
+    float* v                     # float32 [L, K, cap, dv]
+    uint8_t* k_codes             # int8 storage: [L, K, ⌈dq/4⌉, cap, 4]  code + 128
+    int8_t* v_codes              # [L, K, cap, dv]
+    float* k_scale               # [L, K, cap]
+    float* v_scale               # [L, K, cap]
+
+
 ctypedef struct HeadC:
     const float* probes          # dense [R, k, d]
     Py_ssize_t k
 
 
-def lazy_empty(shape):
-    """float32 array on a fresh anonymous mapping: pages cost memory only once
+def lazy_empty(shape, dtype=np.float32):
+    """Array on a fresh anonymous mapping: pages cost memory only once
     written.  (NumPy asks for transparent huge pages on large arrays, which would
     make a whole 2 MB of KV cache resident at the first token.)"""
     import mmap
+    dtype = np.dtype(dtype)
     count = int(np.prod(shape))
     flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", 0x20))
-    buf = mmap.mmap(-1, max(count, 1) * 4, flags=flags)
-    return np.frombuffer(buf, dtype=np.float32, count=count).reshape(shape)
+    buf = mmap.mmap(-1, max(count, 1) * dtype.itemsize, flags=flags)
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
 
 cdef inline float* fptr(cnp.ndarray a):
@@ -184,8 +215,10 @@ cdef class EngineState:
     """Everything the next token depends on (spec §4.10); copied by snapshot()."""
     cdef public Py_ssize_t position
     cdef public object owner
-    cdef public cnp.ndarray k_cache      # [L, K, dq, cap]  (transposed: scores stream over slots)
-    cdef public cnp.ndarray v_cache      # [L, K, cap, dv]
+    cdef public cnp.ndarray k_cache      # float32 [L, K, dq, cap] | uint8 [L, K, ⌈dq/4⌉, cap, 4] (module docstring)
+    cdef public cnp.ndarray v_cache      # float32 | int8 [L, K, cap, dv]
+    cdef public object k_scale           # int8 storage: float32 [L, K, cap]; else None
+    cdef public object v_scale
     cdef public cnp.ndarray conv_q       # [L, C-1, H·dq] raw projections, oldest first
     cdef public cnp.ndarray conv_k
     cdef public cnp.ndarray conv_v
@@ -196,8 +229,8 @@ cdef class EngineState:
     @property
     def nbytes(self):
         """Bytes its arrays hold (a snapshot holds only the KV slots in use)."""
-        arrays = [self.k_cache, self.v_cache, self.conv_q, self.conv_k, self.conv_v,
-                  self.value_hist, self.tokens] + [a for pool in self.pools for a in pool]
+        arrays = [self.k_cache, self.v_cache, self.k_scale, self.v_scale, self.conv_q, self.conv_k,
+                  self.conv_v, self.value_hist, self.tokens] + [a for pool in self.pools for a in pool]
         return sum(a.nbytes for a in arrays if a is not None)
 
 
@@ -212,7 +245,10 @@ cdef class CythonEngine:
     cdef readonly int threads        # most threads a call may use (scratch is sized for it)
     cdef int _run_threads            # threads the next calls use, 1..threads (run_threads)
     cdef public object state
+    cdef public str kv_storage       # "int8" | "float32" (module docstring, KV cache layout)
     cdef bint quant
+    cdef bint kv_int8
+    cdef Py_ssize_t nq4              # key dimension quads of the int8 cache, ⌈dq/4⌉
     cdef Py_ssize_t recent           # -1 = unlimited
     cdef Py_ssize_t cap              # KV slots per (layer, kv head)
     cdef Py_ssize_t d, n, H, K, dq, dv, L, N, R_cond, ba, bb, C, nd
@@ -265,7 +301,11 @@ cdef class CythonEngine:
     cdef float* s_eval       # [n_sites, CH, d]
     cdef float* s_hid        # [CH, d]  final normed hidden
     cdef float* s_mlp_work   # [threads, 4N + 8 + R]
-    cdef float* s_scores     # [threads, cap]
+    cdef float* s_scores     # [threads, G·cap]
+    cdef float* s_qscale     # [CH, H]  int8 cache: A8 scale of each query head
+    cdef int8_t* s_qcode     # [CH, H·4·nq4]  its codes, zero-padded to whole quads
+    cdef int8_t* s_kcode     # [CH, K·dq]  the keys' codes before they go into the cache
+    cdef cnp.ndarray _scratch_i8
     cdef float* s_row        # [threads, group]
     cdef float* s_cq_work    # CQ kernel workspace
     cdef Py_ssize_t mlp_work_len, row_len
@@ -290,10 +330,15 @@ cdef class CythonEngine:
         """Tokens per batched chunk: prefill(ids) runs len(ids)/chunk forward passes."""
         return CHUNK_MAX
 
-    def __init__(self, weights, numerics="deploy", window=None, sinks=0, threads=None):
+    def __init__(self, weights, numerics="deploy", window=None, sinks=0, threads=None, kv_storage=None):
+        """kv_storage: None picks "int8" where the KV quantizer is A8 (deploy numerics,
+        kv_bits ≥ 8) and "float32" elsewhere; "float32" can be forced (the former
+        cache, for comparisons); "int8" is refused where it would not be exact."""
         from needle_cy.threads import get_num_threads
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+        if kv_storage is not None and kv_storage not in KV_STORAGES:
+            raise ValueError(f"kv_storage must be one of {KV_STORAGES} or None, got {kv_storage!r}")
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 or None, got {window}")
         if sinks < 0 or (window is not None and sinks >= window):
@@ -326,6 +371,13 @@ cdef class CythonEngine:
         if len(w.engram_orders) > 8:
             raise ValueError("CythonEngine supports at most 8 engram orders")
         self.kv_bits = int(w.kv_bits)
+        int8_exact = self.quant and self.kv_bits >= 8
+        if kv_storage == "int8" and not int8_exact:
+            raise ValueError("kv_storage='int8' needs deploy numerics and kv_bits >= 8 "
+                             "(the A8 KV quantizer); this engine quantizes KV otherwise")
+        self.kv_storage = kv_storage or ("int8" if int8_exact else "float32")
+        self.kv_int8 = self.kv_storage == "int8"
+        self.nq4 = (self.dq + 3) // 4
         self.emb_scale = np.float32(np.sqrt(self.d))
         self.attn_scale = np.float32(1.0) / np.float32(np.sqrt(self.dq))
         if window is None:
@@ -494,6 +546,7 @@ cdef class CythonEngine:
         self.mlp_work_len = 4 * self.N + self.R_cond + 16
         sizes.append(("mlp", T * self.mlp_work_len))
         sizes.append(("scores", T * (self.H // self.K) * self.cap))
+        sizes.append(("qscale", CH * self.H))
         self.row_len = 1024
         sizes.append(("row", T * self.row_len + 1024))
         # CQ workspace: enough for the widest matrix at a full chunk
@@ -548,6 +601,12 @@ cdef class CythonEngine:
         self.s_hid = base + <Py_ssize_t>ptrs["hid"]
         self.s_mlp_work = base + <Py_ssize_t>ptrs["mlp"]
         self.s_scores = base + <Py_ssize_t>ptrs["scores"]
+        self.s_qscale = base + <Py_ssize_t>ptrs["qscale"]
+        # int8 codes of the chunk's queries (zero padding stays zero: only dq codes are written)
+        cdef Py_ssize_t n_qcode = CH * self.H * 4 * self.nq4
+        self._scratch_i8 = np.zeros(n_qcode + CH * self.K * self.dq + 128, np.int8)
+        self.s_qcode = <int8_t*>cnp.PyArray_DATA(self._scratch_i8)
+        self.s_kcode = self.s_qcode + n_qcode + 64
         self.s_row = base + <Py_ssize_t>ptrs["row"]
         self.s_cq_work = base + <Py_ssize_t>ptrs["cq"]
         self._ctx_arr = np.zeros(self.n_tok_hist + CH, np.int64)
@@ -565,8 +624,15 @@ cdef class CythonEngine:
         hist = max(self.C - 1, 0)
         st.position = 0
         st.owner = id(self)
-        st.k_cache = lazy_empty((self.L, self.K, self.dq, self.cap))   # keys transposed
-        st.v_cache = lazy_empty((self.L, self.K, self.cap, self.dv))
+        if self.kv_int8:
+            st.k_cache = lazy_empty((self.L, self.K, self.nq4, self.cap, 4), np.uint8)
+            st.v_cache = lazy_empty((self.L, self.K, self.cap, self.dv), np.int8)
+            st.k_scale = lazy_empty((self.L, self.K, self.cap))
+            st.v_scale = lazy_empty((self.L, self.K, self.cap))
+        else:
+            st.k_cache = lazy_empty((self.L, self.K, self.dq, self.cap))   # keys transposed
+            st.v_cache = lazy_empty((self.L, self.K, self.cap, self.dv))
+            st.k_scale = st.v_scale = None
         st.conv_q = np.zeros((self.L, hist, self.H * self.dq), np.float32)
         st.conv_k = np.zeros((self.L, hist, self.K * self.dq), np.float32)
         st.conv_v = np.zeros((self.L, hist, self.K * self.dv), np.float32)
@@ -612,8 +678,11 @@ cdef class CythonEngine:
         used = min(st.position, self.cap)
         c.position = st.position
         c.owner = st.owner
-        c.k_cache = np.ascontiguousarray(st.k_cache[:, :, :, :used])
+        c.k_cache = np.ascontiguousarray(st.k_cache[:, :, :, :used])    # slot axis 3 in both layouts
         c.v_cache = np.ascontiguousarray(st.v_cache[:, :, :used])
+        if st.k_scale is not None:
+            c.k_scale = np.ascontiguousarray(st.k_scale[:, :, :used])
+            c.v_scale = np.ascontiguousarray(st.v_scale[:, :, :used])
         c.conv_q, c.conv_k, c.conv_v = st.conv_q.copy(), st.conv_k.copy(), st.conv_v.copy()
         c.value_hist, c.tokens = st.value_hist.copy(), st.tokens.copy()
         c.pools = [tuple(a.copy() for a in p) for p in st.pools]
@@ -628,6 +697,9 @@ cdef class CythonEngine:
         st.position = s.position
         st.k_cache[:, :, :, :used] = s.k_cache
         st.v_cache[:, :, :used] = s.v_cache
+        if st.k_scale is not None:
+            st.k_scale[:, :, :used] = s.k_scale
+            st.v_scale[:, :, :used] = s.v_scale
         st.conv_q, st.conv_k, st.conv_v = s.conv_q.copy(), s.conv_k.copy(), s.conv_v.copy()
         st.value_hist, st.tokens = s.value_hist.copy(), s.tokens.copy()
         st.pools = [tuple(a.copy() for a in p) for p in s.pools]
@@ -790,8 +862,7 @@ cdef class CythonEngine:
         cdef float* conv_q = fptr(st.conv_q)
         cdef float* conv_k = fptr(st.conv_k)
         cdef float* conv_v = fptr(st.conv_v)
-        cdef float* kcache = fptr(st.k_cache)
-        cdef float* vcache = fptr(st.v_cache)
+        cdef KVCache kv
         cdef float* vhist = fptr(st.value_hist)
         cdef int64_t* tokhist = iptr(st.tokens)
         cdef bint quant = self.quant
@@ -813,6 +884,15 @@ cdef class CythonEngine:
         cdef float* hid = self.s_hid
         cdef Py_ssize_t first
 
+        memset(&kv, 0, sizeof(KVCache))
+        if self.kv_int8:
+            kv.k_codes = <uint8_t*>cnp.PyArray_DATA(st.k_cache)
+            kv.v_codes = <int8_t*>cnp.PyArray_DATA(st.v_cache)
+            kv.k_scale = fptr(st.k_scale)
+            kv.v_scale = fptr(st.v_scale)
+        else:
+            kv.k = fptr(st.k_cache)
+            kv.v = fptr(st.v_cache)
         for hd in range(n_heads):
             pmax[hd] = fptr(st.pools[hd][0])
             pden[hd] = fptr(st.pools[hd][1])
@@ -919,21 +999,24 @@ cdef class CythonEngine:
                 # conv, QK norm, RoPE, quantizers; k and v go into the cache (steps 2–6)
                 if ntok > 1:
                     for t in prange(T, num_threads=ntok, schedule="static"):
-                        self._qkv_token(lc, l, t, pos0, conv_q, conv_k, conv_v, kcache, vcache)
+                        self._qkv_token(lc, l, t, pos0, conv_q, conv_k, conv_v, &kv)
                 else:
                     for t in range(T):
-                        self._qkv_token(lc, l, t, pos0, conv_q, conv_k, conv_v, kcache, vcache)
+                        self._qkv_token(lc, l, t, pos0, conv_q, conv_k, conv_v, &kv)
                 if hist > 0:
                     self._shift_history(conv_q + l * hist * qw, hist, self.s_q, T, qw)
                     self._shift_history(conv_k + l * hist * kw, hist, self.s_k, T, kw)
                     self._shift_history(conv_v + l * hist * vw, hist, self.s_v, T, vw)
-                # GQA attention over the visible cache slots (steps 7–8), gate, A8 (step 9)
+                # GQA attention over the visible cache slots (steps 7–8), gate, A8 (step 9):
+                # a chunk's tokens in parallel, or one token's KV heads in parallel
                 if ntok > 1:
                     for t in prange(T, num_threads=ntok, schedule="static"):
-                        self._attend_token(lc, l, t, pos0, kcache, vcache)
+                        self._attend_token(lc, l, t, pos0, &kv)
+                elif T == 1 and self._run_threads > 1 and K > 1:
+                    self._attend_step_heads(lc, l, pos0, &kv)
                 else:
                     for t in range(T):
-                        self._attend_token(lc, l, t, pos0, kcache, vcache)
+                        self._attend_token(lc, l, t, pos0, &kv)
                 _project(&lc.out_proj, self.s_o, T, gw, self.s_ao, d, cqw, cq_threads)
                 # rest of the block, y = Block(u) − u, lane update, cell (spec §4.5–§4.8)
                 if ntok > 1:
@@ -1020,10 +1103,10 @@ cdef class CythonEngine:
                 u[c] = u[c] + ph[m] * X[m * d + c]
 
     cdef void _qkv_token(self, LayerC* lc, Py_ssize_t l, Py_ssize_t t, Py_ssize_t pos0,
-                         float* conv_q, float* conv_k, float* conv_v,
-                         float* kcache, float* vcache) noexcept nogil:
+                         float* conv_q, float* conv_k, float* conv_v, KVCache* kv) noexcept nogil:
         """Token t of the chunk: causal conv of the raw q/k/v, QK norm, RoPE, quantizers;
-        writes k̂, v̂ into the cache slot of its position (spec §4.7 steps 2–6)."""
+        writes k̂, v̂ into the cache slot of its position (spec §4.7 steps 2–6).  The int8
+        storage keeps the A8 codes and scales (of q too, in s_qcode/s_qscale) instead."""
         cdef Py_ssize_t H = self.H, K = self.K, dq = self.dq, dv = self.dv
         cdef Py_ssize_t qw = H * dq, kw = K * dq, vw = K * dv, h, i, p = pos0 + t, slot
         cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
@@ -1033,6 +1116,10 @@ cdef class CythonEngine:
         cdef const float* cos_row = self.rope_cos + p * (dq // 2)
         cdef const float* sin_row = self.rope_sin + p * (dq // 2)
         cdef float* dst
+        cdef int8_t* qcode = self.s_qcode + t * H * 4 * self.nq4
+        cdef int8_t* kcode = self.s_kcode + t * kw
+        cdef uint8_t* kdst
+        cdef Py_ssize_t kv_row, cap = self.cap
         if self.C > 0:
             self._conv_token(lc.q_taps, self.s_q, conv_q + l * hist * qw, qw, t, pos0, lc.band, q)
             self._conv_token(lc.k_taps, self.s_k, conv_k + l * hist * kw, kw, t, pos0, lc.band, k)
@@ -1044,12 +1131,23 @@ cdef class CythonEngine:
         for h in range(H):
             zc_rmsnorm_c(q + h * dq, lc.q_norm, q + h * dq, dq)
             rope_c(q + h * dq, dq, cos_row, sin_row)
-            if self.quant:
+            if self.kv_int8:
+                self.s_qscale[t * H + h] = a8_codes_c(q + h * dq, dq, A8_QMAX, qcode + h * 4 * self.nq4)
+            elif self.quant:
                 a8_inplace(q + h * dq, dq, A8_QMAX)
         slot = self._slot(p)
         for h in range(K):
             zc_rmsnorm_c(k + h * dq, lc.k_norm, k + h * dq, dq)
             rope_c(k + h * dq, dq, cos_row, sin_row)
+            kv_row = (l * K + h) * cap + slot
+            if self.kv_int8:
+                # codes + 128 into the quads of dimensions (the pad of the last quad: code 0)
+                kv.k_scale[kv_row] = a8_codes_c(k + h * dq, dq, A8_QMAX, kcode + h * dq)
+                kdst = kv.k_codes + (l * K + h) * self.nq4 * cap * 4 + slot * 4
+                for i in range(4 * self.nq4):
+                    kdst[(i >> 2) * cap * 4 + (i & 3)] = <uint8_t>(<int>kcode[h * dq + i] + 128) if i < dq else 128
+                kv.v_scale[kv_row] = a8_codes_c(v + h * dv, dv, A8_QMAX, kv.v_codes + kv_row * dv)
+                continue
             if self.quant:
                 if self.kv_bits >= 8:
                     a8_inplace(k + h * dq, dq, A8_QMAX)
@@ -1057,10 +1155,10 @@ cdef class CythonEngine:
                 else:
                     kv_cq_inplace(k + h * dq, dq, self.kv_levels, self.n_kv_levels)
                     kv_cq_inplace(v + h * dv, dv, self.kv_levels, self.n_kv_levels)
-            dst = kcache + (l * K + h) * dq * self.cap + slot      # keys stored transposed
+            dst = kv.k + (l * K + h) * dq * self.cap + slot      # keys stored transposed
             for i in range(dq):
                 dst[i * self.cap] = k[h * dq + i]
-            dst = vcache + ((l * K + h) * self.cap + slot) * dv
+            dst = kv.v + kv_row * dv
             memcpy(dst, v + h * dv, dv * sizeof(float))
 
     cdef void _conv_token(self, const float* taps, const float* raw, const float* hist,
@@ -1081,27 +1179,56 @@ cdef class CythonEngine:
         conv_step_c(taps, C, width, hptr, out)
 
     cdef void _attend_token(self, LayerC* lc, Py_ssize_t l, Py_ssize_t t, Py_ssize_t pos0,
-                            const float* kcache, const float* vcache) noexcept nogil:
+                            KVCache* kv) noexcept nogil:
         """All query heads of token t against the visible slots (the G heads of a KV
         head together); then o ⊙ σ(g) and A8."""
-        cdef Py_ssize_t H = self.H, K = self.K, dq = self.dq, dv = self.dv, G = self.H // self.K
-        cdef Py_ssize_t kh, c, gw = self.H * self.dv
+        cdef Py_ssize_t kh
         cdef Py_ssize_t rng[12]
         cdef int n_rng = 0
-        cdef int tid = threadid()
-        cdef float* scores = self.s_scores + tid * G * self.cap
-        cdef float* o = self.s_o + t * gw
-        cdef const float* g = self.s_g + t * gw
         self._slot_ranges(pos0 + t, lc.band, rng, &n_rng)
-        for kh in range(K):
+        for kh in range(self.K):
+            self._attend_head(l, t, kh, rng, n_rng, kv)
+        self._attend_gate(t)
+
+    cdef void _attend_step_heads(self, LayerC* lc, Py_ssize_t l, Py_ssize_t pos0,
+                                 KVCache* kv) noexcept nogil:
+        """_attend_token for the single token of a step, the KV heads split across
+        threads: each head is computed whole by one thread, so the result does not
+        depend on the thread count."""
+        cdef Py_ssize_t kh
+        cdef Py_ssize_t rng[12]
+        cdef int n_rng = 0
+        cdef int nthr = <int>(self.K if self.K < self._run_threads else self._run_threads)
+        self._slot_ranges(pos0, lc.band, rng, &n_rng)
+        for kh in prange(self.K, num_threads=nthr, schedule="static"):
+            self._attend_head(l, 0, kh, rng, n_rng, kv)
+        self._attend_gate(0)
+
+    cdef void _attend_head(self, Py_ssize_t l, Py_ssize_t t, Py_ssize_t kh, const Py_ssize_t* rng,
+                           int n_rng, KVCache* kv) noexcept nogil:
+        """The G query heads of KV head kh for chunk token t over the slot ranges rng
+        (scores in the calling thread's row of s_scores); writes o[kh·G·dv :]."""
+        cdef Py_ssize_t H = self.H, K = self.K, dq = self.dq, dv = self.dv, G = self.H // self.K
+        cdef Py_ssize_t cap = self.cap, head = l * K + kh
+        cdef float* scores = self.s_scores + threadid() * G * cap
+        cdef float* o = self.s_o + t * H * dv + kh * G * dv
+        cdef Py_ssize_t q4 = 4 * self.nq4
+        if self.kv_int8:
+            attend_group_i8_c(self.s_qcode + (t * H + kh * G) * q4, q4, self.s_qscale + t * H + kh * G, G,
+                              kv.k_codes + head * self.nq4 * cap * 4, cap, kv.k_scale + head * cap,
+                              kv.v_codes + head * cap * dv, kv.v_scale + head * cap,
+                              dq, dv, self.attn_scale, rng, n_rng, scores, cap, o, dv)
+        else:
             attend_group_c(self.s_qc + t * H * dq + kh * G * dq, dq, G,
-                           kcache + (l * K + kh) * dq * self.cap, self.cap,
-                           vcache + (l * K + kh) * self.cap * dv,
-                           dq, dv, self.attn_scale, rng, n_rng, scores, self.cap,
-                           o + kh * G * dv, dv)
-        mul_sigmoid_c(o, g, gw)
+                           kv.k + head * dq * cap, cap, kv.v + head * cap * dv,
+                           dq, dv, self.attn_scale, rng, n_rng, scores, cap, o, dv)
+
+    cdef void _attend_gate(self, Py_ssize_t t) noexcept nogil:
+        """o ⊙ σ(g), then A8 (spec §4.7 step 9) for chunk token t."""
+        cdef Py_ssize_t gw = self.H * self.dv
+        mul_sigmoid_c(self.s_o + t * gw, self.s_g + t * gw, gw)
         if self.quant:
-            a8_inplace(o, gw, A8_QMAX)
+            a8_inplace(self.s_o + t * gw, gw, A8_QMAX)
 
     cdef void _block_out(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
         """Rest of Block_l for token t (post-norm, gated residual, Monarch MLP), then

@@ -5,10 +5,11 @@ Every function works on raw float32 pointers, takes no Python objects and
 never allocates: callers (the Python wrappers in _ops.pyx, the engine in
 _model.pyx) validate shapes first and own every buffer.
 """
-from libc.stdint cimport uint32_t, int64_t
+from libc.stdint cimport uint32_t, int64_t, int8_t, uint8_t
 
 # activation / KV quantizers
 cdef float a8_inplace(float* x, Py_ssize_t n, float qmax) noexcept nogil
+cdef float a8_codes_c(const float* x, Py_ssize_t n, float qmax, int8_t* codes) noexcept nogil
 cdef float fp16_round(float x) noexcept nogil
 cdef void fwht_inplace(float* x, Py_ssize_t n) noexcept nogil
 cdef void kv_cq_inplace(float* x, Py_ssize_t dh, const float* levels, int n_levels) noexcept nogil
@@ -27,6 +28,13 @@ cdef void attend_group_c(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
                          const Py_ssize_t* ranges, int n_ranges,
                          float* scores, Py_ssize_t score_stride,
                          float* out, Py_ssize_t out_stride) noexcept nogil
+cdef void attend_group_i8_c(const int8_t* q, Py_ssize_t q_stride, const float* q_scales, Py_ssize_t G,
+                            const uint8_t* k_codes, Py_ssize_t k_stride, const float* k_scales,
+                            const int8_t* v_codes, const float* v_scales,
+                            Py_ssize_t dq, Py_ssize_t dv, float scale,
+                            const Py_ssize_t* ranges, int n_ranges,
+                            float* scores, Py_ssize_t score_stride,
+                            float* out, Py_ssize_t out_stride) noexcept nogil
 cdef float sigmoid_c(float x) noexcept nogil
 cdef void mul_sigmoid_c(float* o, const float* g, Py_ssize_t n) noexcept nogil
 cdef float dot_c(const float* a, const float* b, Py_ssize_t n) noexcept nogil

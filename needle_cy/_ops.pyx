@@ -11,7 +11,7 @@ which trusts them (bounds checking is off).
 import numpy as np
 cimport numpy as cnp
 from libc.math cimport sqrtf, expf, logf, fabsf, rintf, cosf, sinf, INFINITY
-from libc.stdint cimport uint32_t, int64_t
+from libc.stdint cimport uint32_t, int64_t, int8_t, uint8_t
 from libc.string cimport memcpy, memset
 
 cnp.import_array()
@@ -341,7 +341,232 @@ cdef extern from *:
         for (; i < n; i++) s0 += a[i] * b[i];
         return (s0 + s1) + (s2 + s3);
     }
+    static inline float nc_max_from(const float* x, Py_ssize_t n, float mx) {
+        for (Py_ssize_t i = 0; i < n; i++) if (x[i] > mx) mx = x[i];
+        return mx;
+    }
     #endif
+    /* ---- GQA attention over the int8 KV cache (deploy numerics, kv_bits ≥ 8) ----
+       Keys: offset-binary codes (A8 code + 128, so uint8) in quads of dimensions,
+       kq[(i4·k_stride + slot)·4 + c] = key dimension 4·i4 + c of that slot: the 16
+       slots of one 64-byte vector are consecutive, like the transposed float layout,
+       and one VNNI dot-product instruction adds four dimensions of 16 slots.  Values:
+       int8 rows vc[slot·dv + i].  One float32 scale per slot each (ks, vs).  Queries:
+       int8 codes q[g·q_stride + i], zero beyond dq up to the next multiple of 4, and
+       one scale qs[g] per head.
+       score = (float)(Σ q·(k+128) − 128·Σ q) · (qs·ks): the integer sum is exact, so
+       every code path (vector, masked tail, scalar) gives the same bits, and the value
+       is q̂·k̂ of the fake-quant floats up to one float32 rounding.
+       out = Σ p·(vs·v) / Σ p with p = exp((score − max)·scale). */
+    #include <string.h>
+    static inline int nc_i8_qcorr(const signed char* q, Py_ssize_t dq) {
+        int s = 0;
+        for (Py_ssize_t i = 0; i < dq; i++) s += q[i];
+        return 128 * s;
+    }
+    #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    #include <immintrin.h>
+    #define NC_I8_VNNI 1
+    /* scores of 16 consecutive slots from j (lanes outside mask m untouched) for GB ≤ 8 heads */
+    static inline __attribute__((always_inline)) void nc_i8_scores16(
+            const signed char* q, Py_ssize_t q_stride, const float* qs, const int* qcorr, const int GB,
+            const unsigned char* kq, Py_ssize_t k_stride, const float* ks, Py_ssize_t nq4,
+            Py_ssize_t j, __mmask16 m, float* scores, Py_ssize_t score_stride) {
+        __m512i acc[8];
+        int g;
+        for (g = 0; g < GB; g++) acc[g] = _mm512_setzero_si512();
+        for (Py_ssize_t i4 = 0; i4 < nq4; i4++) {
+            const __m512i kv = _mm512_maskz_loadu_epi32(m, kq + (i4 * k_stride + j) * 4);
+            for (g = 0; g < GB; g++) {
+                int w;
+                memcpy(&w, q + g * q_stride + 4 * i4, 4);
+                acc[g] = _mm512_dpbusd_epi32(acc[g], kv, _mm512_set1_epi32(w));
+            }
+        }
+        const __m512 sk = _mm512_maskz_loadu_ps(m, ks + j);
+        for (g = 0; g < GB; g++) {
+            __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[g], _mm512_set1_epi32(qcorr[g])));
+            s = _mm512_mul_ps(s, _mm512_mul_ps(_mm512_set1_ps(qs[g]), sk));
+            _mm512_mask_storeu_ps(scores + g * score_stride + j, m, s);
+        }
+    }
+    static inline __attribute__((always_inline)) void nc_i8_scores_block(
+            const signed char* q, Py_ssize_t q_stride, const float* qs, const int* qcorr, const int GB,
+            const unsigned char* kq, Py_ssize_t k_stride, const float* ks, Py_ssize_t nq4,
+            Py_ssize_t a, Py_ssize_t b, float* scores, Py_ssize_t score_stride) {
+        Py_ssize_t j = a;
+        for (; j + 16 <= b; j += 16)
+            nc_i8_scores16(q, q_stride, qs, qcorr, GB, kq, k_stride, ks, nq4, j, (__mmask16)0xFFFF,
+                           scores, score_stride);
+        if (j < b)
+            nc_i8_scores16(q, q_stride, qs, qcorr, GB, kq, k_stride, ks, nq4, j,
+                           (__mmask16)((1u << (b - j)) - 1u), scores, score_stride);
+    }
+    #elif defined(__AVX2__) && defined(__FMA__)
+    #define NC_I8_AVX2 1
+    /* scores of 8 consecutive slots from j for one head, without VNNI: the quad bytes
+       of 4 slots widened to int16, multiplied by (q0, q1, q2, q3) and pair-summed into
+       int32 (exact: no saturating byte product), two partial sums per slot folded
+       at the end. */
+    static inline void nc_i8_scores8_avx2(const signed char* q, float qs, int qcorr,
+                                          const unsigned char* kq, Py_ssize_t k_stride,
+                                          const float* ks, Py_ssize_t nq4, Py_ssize_t j, float* scores) {
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        for (Py_ssize_t i4 = 0; i4 < nq4; i4++) {
+            const __m256i qv = _mm256_set1_epi64x((long long)(
+                ((unsigned long long)(unsigned short)q[4 * i4]) |
+                ((unsigned long long)(unsigned short)q[4 * i4 + 1] << 16) |
+                ((unsigned long long)(unsigned short)q[4 * i4 + 2] << 32) |
+                ((unsigned long long)(unsigned short)q[4 * i4 + 3] << 48)));
+            const __m256i kv = _mm256_loadu_si256((const __m256i*)(kq + (i4 * k_stride + j) * 4));
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(kv)), qv));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(kv, 1)), qv));
+        }
+        __m256i sum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);   /* slots in order */
+        __m256 sf = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_set1_epi32(qcorr)));
+        sf = _mm256_mul_ps(sf, _mm256_mul_ps(_mm256_set1_ps(qs), _mm256_loadu_ps(ks + j)));
+        _mm256_storeu_ps(scores + j, sf);
+    }
+    #endif
+    /* scores of slots [a, b) for G heads */
+    static inline void nc_i8_scores(const signed char* q, Py_ssize_t q_stride, const float* qs,
+                                    const int* qcorr, Py_ssize_t G, const unsigned char* kq,
+                                    Py_ssize_t k_stride, const float* ks, Py_ssize_t nq4,
+                                    Py_ssize_t a, Py_ssize_t b, float* scores, Py_ssize_t score_stride) {
+        Py_ssize_t g0 = 0;
+    #ifdef NC_I8_VNNI
+        for (; g0 < G; g0 += 8) {
+            const signed char* qg = q + g0 * q_stride;
+            float* sg = scores + g0 * score_stride;
+            switch (G - g0 < 8 ? G - g0 : 8) {
+    #define NC_I8S(GG) case GG: nc_i8_scores_block(qg, q_stride, qs + g0, qcorr + g0, GG, kq, k_stride, \
+                                                   ks, nq4, a, b, sg, score_stride); break;
+                NC_I8S(1) NC_I8S(2) NC_I8S(3) NC_I8S(4) NC_I8S(5) NC_I8S(6) NC_I8S(7) NC_I8S(8)
+    #undef NC_I8S
+            }
+        }
+    #else
+        for (; g0 < G; g0++) {
+            const signed char* qg = q + g0 * q_stride;
+            Py_ssize_t j = a;
+    #ifdef NC_I8_AVX2
+            for (; j + 8 <= b; j += 8)
+                nc_i8_scores8_avx2(qg, qs[g0], qcorr[g0], kq, k_stride, ks, nq4, j, scores + g0 * score_stride);
+    #endif
+            for (; j < b; j++) {
+                int acc = 0;
+                for (Py_ssize_t i4 = 0; i4 < nq4; i4++) {
+                    const unsigned char* kk = kq + (i4 * k_stride + j) * 4;
+                    const signed char* qq = qg + 4 * i4;
+                    acc += (int)kk[0] * qq[0] + (int)kk[1] * qq[1] + (int)kk[2] * qq[2] + (int)kk[3] * qq[3];
+                }
+                scores[g0 * score_stride + j] = (float)(acc - qcorr[g0]) * (qs[g0] * ks[j]);
+            }
+        }
+    #endif
+    }
+    #ifdef NC_I8_VNNI
+    /* out[g] = inv[g] · Σ_j p_g(j)·vs(j)·v(j) over the ranges for GB heads, dv = 16·NV,
+       the GB·NV accumulators (≤ 24) in registers: each value row is converted once
+       for all GB heads. */
+    static inline __attribute__((always_inline)) void nc_i8_pv_block(
+            const float* scores, Py_ssize_t score_stride, const int GB, const int NV,
+            const signed char* vc, const float* vs, Py_ssize_t dv,
+            const Py_ssize_t* ranges, int n_ranges, const float* inv, float* out, Py_ssize_t out_stride) {
+        __m512 acc[8][4];
+        int g, v, r;
+        for (g = 0; g < GB; g++)
+            for (v = 0; v < NV; v++) acc[g][v] = _mm512_setzero_ps();
+        for (r = 0; r < n_ranges; r++) {
+            for (Py_ssize_t j = ranges[2 * r]; j < ranges[2 * r + 1]; j++) {
+                __m512 x[4];
+                const float svj = vs[j];
+                for (v = 0; v < NV; v++)
+                    x[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                        _mm_loadu_si128((const __m128i*)(vc + j * dv + 16 * v))));
+                for (g = 0; g < GB; g++) {
+                    const __m512 w = _mm512_set1_ps(scores[g * score_stride + j] * svj);
+                    for (v = 0; v < NV; v++) acc[g][v] = _mm512_fmadd_ps(w, x[v], acc[g][v]);
+                }
+            }
+        }
+        for (g = 0; g < GB; g++)
+            for (v = 0; v < NV; v++)
+                _mm512_storeu_ps(out + g * out_stride + 16 * v, _mm512_mul_ps(acc[g][v], _mm512_set1_ps(inv[g])));
+    }
+    #elif defined(NC_I8_AVX2)
+    /* out = inv · Σ_j p(j)·vs(j)·v(j) for one head, dv = 8·NV, the row in registers */
+    static inline __attribute__((always_inline)) void nc_i8_pv_avx2(
+            const float* sc, const int NV, const signed char* vc, const float* vs, Py_ssize_t dv,
+            const Py_ssize_t* ranges, int n_ranges, float inv, float* out) {
+        __m256 acc[8];
+        int v, r;
+        for (v = 0; v < NV; v++) acc[v] = _mm256_setzero_ps();
+        for (r = 0; r < n_ranges; r++) {
+            for (Py_ssize_t j = ranges[2 * r]; j < ranges[2 * r + 1]; j++) {
+                const __m256 w = _mm256_set1_ps(sc[j] * vs[j]);
+                for (v = 0; v < NV; v++)
+                    acc[v] = _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                        _mm_loadl_epi64((const __m128i*)(vc + j * dv + 8 * v)))), acc[v]);
+            }
+        }
+        for (v = 0; v < NV; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(inv)));
+    }
+    #endif
+    static inline void nc_i8_pv(const float* scores, Py_ssize_t score_stride, Py_ssize_t G,
+                                const signed char* vc, const float* vs, Py_ssize_t dv,
+                                const Py_ssize_t* ranges, int n_ranges, const float* inv,
+                                float* out, Py_ssize_t out_stride) {
+        Py_ssize_t g0 = 0;
+    #ifdef NC_I8_VNNI
+        if (dv % 16 == 0 && dv <= 64) {
+            const int nv = (int)(dv / 16), gb = nv == 4 ? 6 : 8;
+            for (; g0 < G; g0 += gb) {
+                const int n = (int)(G - g0 < gb ? G - g0 : gb);
+                const float* sg = scores + g0 * score_stride;
+                float* og = out + g0 * out_stride;
+                switch (nv * 16 + n) {
+    #define NC_I8PV(NN, GG) case NN * 16 + GG: nc_i8_pv_block(sg, score_stride, GG, NN, vc, vs, dv, ranges, \
+                                                              n_ranges, inv + g0, og, out_stride); break;
+    #define NC_I8PV6(NN) NC_I8PV(NN, 1) NC_I8PV(NN, 2) NC_I8PV(NN, 3) NC_I8PV(NN, 4) NC_I8PV(NN, 5) NC_I8PV(NN, 6)
+                    NC_I8PV6(1) NC_I8PV(1, 7) NC_I8PV(1, 8)
+                    NC_I8PV6(2) NC_I8PV(2, 7) NC_I8PV(2, 8)
+                    NC_I8PV6(3) NC_I8PV(3, 7) NC_I8PV(3, 8)
+                    NC_I8PV6(4)
+    #undef NC_I8PV6
+    #undef NC_I8PV
+                }
+            }
+            return;
+        }
+    #elif defined(NC_I8_AVX2)
+        if (dv % 8 == 0 && dv <= 64) {
+            for (; g0 < G; g0++) {
+                const float* sg = scores + g0 * score_stride;
+                float* og = out + g0 * out_stride;
+                switch (dv / 8) {
+    #define NC_I8PV2(NN) case NN: nc_i8_pv_avx2(sg, NN, vc, vs, dv, ranges, n_ranges, inv[g0], og); break;
+                    NC_I8PV2(1) NC_I8PV2(2) NC_I8PV2(3) NC_I8PV2(4) NC_I8PV2(5) NC_I8PV2(6) NC_I8PV2(7) NC_I8PV2(8)
+    #undef NC_I8PV2
+                }
+            }
+            return;
+        }
+    #endif
+        for (; g0 < G; g0++) {
+            float* o = out + g0 * out_stride;
+            const float* sc = scores + g0 * score_stride;
+            for (Py_ssize_t i = 0; i < dv; i++) o[i] = 0.f;
+            for (int r = 0; r < n_ranges; r++) {
+                for (Py_ssize_t j = ranges[2 * r]; j < ranges[2 * r + 1]; j++) {
+                    const float w = sc[j] * vs[j];
+                    const signed char* vj = vc + j * dv;
+                    for (Py_ssize_t i = 0; i < dv; i++) o[i] += w * (float)vj[i];
+                }
+            }
+            for (Py_ssize_t i = 0; i < dv; i++) o[i] *= inv[g0];
+        }
+    }
     """
     float nc_dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
     float nc_absmax(const float* x, Py_ssize_t n) noexcept nogil
@@ -357,6 +582,15 @@ cdef extern from *:
                        const Py_ssize_t* ranges, int n_ranges,
                        float* scores, Py_ssize_t score_stride,
                        float* out, Py_ssize_t out_stride) noexcept nogil
+    int nc_i8_qcorr(const int8_t* q, Py_ssize_t dq) noexcept nogil
+    void nc_i8_scores(const int8_t* q, Py_ssize_t q_stride, const float* qs, const int* qcorr,
+                      Py_ssize_t G, const uint8_t* kq, Py_ssize_t k_stride, const float* ks,
+                      Py_ssize_t nq4, Py_ssize_t a, Py_ssize_t b, float* scores,
+                      Py_ssize_t score_stride) noexcept nogil
+    void nc_i8_pv(const float* scores, Py_ssize_t score_stride, Py_ssize_t G, const int8_t* vc,
+                  const float* vs, Py_ssize_t dv, const Py_ssize_t* ranges, int n_ranges,
+                  const float* inv, float* out, Py_ssize_t out_stride) noexcept nogil
+    float nc_max_from(const float* x, Py_ssize_t n, float mx) noexcept nogil
 
 cdef float dot_c(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
     """Σ a·b (vectorised; the summation order differs from a plain loop in the last bits)."""
@@ -386,6 +620,23 @@ cdef float a8_inplace(float* x, Py_ssize_t n, float qmax) noexcept nogil:
         elif k > qmax:
             k = qmax
         x[j] = k * s
+    return s
+
+
+cdef float a8_codes_c(const float* x, Py_ssize_t n, float qmax, int8_t* codes) noexcept nogil:
+    """The codes and scale of a8_inplace (same arithmetic, so codes[j]·s is exactly
+    the value a8_inplace leaves in x[j]): codes[j] = clip(rint(x[j]/s), -qmax-1, qmax).
+    Returns s."""
+    cdef Py_ssize_t j
+    cdef float amax = nc_absmax(x, n), s, k, lo = -qmax - 1.0
+    s = amax / qmax if amax > 0 else <float>1.0
+    for j in range(n):
+        k = rintf(x[j] / s)
+        if k < lo:
+            k = lo
+        elif k > qmax:
+            k = qmax
+        codes[j] = <int8_t>k
     return s
 
 
@@ -604,6 +855,43 @@ cdef void attend_group_c(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
         p = <float>1.0 / den
         for i in range(dv):
             o[i] = o[i] * p
+
+
+cdef void attend_group_i8_c(const int8_t* q, Py_ssize_t q_stride, const float* q_scales, Py_ssize_t G,
+                            const uint8_t* k_codes, Py_ssize_t k_stride, const float* k_scales,
+                            const int8_t* v_codes, const float* v_scales,
+                            Py_ssize_t dq, Py_ssize_t dv, float scale,
+                            const Py_ssize_t* ranges, int n_ranges,
+                            float* scores, Py_ssize_t score_stride,
+                            float* out, Py_ssize_t out_stride) noexcept nogil:
+    """G ≤ 64 query heads against one KV head of the int8 cache (GQA), the twin of
+    attend_group_c for A8 codes: query head g is the codes q[g·q_stride + i] (zero
+    from dq up to the next multiple of 4) times q_scales[g]; key slot j is
+    (k_codes[(i4·k_stride + j)·4 + c] − 128)·k_scales[j] for dimension 4·i4 + c
+    (offset binary in quads of dimensions: the layout of the VNNI dot product); value
+    slot j is v_codes[j·dv + i]·v_scales[j].  Scores q̂·k̂ from the exact integer sum
+    times the two scales, float32 softmax, out = Σ p·v̂ / Σ p over the ranges."""
+    cdef int qcorr[64]
+    cdef float inv[64]
+    cdef Py_ssize_t g, nq4 = (dq + 3) // 4
+    cdef int r
+    cdef float mx, den
+    cdef float* sc
+    for g in range(G):
+        qcorr[g] = nc_i8_qcorr(q + g * q_stride, dq)
+    for r in range(n_ranges):
+        nc_i8_scores(q, q_stride, q_scales, qcorr, G, k_codes, k_stride, k_scales,
+                     nq4, ranges[2 * r], ranges[2 * r + 1], scores, score_stride)
+    for g in range(G):
+        sc = scores + g * score_stride
+        mx = -INFINITY
+        for r in range(n_ranges):
+            mx = nc_max_from(sc + ranges[2 * r], ranges[2 * r + 1] - ranges[2 * r], mx)
+        den = 0.0
+        for r in range(n_ranges):
+            den = den + nc_exp_sum(sc + ranges[2 * r], ranges[2 * r + 1] - ranges[2 * r], scale, mx * scale)
+        inv[g] = <float>1.0 / den
+    nc_i8_pv(scores, score_stride, G, v_codes, v_scales, dv, ranges, n_ranges, inv, out, out_stride)
 
 
 # ---------------------------------------------------------------------------
@@ -920,6 +1208,28 @@ def a8(x, bits=8):
         for r in range(v.shape[0]):
             a8_inplace(&v[r, 0], v.shape[1], qmax)
     return out
+
+
+def a8_codes(x, bits=8):
+    """The integer form of a8: (codes int8 [..., n], scales float32 [...]) with
+    ``codes · scales[..., None]`` equal to ``a8(x, bits)`` bit for bit."""
+    if not 2 <= int(bits) <= 8:
+        raise ValueError(f"a8_codes: bits must lie in [2, 8], got {bits}")
+    cdef float qmax = float((1 << (int(bits) - 1)) - 1)
+    a, rows = _as_rows(x)
+    codes = np.zeros(rows.shape, np.int8)
+    scales = np.empty(rows.shape[0], np.float32)
+    cdef float[:, ::1] v = rows
+    cdef int8_t[:, ::1] c = codes
+    cdef float[::1] sv = scales
+    cdef Py_ssize_t r
+    if v.shape[1]:
+        with nogil:
+            for r in range(v.shape[0]):
+                sv[r] = a8_codes_c(&v[r, 0], v.shape[1], qmax, &c[r, 0])
+    else:
+        scales[:] = 1.0
+    return codes.reshape(a.shape), scales.reshape(a.shape[:-1])
 
 
 def hadamard(g):
@@ -1239,6 +1549,67 @@ def gqa_attention(q, k, v, mask):
             rng[1] = n_vis
             attend_group_c(&qv[t, kh * G, 0], dq, G, &kb[0, 0], kbuf.shape[1], &vb[0, 0],
                            dq, dv, scale, rng, 1, &sv[0], max(Tk, 1), &ov[t, kh * G, 0], dv)
+    return out
+
+
+def gqa_attention_int8(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, mask):
+    """gqa_attention of the dequantized A8 codes (q̂ = q_codes·q_scales, likewise k̂, v̂)
+    through the engine's int8-cache kernel: q_codes [Tq, H, dq] int8, q_scales [Tq, H],
+    k_codes [Tk, K, dq] int8, k_scales [Tk, K], v_codes [Tk, K, dv] int8, v_scales [Tk, K],
+    mask [Tq, Tk] bool.  Returns [Tq, H, dv] float32."""
+    qc = np.ascontiguousarray(q_codes, dtype=np.int8)
+    qs = np.ascontiguousarray(q_scales, dtype=np.float32)
+    kc = np.asarray(k_codes, dtype=np.int8)
+    ks = np.asarray(k_scales, dtype=np.float32)
+    vc = np.asarray(v_codes, dtype=np.int8)
+    vs = np.asarray(v_scales, dtype=np.float32)
+    mk = np.asarray(mask, dtype=bool)
+    if qc.ndim != 3 or kc.ndim != 3 or vc.ndim != 3:
+        raise ValueError("gqa_attention_int8: q [Tq, H, dq], k [Tk, K, dq], v [Tk, K, dv] codes expected")
+    Tq, H, dq = qc.shape
+    Tk, K, dv = vc.shape
+    if kc.shape != (Tk, K, dq) or qs.shape != (Tq, H) or ks.shape != (Tk, K) or vs.shape != (Tk, K) \
+            or K == 0 or H % K or H // K > 64 or mk.shape != (Tq, Tk):
+        raise ValueError("gqa_attention_int8: shapes of the codes, scales and mask do not agree")
+    if Tq and not mk.any(axis=1).all():
+        raise ValueError("gqa_attention_int8: a query sees no key")
+    nq4 = (dq + 3) // 4
+    G_ = H // K
+    qpad = np.zeros((Tq, H, 4 * nq4), np.int8)          # queries zero-padded to whole quads
+    qpad[:, :, :dq] = qc
+    out = np.empty((Tq, H, dv), np.float32)
+    n = max(Tk, 1)
+    scores = np.empty(G_ * n, np.float32)
+    kbuf = np.empty((nq4, n, 4), np.uint8)              # the cache's key layout: quads of dims
+    ksb = np.empty(n, np.float32)
+    vbuf = np.empty((n, dv), np.int8)
+    vsb = np.empty(n, np.float32)
+    cdef int8_t[:, :, ::1] qv = qpad
+    cdef float[:, ::1] qsv = qs
+    cdef float[:, :, ::1] ov = out
+    cdef float[::1] sv = scores
+    cdef uint8_t[:, :, ::1] kb = kbuf
+    cdef float[::1] ksv = ksb
+    cdef int8_t[:, ::1] vb = vbuf
+    cdef float[::1] vsv = vsb
+    cdef Py_ssize_t t, G = G_, n_vis, kh
+    cdef Py_ssize_t rng[2]
+    cdef float scale = <float>1.0 / np.float32(np.sqrt(dq))
+    for t in range(Tq):
+        idx = np.flatnonzero(mk[t])
+        n_vis = idx.shape[0]
+        for kh in range(K):
+            # gather the visible keys so the C kernel sees one contiguous range
+            keys = np.full((n_vis, 4 * nq4), 128, np.int16)
+            keys[:, :dq] = kc[idx, kh].astype(np.int16) + 128
+            kbuf[:, :n_vis] = keys.reshape(n_vis, nq4, 4).transpose(1, 0, 2).astype(np.uint8)
+            ksb[:n_vis] = ks[idx, kh]
+            vbuf[:n_vis] = vc[idx, kh]
+            vsb[:n_vis] = vs[idx, kh]
+            rng[0] = 0
+            rng[1] = n_vis
+            attend_group_i8_c(&qv[t, kh * G, 0], 4 * nq4, &qsv[t, kh * G], G, &kb[0, 0, 0], n, &ksv[0],
+                              &vb[0, 0], &vsv[0], dq, dv, scale, rng, 1, &sv[0], n, &ov[t, kh * G, 0], dv)
     return out
 
 

@@ -142,6 +142,9 @@ def test_snapshot_sizes_follow_the_positions_in_use(backend):
     model.prefill(list(range(40, 80)))
     long = model.snapshot().nbytes
     cfg = model.config
-    kv_per_token = cfg.num_layers * cfg.num_kv_heads * (cfg.qk_head_dim + cfg.v_head_dim) * 4
+    per_head = (cfg.qk_head_dim + cfg.v_head_dim) * 4                 # float32 values
+    if getattr(model.engine, "kv_storage", "float32") == "int8":       # codes + two scales
+        per_head = -(-cfg.qk_head_dim // 4) * 4 + cfg.v_head_dim + 2 * 4
+    kv_per_token = cfg.num_layers * cfg.num_kv_heads * per_head
     assert 0 < short < long
     assert long - short >= 40 * kv_per_token

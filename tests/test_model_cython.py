@@ -7,6 +7,9 @@
 * prefill + step ≡ forward; chunked prefill longer than one chunk; snapshot/restore;
   reset; ladder rungs; the wrapped KV window with and without sinks; PAD tokens
   left out of the head pools; head outputs ≡ the reference's.
+* the int8 KV cache (deploy, kv_bits 8) holds exactly the float cache's values as
+  codes·scale; 1 and 2 threads give identical bits (decode splits attention over
+  KV heads).
 """
 import numpy as np
 import pytest
@@ -130,6 +133,9 @@ GEOMETRIES = {
     "mixed_bits_odd_d": (dict(bits={"embedding": 2, "layers.0.q_proj": 1, "layers.1.out_proj": 5},
                               d_model=40, num_heads=2, num_kv_heads=1, qk_head_dim=10, v_head_dim=6,
                               mhc_lanes=2, engram_orders=(2,), kv_bits=8), "deploy"),
+    # the shipped attention geometry (12/2 heads, dq 48, dv 64) on the int8 KV cache
+    "gqa6_kv8_dv64": (dict(bits=2, d_model=96, num_heads=12, num_kv_heads=2, qk_head_dim=48,
+                           v_head_dim=64, layers=3, engram_sites=(1,), global_layers=(2,)), "deploy"),
     # 6 query heads per KV head and value width 16 (the register-blocked AVX2 path)
     "gqa6_float": (dict(bits=2, d_model=96, num_heads=12, num_kv_heads=2, qk_head_dim=16,
                         v_head_dim=16, layers=3, engram_sites=(1,), global_layers=(2,)), "float"),
@@ -187,6 +193,81 @@ def test_threads_do_not_change_results(archive_dir, threads):
     one = Model.load(path, backend="cython", threads=1).forward(ids)
     other = Model.load(path, backend="cython", threads=threads).forward(ids)
     assert_close(other, one, 1e-6)
+
+
+def _cache_values(engine):
+    """The state's KV cache as float32 values [L, K, slot, dq] and [L, K, slot, dv]."""
+    st = engine.state
+    if engine.kv_storage == "float32":
+        return st.k_cache.transpose(0, 1, 3, 2), st.v_cache
+    L, K, nq4, cap, _ = st.k_cache.shape
+    codes = (st.k_cache.astype(np.int16) - 128).transpose(0, 1, 3, 2, 4).reshape(L, K, cap, 4 * nq4)
+    dq = engine.w.qk_head_dim
+    k = (codes[..., :dq] * st.k_scale[..., None]).astype(np.float32)
+    return k, (st.v_cache * st.v_scale[..., None]).astype(np.float32)
+
+
+@pytest.mark.parametrize("key", ["w4_kv8", "gqa6_kv8_dv64"])
+def test_int8_kv_cache_holds_the_float_cache_values(archive_dir, key):
+    """Deploy at kv_bits 8 stores A8 codes + scales; decoded they are the former float
+    cache bit for bit.  Layer 0's keys and values do not depend on attention, so the
+    two storages must agree exactly there, at every position of a wrapped ring; deeper
+    layers see scores rounded one way or the other (exact int32 sums vs float FMAs),
+    which may flip a rounded activation, so there the logits meet the deploy bar."""
+    from needle_cy._model import CythonEngine
+    path = archive(archive_dir, key, **GEOMETRIES[key][0])
+    w = Model.load(path, backend="cython").weights
+    i8 = CythonEngine(w, "deploy", window=24, sinks=2, threads=1)
+    f32 = CythonEngine(w, "deploy", window=24, sinks=2, threads=1, kv_storage="float32")
+    assert i8.kv_storage == "int8" and f32.kv_storage == "float32"
+    assert i8.state.k_cache.dtype == np.uint8 and i8.state.v_cache.dtype == np.int8
+    ids = ids_for(w.vocab, 100, seed=2)
+    rows_i8, rows_f32 = [i8.prefill(ids[:70])], [f32.prefill(ids[:70])]
+    for t in ids[70:]:                       # past the window: the ring wraps
+        rows_i8.append(i8.step(int(t)))
+        rows_f32.append(f32.step(int(t)))
+    ki, vi = _cache_values(i8)
+    kf, vf = _cache_values(f32)
+    np.testing.assert_array_equal(ki[0], kf[0])
+    np.testing.assert_array_equal(vi[0], vf[0])
+    assert_deploy_agrees(np.stack(rows_i8), np.stack(rows_f32))
+    # a quarter of the bytes (plus two float32 scales per slot and head)
+    assert i8.state.nbytes < f32.state.nbytes
+    snap = i8.snapshot()
+    assert snap.k_scale.shape[2] == snap.v_cache.shape[2] == i8.capacity
+
+
+def test_kv_storage_choice(archive_dir):
+    from needle_cy._model import CythonEngine
+    w8 = Model.load(archive(archive_dir, "w4_kv8", bits=4), backend="cython").weights
+    w2 = Model.load(archive(archive_dir, "w2_kv2", bits=2, kv_bits=2), backend="cython").weights
+    assert CythonEngine(w8, "deploy").kv_storage == "int8"
+    assert CythonEngine(w8, "float").kv_storage == "float32"
+    assert CythonEngine(w2, "deploy").kv_storage == "float32"     # CQ fake-quant: no int8 grid
+    for weights, numerics in ((w8, "float"), (w2, "deploy")):
+        with pytest.raises(ValueError):
+            CythonEngine(weights, numerics, kv_storage="int8")
+    with pytest.raises(ValueError):
+        CythonEngine(w8, "deploy", kv_storage="int4")
+
+
+@pytest.mark.parametrize("key,numerics", [("w4_kv8", "deploy"), ("gqa6_kv8_dv64", "deploy"),
+                                          ("gqa6_kv8_dv64", "float"), ("w2_kv2", "deploy")])
+def test_decode_is_bit_identical_across_thread_counts(archive_dir, key, numerics):
+    """Steps split attention over the KV heads; prefill splits tokens: neither may change a bit."""
+    path = archive(archive_dir, key, **GEOMETRIES[key][0])
+    ids = ids_for(300, 110, seed=4)
+    out = {}
+    for threads in (1, 2):
+        m = Model.load(path, backend="cython", numerics=numerics, threads=threads, kv_window=40, sink_tokens=3)
+        rows = [m.prefill(ids[:70])]
+        snap = m.snapshot()
+        rows += [m.step(int(t)) for t in ids[70:]]
+        m.restore(snap)
+        rows.append(m.step(int(ids[70])))
+        out[threads] = np.stack(rows)
+    np.testing.assert_array_equal(out[1], out[2])
+    np.testing.assert_array_equal(out[1][-1], out[1][1])     # restore replays the same step
 
 
 def test_snapshot_restore_reset(archive_dir):
@@ -267,13 +348,17 @@ def test_set_sinks_and_overflow(archive_dir):
         cy.engine.prefill(ids_for(300, 121))
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_operation_sequences_match_reference(archive_dir, seed):
+@pytest.mark.parametrize("seed,numerics", [(0, "float"), (1, "float"), (2, "float"), (3, "deploy"), (4, "deploy")])
+def test_random_operation_sequences_match_reference(archive_dir, seed, numerics):
     """Fuzz the engine's state handling: random interleavings of chunked prefills, steps,
     snapshots, restores of older snapshots, resets and forwards, past the KV window,
-    against the reference after every operation (float numerics: exact to 1e-5)."""
+    against the reference after every operation (float numerics: exact to 1e-5; deploy,
+    i.e. the int8 KV cache: the deploy bar)."""
     path = archive(archive_dir, "w4_kv8", bits=4)
-    cy, ref = pair(path, "float", kv_window=24, sink_tokens=2)
+    cy, ref = pair(path, numerics, kv_window=24, sink_tokens=2)
+    if numerics == "deploy":
+        assert cy.engine.kv_storage == "int8"
+    check = assert_close if numerics == "float" else assert_deploy_agrees
     rng = np.random.default_rng(seed)
     snaps = []
     for _ in range(40):
@@ -288,9 +373,9 @@ def test_random_operation_sequences_match_reference(archive_dir, seed):
                         m.prefill(ids) if op == "prefill" else m.step(int(ids[0]))
                 assert cy.position == ref.position == before
             elif op == "prefill":
-                assert_close(cy.prefill(ids), ref.prefill(ids))
+                check(cy.prefill(ids), ref.prefill(ids))
             else:
-                assert_close(cy.step(int(ids[0])), ref.step(int(ids[0])))
+                check(cy.step(int(ids[0])), ref.step(int(ids[0])))
         elif op == "snapshot":
             snaps.append((cy.snapshot(), ref.snapshot(), cy.position))
         elif op == "restore" and snaps:
@@ -303,8 +388,12 @@ def test_random_operation_sequences_match_reference(archive_dir, seed):
             ref.reset()
         elif op == "forward":
             ids = rng.integers(0, 300, size=int(rng.integers(1, 50)))
-            assert_close(cy.forward(ids), ref.forward(ids))
+            check(cy.forward(ids), ref.forward(ids))
         elif op == "heads" and cy.position:
             for name, want in ref.head_outputs().items():
-                assert_close(np.atleast_1d(cy.head_outputs()[name]), np.atleast_1d(want), 1e-4)
+                got = np.atleast_1d(cy.head_outputs()[name])
+                if numerics == "float":
+                    assert_close(got, np.atleast_1d(want), 1e-4)
+                else:
+                    assert np.allclose(got, want, rtol=0.02, atol=0.02)
         assert cy.position == ref.position

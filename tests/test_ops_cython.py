@@ -155,6 +155,40 @@ def test_rope(rng):
     np.testing.assert_array_equal(sin_t[4095], np.sin(ang))
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a8_codes_exact(rng, bits):
+    x = rng.normal(size=(20, 48)).astype(np.float32) * rng.uniform(0.01, 30, size=(20, 1)).astype(np.float32)
+    x[3] = 0.0
+    codes, scales = cy.a8_codes(x, bits)
+    want_codes, want_scales = ref.a8_codes(x, bits)
+    assert codes.dtype == np.int8 and scales.shape == (20,)
+    np.testing.assert_array_equal(codes, want_codes)
+    np.testing.assert_array_equal(scales, want_scales)
+    # the integer form is the fake-quant bit for bit: what the int8 KV cache relies on
+    np.testing.assert_array_equal(codes * scales[:, None], cy.a8(x, bits))
+    with pytest.raises(ValueError):
+        cy.a8_codes(x, 9)
+
+
+# (6, 3, 48, 64) and (12, 2, 48, 64): the vector paths (dv a multiple of 16, G ≤ 6 / > 6 heads
+# per block); (4, 2, 18, 24), (2, 1, 7, 12): key widths that leave a partial quad, scalar P·V
+@pytest.mark.parametrize("H,K,dq,dv", [(4, 2, 18, 24), (2, 1, 7, 12), (6, 3, 48, 64), (12, 2, 48, 64),
+                                       (18, 1, 16, 32)])
+def test_gqa_attention_int8(rng, H, K, dq, dv):
+    T = 41                                     # > 16 keys: full and masked slot blocks
+    qc, qs = ref.a8_codes(rng.normal(size=(T, H, dq)).astype(np.float32))
+    kc, ks = ref.a8_codes(rng.normal(size=(T, K, dq)).astype(np.float32) * 3)
+    vc, vs = ref.a8_codes(rng.normal(size=(T, K, dv)).astype(np.float32))
+    kc[5, 0, :] = -128                         # the extreme codes survive the offset encoding
+    kc[6, 0, :] = 127
+    for kw in ({}, {"band": 5}, {"recent": 8, "sinks": 3}, {"recent": 20, "sinks": 2, "band": 17}):
+        mask = ref.attention_mask(np.arange(T), np.arange(T), **kw)
+        close(cy.gqa_attention_int8(qc, qs, kc, ks, vc, vs, mask),
+              ref.gqa_attention_int8(qc, qs, kc, ks, vc, vs, mask))
+    with pytest.raises(ValueError):
+        cy.gqa_attention_int8(qc, qs, kc, ks[:, :1] if K > 1 else ks[:-1], vc, vs, mask)
+
+
 @pytest.mark.parametrize("H,K,dq,dv", [(4, 2, 16, 24), (6, 3, 48, 64), (12, 2, 48, 64)])
 def test_gqa_attention(rng, H, K, dq, dv):
     T = 23

@@ -36,6 +36,16 @@ def test_a8_matches_python_loop():
             assert o == np.float32(np.float32(k) * s)
 
 
+def test_a8_codes_are_the_integer_form():
+    x = randn(9, 48, scale=5.0)
+    x[2] = 0.0
+    codes, scales = ops.a8_codes(x)
+    assert codes.dtype == np.int8 and scales.dtype == np.float32 and scales.shape == (9,)
+    np.testing.assert_array_equal(codes * scales[:, None], ops.a8(x))
+    assert scales[2] == 1.0 and not codes[2].any()
+    assert np.all(np.abs(codes).max(axis=1)[[0, 1, 3]] == 127)     # the max element is ±127
+
+
 def test_a8_zero_vector_and_levels():
     assert np.all(ops.a8(np.zeros(8, np.float32)) == 0)
     x = randn(100)

@@ -56,7 +56,10 @@ class LayerState:
     conv_q: np.ndarray          # raw (pre-conv) projections of the last C-1 positions, oldest first
     conv_k: np.ndarray
     conv_v: np.ndarray
-    k_cache: np.ndarray         # [n, K, dq] keys (normed, RoPE'd, quantized in deploy)
+    # keys (normed, RoPE'd) and values as the float32 values attended: in deploy the KV
+    # quantizer's fake-quant output (the Cython engine keeps kv_bits 8 as A8 codes and
+    # scales instead, ops.a8_codes: the same values, code·scale)
+    k_cache: np.ndarray         # [n, K, dq]
     v_cache: np.ndarray         # [n, K, dv]
     kv_pos: np.ndarray          # [n] absolute positions of the cached entries
 

@@ -91,12 +91,21 @@ def a8(x, bits=8):
     ``s = max|x| / 127`` (1 when the vector is all zeros),
     ``x̂ = clip(round_half_even(x / s), -128, 127) · s`` with true float32 division.
     """
+    codes, scale = a8_codes(x, bits)
+    return (codes * scale[..., None]).astype(F32)
+
+
+def a8_codes(x, bits=8):
+    """The integer form of :func:`a8`: ``(codes int8 [..., n], scales float32 [...])``,
+    ``k_j`` and ``s`` of §3.8, so ``a8(x) = codes · scales[..., None]``."""
+    if not 2 <= int(bits) <= 8:
+        raise ValueError(f"a8_codes: bits must lie in [2, 8], got {bits}")
     x = _f32(x)
     qmax = F32(2 ** (bits - 1) - 1)
-    amax = np.max(np.abs(x), axis=-1, keepdims=True)
+    amax = np.max(np.abs(x), axis=-1, keepdims=True) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,), F32)
     scale = np.where(amax > 0, amax / qmax, F32(1.0)).astype(F32)
     k = np.clip(np.rint(x / scale), -qmax - 1, qmax)
-    return (k * scale).astype(F32)
+    return k.astype(np.int8), scale[..., 0]
 
 
 def hadamard(g):
@@ -338,6 +347,14 @@ def gqa_attention(q, k, v, mask):
     e = np.exp(scores - np.max(scores, axis=-1, keepdims=True))
     p = e / np.sum(e, axis=-1, keepdims=True, dtype=np.float64)
     return (p @ vh).transpose(1, 0, 2).astype(F32)                       # [Tq, H, dv]
+
+
+def gqa_attention_int8(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, mask):
+    """:func:`gqa_attention` of A8 codes and their scales (``q̂ = q_codes · q_scales[..., None]``,
+    likewise k̂ and v̂): the values attended are the quantizer's, whatever form a cache keeps."""
+    def deq(codes, scales):
+        return (np.asarray(codes, np.float32) * _f32(scales)[..., None]).astype(F32)
+    return gqa_attention(deq(q_codes, q_scales), deq(k_codes, k_scales), deq(v_codes, v_scales), mask)
 
 
 def output_gate(o, g):
