@@ -174,11 +174,24 @@ class Compiler:
                             return
                         alt_nodes = list(dict.fromkeys(alt_nodes))
                     else:
-                        # identical alternatives can never be "exactly one" together
+                        # a value that matches an alternative given twice matches twice: the
+                        # oneOf is the others AND NOT that alternative.  Where it is {} (or
+                        # anything) nothing remains; any other twin would need its complement
+                        # (fuzz finding, seed 7: oneOf [{}, P, {}] accepted P's strings)
                         counts = {}
                         for a in alt_nodes:
                             counts[a] = counts.get(a, 0) + 1
-                        alt_nodes = [a for a in alt_nodes if a != NEVER_NODE and counts[a] == 1]
+                        twins = [a for a, c in counts.items() if c > 1 and a != NEVER_NODE]
+                        # a twin that adds nothing to the other conjuncts ({}) holds every value
+                        if twins and self.node(rest + [reduced]) in twins:
+                            self._make_never(nid)
+                            return
+                        if twins:
+                            raise UnsupportedSchemaError(
+                                f"oneOf at {part.ptr} gives the same alternative twice: exactly one "
+                                f"would need that alternative's complement", keyword="oneOf",
+                                pointer=f"{part.ptr}/oneOf")
+                        alt_nodes = [a for a in alt_nodes if a != NEVER_NODE]
                         if not alt_nodes:
                             self._make_never(nid)
                             return

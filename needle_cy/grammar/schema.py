@@ -10,7 +10,7 @@ import json
 from urllib.parse import unquote
 
 from ..errors import SchemaError, UnsupportedSchemaError
-from .formats import EXACT_FORMATS, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format
+from .formats import EXACT_FORMATS, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format, format_defined
 from .keywords import ANNOTATIONS, INTERNAL, KNOWN_UNSUPPORTED, SUPPORTED, _check_values, _nonneg_int
 
 # ============================================================================
@@ -286,6 +286,8 @@ class SchemaResolver:
             return {"type": "string", "__not_pattern": v}   # non-strings satisfy `pattern`
         if k == "format":
             v = draft_format(v, self.draft)
+            if not format_defined(v, self.draft):
+                return False         # `not` over what is, by the letter of the draft, an annotation
             if v in NARROWED_FORMATS:
                 raise UnsupportedSchemaError(
                     f"'not' over format {v!r} (at {kp}): the grammar's {v} refuses some valid "
