@@ -112,6 +112,12 @@ CASES = [
     # draft 3 calls ipv4 "ip-address"
     ({"$schema": "http://json-schema.org/draft-03/schema#", "format": "ip-address"}, "1.2.3.4", True),
     ({"$schema": "http://json-schema.org/draft-03/schema#", "format": "ip-address"}, "1.2.3", False),
+    # if/then/else are draft 7 on: an annotation in a draft-04 schema (fuzz finding, seed 7)
+    ({"$schema": D4, "if": {"type": "null"}, "else": {"const": 1}}, 2, True),
+    ({"if": {"type": "null"}, "else": {"const": 1}}, 2, False),
+    # const is draft 6 on: enforced in an older draft (stricter), its `not` holds nothing
+    ({"$schema": D4, "not": {"const": 3}}, 4, False),
+    ({"$schema": D4, "const": 3}, 4, False, "strict"),
     # oneOf with an alternative given twice: a value it matches matches twice
     ({"oneOf": [{}, {"type": "string", "pattern": "^\\S?[0-9]+\\S"}, {}]}, "01.2.3.4", False),
     ({"oneOf": [{}, {"type": "string"}, {}]}, 5, False),
@@ -150,6 +156,10 @@ def test_cycles_without_progress_are_the_least_fixed_point():
 
 
 REFUSED = [
+    # an alternative stricter than its draft's letter (a format/const it leaves an annotation)
+    # beside one that can match the same value: "exactly one" cannot be exact
+    ({"$schema": D4, "oneOf": [{"format": "date"}, {"type": "string"}]}, "oneOf"),
+    ({"$schema": D4, "oneOf": [{"const": 7}, {"type": "integer"}]}, "oneOf"),
     # narrowed formats: their complement would accept valid values (leap seconds, quoted or
     # IP-literal emails); refused under not / if / overlapping oneOf
     ({"not": {"type": "string", "format": "email"}}, "not"),

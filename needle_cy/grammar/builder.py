@@ -14,7 +14,7 @@ from . import runtime
 from .automata import (NFA, _all_dfa, _dead_dfa, _reach_sets, complement_dfa, intersect_dfas, literal_dfa,
                        nfa_to_dfa, product_dfa, prune_dfa_keep)
 from .charset import MAX_CP, cs_norm
-from .formats import ENFORCED_FORMATS, FORMAT_REGEX, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format
+from .formats import ENFORCED_FORMATS, FORMAT_REGEX, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format, format_defined
 from .keywords import ANNOTATIONS, SUPPORTED, _nonneg_int
 from .limits import (ANY_NODE, COMPILE_BUDGET_S, COUNT_CAP, MAX_NODES, MAX_NUM_EXP, NEVER_NODE, NODE_CHOICE,
                      NODE_VALUE, N_INT, N_MINUS, N_ZERO, T_ALL, T_ARR, T_FALSE, T_INT, T_NULL, T_NUM, T_OBJ,
@@ -231,6 +231,10 @@ class Compiler:
                 types &= m
             for kw in ("enum", "const"):
                 if kw in sch and kw not in ex:
+                    if kw == "const" and self.schema.draft < 6:
+                        # const is draft 6 on: enforced all the same (stricter than the
+                        # annotation it is by the letter of an older draft), so approximate
+                        self.approx.add(nid)
                     vals = sch[kw] if kw == "enum" else [sch[kw]]
                     if not isinstance(vals, list):
                         raise SchemaError(f"enum at {part.ptr} is not a list")
@@ -387,8 +391,9 @@ class Compiler:
                             continue
                         if alts[i] in hot or alts[j] in hot:
                             raise UnsupportedSchemaError(
-                                f"oneOf at {ptr}: an alternative uses a narrowed format or a pattern the "
-                                "regex engines read differently, and another alternative can match a "
+                                f"oneOf at {ptr}: an alternative uses a narrowed format, a pattern the "
+                                "regex engines read differently or a format/const its draft leaves an "
+                                "annotation, and another alternative can match a "
                                 "value of the same type; 'exactly one' cannot be enforced exactly",
                                 keyword="oneOf", pointer=ptr)
                         if alts[i] in hot_nl or alts[j] in hot_nl:
@@ -533,7 +538,7 @@ class Compiler:
                 f = draft_format(sch["format"], self.schema.draft)
                 if f in ENFORCED_FORMATS:
                     dfas.append(self._format(f, part.ptr + "/format"))
-                    if f in NARROWED_FORMATS:
+                    if f in NARROWED_FORMATS or not format_defined(f, self.schema.draft):
                         self.approx.add(nid)
                 elif f in UNENFORCED_STANDARD_FORMATS:
                     raise UnsupportedSchemaError(f"format {f!r} is not enforced (at {part.ptr})",

@@ -175,7 +175,7 @@ class SchemaResolver:
                         dp = f"{part.ptr}/{dk}/{_escape_ptr(name)}"
                         stack.append(_Part(self.synth({"anyOf": [{"properties": {name: False}}, {"__ptr": dp}]})))
                     excl.add(dk + ":schemas")
-            if "if" in sch and "if" not in excl:
+            if "if" in sch and "if" not in excl and self.draft >= 7:   # if/then/else: draft 7 on
                 # (if and then) or (not if and else), with `not if` rewritten exactly
                 ip = f"{part.ptr}/if"
                 neg_if = self.negate(ip, 0)
@@ -262,6 +262,8 @@ class SchemaResolver:
             if "integer" in tl and "number" not in tl:
                 unsupported()
             return self._others(*[("number" if t == "integer" else t) for t in tl])
+        if k == "const" and self.draft < 6:
+            return False    # const is draft 6 on: by the letter of an older draft, `not {}`
         if k in ("enum", "const"):
             vals = v if k == "enum" else [v]
             if any(isinstance(x, (list, dict)) for x in vals):
