@@ -118,6 +118,10 @@ CASES = [
     # const is draft 6 on: enforced in an older draft (stricter), its `not` holds nothing
     ({"$schema": D4, "not": {"const": 3}}, 4, False),
     ({"$schema": D4, "const": 3}, 4, False, "strict"),
+    # -0 is 0
+    ({"oneOf": [{"enum": [0, "}"], "type": "number"}, True]}, -0.0, False),
+    ({"enum": [0]}, -0.0, True),
+    ({"const": 0.0, "type": "integer"}, 0, True),
     # oneOf with an alternative given twice: a value it matches matches twice
     ({"oneOf": [{}, {"type": "string", "pattern": "^\\S?[0-9]+\\S"}, {}]}, "01.2.3.4", False),
     ({"oneOf": [{}, {"type": "string"}, {}]}, 5, False),
