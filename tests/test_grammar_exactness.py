@@ -118,6 +118,9 @@ CASES = [
     # const is draft 6 on: enforced in an older draft (stricter), its `not` holds nothing
     ({"$schema": D4, "not": {"const": 3}}, 4, False),
     ({"$schema": D4, "const": 3}, 4, False, "strict"),
+    # the `not` filter of an enum reads a number in every spelling (fuzz finding, seed 7)
+    ({"if": {"not": {"type": "integer"}}, "then": {"enum": ["a", 1.0]}, "else": {"const": " "}}, 1, False),
+    ({"if": {"not": {"type": "integer"}}, "then": {"enum": ["a", 1.0]}, "else": {"const": " "}}, "a", True),
     # -0 is 0
     ({"oneOf": [{"enum": [0, "}"], "type": "number"}, True]}, -0.0, False),
     ({"enum": [0]}, -0.0, True),
