@@ -9,6 +9,7 @@ Wrappers check shapes and dtypes before handing pointers to the C level,
 which trusts them (bounds checking is off).
 """
 import numpy as np
+from needle_cy.cq_format import LLOYD_MAX_LEVELS  # the Gaussian levels of every CQ codebook (spec §3.2)
 cimport numpy as cnp
 from libc.math cimport sqrtf, expf, logf, fabsf, rintf, cosf, sinf, INFINITY
 from libc.stdint cimport uint32_t, int64_t, int8_t, uint8_t
@@ -1130,16 +1131,6 @@ ENGRAM_SHIFT = 15
 MHC_PRE_OWN, MHC_PRE_OTHER = 4.0, -4.0
 MHC_POST_OWN, MHC_POST_OTHER = 0.0, -4.0
 KV_CQ_GROUP = 64
-
-LLOYD_MAX_LEVELS = {
-    2: (-1.5066708475715247, -0.45144060939344055, 0.4529474939511613, 1.5099326242547164),
-    3: (-2.141247862845774, -1.3337164609389895, -0.7483982925010272, -0.23774016363616235,
-        0.2500446195658646, 0.7555868210708537, 1.3379826350451236, 2.1476362705161423),
-    4: (-2.709990028558534, -2.0444556051349227, -1.5947570221842273, -1.233336191082712,
-        -0.9222139662739897, -0.6395373737252813, -0.37266394934485414, -0.11445072030649898,
-        0.14380628677643073, 0.4039889754802918, 0.6726933686864701, 0.9614053009735016,
-        1.2755257831234952, 1.6370587960592824, 2.0844263722579237, 2.7410141261982846),
-}
 
 
 def _f32(x):
