@@ -606,38 +606,39 @@ cdef Py_ssize_t KV_GROUP = 64
 # quantizers (spec §3.8, §3.9)
 # ---------------------------------------------------------------------------
 
+cdef inline float _a8_scale(const float* x, Py_ssize_t n, float qmax) noexcept nogil:
+    cdef float amax = nc_absmax(x, n)
+    return amax / qmax if amax > 0 else <float>1.0
+
+
+cdef inline float _a8_level(float v, float s, float qmax) noexcept nogil:
+    """clip(rint(v/s), -qmax-1, qmax): ``rintf`` rounds half to even in the default
+    rounding mode, like ``np.round``."""
+    cdef float k = rintf(v / s)
+    if k < -qmax - 1.0:
+        return -qmax - 1.0
+    if k > qmax:
+        return qmax
+    return k
+
+
 cdef float a8_inplace(float* x, Py_ssize_t n, float qmax) noexcept nogil:
     """Symmetric per-vector fake-quant: k = clip(rint(x/s), -qmax-1, qmax), x = k·s.
-
-    ``rintf`` rounds half to even in the default rounding mode, like
-    ``np.round``.  Returns the scale s."""
+    Returns the scale s."""
     cdef Py_ssize_t j
-    cdef float amax = nc_absmax(x, n), s, k, lo = -qmax - 1.0
-    s = amax / qmax if amax > 0 else <float>1.0
+    cdef float s = _a8_scale(x, n, qmax)
     for j in range(n):
-        k = rintf(x[j] / s)
-        if k < lo:
-            k = lo
-        elif k > qmax:
-            k = qmax
-        x[j] = k * s
+        x[j] = _a8_level(x[j], s, qmax) * s
     return s
 
 
 cdef float a8_codes_c(const float* x, Py_ssize_t n, float qmax, int8_t* codes) noexcept nogil:
     """The codes and scale of a8_inplace (same arithmetic, so codes[j]·s is exactly
-    the value a8_inplace leaves in x[j]): codes[j] = clip(rint(x[j]/s), -qmax-1, qmax).
-    Returns s."""
+    the value a8_inplace leaves in x[j]).  Returns s."""
     cdef Py_ssize_t j
-    cdef float amax = nc_absmax(x, n), s, k, lo = -qmax - 1.0
-    s = amax / qmax if amax > 0 else <float>1.0
+    cdef float s = _a8_scale(x, n, qmax)
     for j in range(n):
-        k = rintf(x[j] / s)
-        if k < lo:
-            k = lo
-        elif k > qmax:
-            k = qmax
-        codes[j] = <int8_t>k
+        codes[j] = <int8_t>_a8_level(x[j], s, qmax)
     return s
 
 
