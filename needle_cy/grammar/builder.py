@@ -232,9 +232,7 @@ class Compiler:
             for kw in ("enum", "const"):
                 if kw in sch and kw not in ex:
                     if kw == "const" and self.schema.draft < 6:
-                        # const is draft 6 on: enforced all the same (stricter than the
-                        # annotation it is by the letter of an older draft), so approximate
-                        self.approx.add(nid)
+                        continue    # const is draft 6 on: an annotation in an older draft
                     vals = sch[kw] if kw == "enum" else [sch[kw]]
                     if not isinstance(vals, list):
                         raise SchemaError(f"enum at {part.ptr} is not a list")
@@ -770,7 +768,8 @@ class Compiler:
                         if not isinstance(dv, list):
                             continue  # schema dependencies were rewritten in expand()
                         deps.append((name, list(dv)))
-            if "propertyNames" in sch and "propertyNames" not in ex:
+            if "propertyNames" in sch and "propertyNames" not in ex and self.schema.draft >= 6:
+                # (propertyNames is draft 6 on: an annotation in an older draft)
                 name_dfas.append(self._names_dfa(f"{part.ptr}/propertyNames", nid))
             patterns.extend(pats)
         for k in required:

@@ -263,7 +263,7 @@ class SchemaResolver:
                 unsupported()
             return self._others(*[("number" if t == "integer" else t) for t in tl])
         if k == "const" and self.draft < 6:
-            return False    # const is draft 6 on: by the letter of an older draft, `not {}`
+            return False    # const is draft 6 on: an annotation in an older draft, so `not {}`
         if k in ("enum", "const"):
             vals = v if k == "enum" else [v]
             if any(isinstance(x, (list, dict)) for x in vals):
