@@ -105,6 +105,189 @@ static __attribute__((target(NC_INT_TGT))) void NC_INT_FN(nc_cqi_rows)(
     }
 }
 
+/* ---- the A8 codes of one token (what cq_rotate needs before the FWHT) ----
+   k_j = rint(x_j / s), s = max|x|/127 (1 for a zero vector), accepted when every
+   |k_j| ≤ 127 and |x_j − k_j·s| ≤ max|x|·2⁻²⁰ (a NaN or an infinity fails the
+   comparisons).  kf[0:n] = k as floats; returns 0 (x is not an A8 vector) or 1. */
+NC_INT_AI int NC_INT_FN(nc_cqi_a8_codes_inl)(const float* x, ptrdiff_t n, float* kf, float* s_out) {
+    __m512 vmax = _mm512_setzero_ps();
+    ptrdiff_t j;
+    for (j = 0; j + 16 <= n; j += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + j)));
+    if (j < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - j)) - 1u);
+        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, x + j)));
+    }
+    const float amax = _mm512_reduce_max_ps(vmax);
+    const float s = amax > 0 ? amax / 127.0f : 1.0f;
+    const __m512 vs = _mm512_set1_ps(s), tol = _mm512_set1_ps(amax * 9.5367431640625e-07f);  /* 2^-20 */
+    const __m512 kmax = _mm512_set1_ps(127.0f);
+    for (j = 0; j < n; j += 16) {
+        const __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        const __m512 xv = _mm512_maskz_loadu_ps(m, x + j);
+        const __m512 k = _mm512_roundscale_ps(_mm512_div_ps(xv, vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(k), kmax, _CMP_LE_OQ)
+                           & _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(xv, _mm512_mul_ps(k, vs))), tol, _CMP_LE_OQ);
+        if ((ok & m) != m) return 0;
+        _mm512_mask_storeu_ps(kf + j, m, k);
+    }
+    *s_out = s;
+    return 1;
+}
+
+/* The rotated codes (small integers held exactly as floats, kf[0 : n_chunks·C]) as
+   int16 in the kernels' lane order: z[c·C + 32·s + w] = kf[c·C + S·w + s]
+   (S = 8/fb steps, C = 32·S).  A chunk is converted into S vectors of 32 words in
+   natural order; output step s gathers word S·w + s with vpermt2w from the pair of
+   vectors that holds it (pair p holds words 64p … 64p + 63). */
+NC_INT_AI void NC_INT_FN(nc_cqi_pack_codes_fb)(const float* kf, ptrdiff_t n_chunks, int16_t* z, const int fb) {
+    const int S = 8 / fb;
+    const ptrdiff_t C = 32 * S;
+    __m512i idx[8];
+    __mmask32 pick[8][4];
+    for (int s = 0; s < S; s++) {
+        int16_t id[32];
+        for (int w = 0; w < 32; w++) id[w] = (int16_t)((S * w + s) & 63);
+        idx[s] = _mm512_loadu_si512((const void*)id);
+        for (int p = 0; p < S / 2; p++) {
+            __mmask32 m = 0;
+            for (int w = 0; w < 32; w++) if (((S * w + s) >> 6) == p) m |= (__mmask32)1u << w;
+            pick[s][p] = m;
+        }
+    }
+    for (ptrdiff_t c = 0; c < n_chunks; c++) {
+        const float* src = kf + c * C;
+        __m512i nat[8];
+        for (int k = 0; k < S; k++) {
+            const __m256i lo = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_loadu_ps(src + 32 * k)));
+            const __m256i hi = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_loadu_ps(src + 32 * k + 16)));
+            nat[k] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        }
+        for (int s = 0; s < S; s++) {
+            __m512i out = _mm512_setzero_si512();
+            for (int p = 0; p < S / 2; p++)
+                out = _mm512_mask_mov_epi16(out, pick[s][p], _mm512_permutex2var_epi16(nat[2 * p], idx[s], nat[2 * p + 1]));
+            _mm512_storeu_si512((void*)(z + c * C + 32 * s), out);
+        }
+    }
+}
+
+static __attribute__((target(NC_INT_TGT))) int NC_INT_FN(nc_cqi_a8_codes)(const float* x, ptrdiff_t n, float* kf,
+                                                                         float* s_out) {
+    return NC_INT_FN(nc_cqi_a8_codes_inl)(x, n, kf, s_out);
+}
+
+static __attribute__((target(NC_INT_TGT))) void NC_INT_FN(nc_cqi_pack_codes)(const float* kf, ptrdiff_t n_chunks,
+                                                                            int fb, int16_t* z) {
+    switch (fb) {
+    case 1: NC_INT_FN(nc_cqi_pack_codes_fb)(kf, n_chunks, z, 1); break;
+    case 2: NC_INT_FN(nc_cqi_pack_codes_fb)(kf, n_chunks, z, 2); break;
+    default: NC_INT_FN(nc_cqi_pack_codes_fb)(kf, n_chunks, z, 4); break;
+    }
+}
+
+/* ---- integer matmul: R rows times NT tokens (R ≤ 2, NT ≤ 4) ----
+   Exactly the matvec's arithmetic for each (row, token) (same chunk loop, same
+   int32 flushes, same conversion and reduction), so a token's output is bitwise
+   the matvec's.  Each row is decoded in registers once per step (a shift and two
+   vpermw) for NT tokens, and each token's codes are loaded once per step for R
+   rows: 2·R·NT dot instructions per step from R·3 decode and NT loads.  On Zen 4
+   a zmm vpdpwssd issues once per cycle (as many int16 products as two ymm FMAs
+   make float products), so the two halves cost what the float FMAs cost; with 8
+   tokens the 32 accumulators no longer fit the registers (measured slower). */
+NC_INT_AI void NC_INT_FN(nc_cqi_mm_tile)(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                                         const float* norms, ptrdiff_t norm_stride, ptrdiff_t r,
+                                         const int16_t* z, ptrdiff_t z_stride, ptrdiff_t n_chunks, int g,
+                                         __m512i th, __m512i tl, __m512i lane_groups, __m512 base,
+                                         const float* s, float descale, float* y, ptrdiff_t y_stride,
+                                         const int fb, const int R, const int NT) {
+    const int S = 8 / fb;
+    const ptrdiff_t C = 256 / fb;
+    const int g_shift = __builtin_ctz((unsigned)g);
+    const ptrdiff_t per = g >= C ? g / C : 1;
+    /* the float totals live in L1, touched once per flush: in registers beside
+       the 2·R·NT int32 accumulators they would spill in the inner loop instead */
+    __attribute__((aligned(64))) float total[2][4][16];
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < NT; t++) _mm512_store_ps(total[i][t], _mm512_setzero_ps());
+    for (ptrdiff_t c0 = 0; c0 < n_chunks; c0 += per) {
+        __m512i ah[2][4], al[2][4];
+        for (int i = 0; i < R; i++)
+            for (int t = 0; t < NT; t++) { ah[i][t] = _mm512_setzero_si512(); al[i][t] = _mm512_setzero_si512(); }
+        for (ptrdiff_t c = c0; c < c0 + per; c++) {
+            __m512i v[2];
+            for (int i = 0; i < R; i++) v[i] = NC_INT_FN(nc_cqi_load)(packed + (r + i) * row_bytes + c * 32, end);
+            const int16_t* zc = z + c * C;
+            for (int st = 0; st < S; st++) {
+                __m512i h[2], l[2];
+                for (int i = 0; i < R; i++) {
+                    h[i] = _mm512_permutexvar_epi16(v[i], th);
+                    l[i] = _mm512_permutexvar_epi16(v[i], tl);
+                    v[i] = _mm512_srli_epi16(v[i], fb);
+                }
+                for (int t = 0; t < NT; t++) {
+                    __m512i zs = _mm512_loadu_si512((const void*)(zc + t * z_stride + 32 * st));
+                    /* one load in a register for the 2·R dots: left to itself the compiler
+                       folds the load into every vpdpwssd (2·R loads of 64 bytes, slower) */
+                    __asm__("" : "+v"(zs));
+                    for (int i = 0; i < R; i++) {
+                        ah[i][t] = NC_INT_DPW(ah[i][t], h[i], zs);
+                        al[i][t] = NC_INT_DPW(al[i][t], l[i], zs);
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < R; i++) {
+            const float* nr = norms + (r + i) * norm_stride + ((c0 * C) >> g_shift);
+            const __m512 nv = g >= C ? _mm512_set1_ps(nr[0]) : _mm512_permutexvar_ps(lane_groups, _mm512_loadu_ps(nr));
+            for (int t = 0; t < NT; t++) {
+                const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ah[i][t]), base, _mm512_cvtepi32_ps(al[i][t]));
+                _mm512_store_ps(total[i][t], _mm512_fmadd_ps(sum, nv, _mm512_load_ps(total[i][t])));
+            }
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < NT; t++)
+            y[t * y_stride + r + i] = _mm512_reduce_add_ps(_mm512_load_ps(total[i][t])) * (s[t] * descale);
+}
+
+#define NC_INT_MM_CASE(FB, RR, N) case N: NC_INT_FN(nc_cqi_mm_tile)(packed, row_bytes, end, norms, norm_stride, r, \
+    zt, z_stride, n_chunks, g, th, tl, lane_groups, b, s + t0, descale, Y + t0 * y_stride, y_stride, FB, RR, N); break;
+#define NC_INT_MM_SWITCH(FB, RR) switch (nt) { NC_INT_MM_CASE(FB, RR, 1) NC_INT_MM_CASE(FB, RR, 2) \
+    NC_INT_MM_CASE(FB, RR, 3) default: NC_INT_MM_CASE(FB, RR, 4) }
+
+/* Y[t·y_stride + r] for rows r0 ≤ r < r1 and tokens 0 ≤ t < n_tokens: token blocks
+   of 4 outside (their codes stay in L1 while the rows stream past), row pairs inside. */
+static __attribute__((target(NC_INT_TGT))) void NC_INT_FN(nc_cqi_mm_rows)(
+        const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end, const float* norms,
+        ptrdiff_t norm_stride, const int16_t* z, ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks,
+        int fb, int g, const int16_t* table, float base, const float* s, float descale,
+        ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
+    const __m512i th = _mm512_loadu_si512((const void*)table);
+    const __m512i tl = _mm512_loadu_si512((const void*)(table + 32));
+    const int ifb = fb == 1 ? 1 : (fb == 2 ? 2 : 4);
+    int lg[16];
+    for (int l = 0; l < 16; l++) lg[l] = (16 * l / ifb) / g;
+    const __m512i lane_groups = _mm512_loadu_si512((const void*)lg);
+    const __m512 b = _mm512_set1_ps(base);
+    for (ptrdiff_t t0 = 0; t0 < n_tokens; t0 += 4) {
+        const int nt = (int)(n_tokens - t0 < 4 ? n_tokens - t0 : 4);
+        const int16_t* zt = z + t0 * z_stride;
+        ptrdiff_t r = r0;
+        for (; r + 2 <= r1; r += 2) {
+            if (ifb == 1) { NC_INT_MM_SWITCH(1, 2) }
+            else if (ifb == 2) { NC_INT_MM_SWITCH(2, 2) }
+            else { NC_INT_MM_SWITCH(4, 2) }
+        }
+        for (; r < r1; r++) {
+            if (ifb == 1) { NC_INT_MM_SWITCH(1, 1) }
+            else if (ifb == 2) { NC_INT_MM_SWITCH(2, 1) }
+            else { NC_INT_MM_SWITCH(4, 1) }
+        }
+    }
+}
+#undef NC_INT_MM_SWITCH
+#undef NC_INT_MM_CASE
+
 #undef NC_INT_AI
 #undef NC_INT_FN
 #undef NC_INT_CAT
