@@ -35,23 +35,36 @@ Three inner loops:
   The matmul amortises decoding over 8 tokens and is bound by FMA throughput.
 * Integer, for A8 inputs (deploy numerics: every CQ input is an A8 vector
   x = s·k, k int8; the engine marks its views ``a8_input``), x86-64 with
-  AVX-512 F/BW/VL (``avx512bw``: vpmaddwd) or + VNNI (``avx512vnni``: vpdpwssd),
-  one token at a time.  ``cq_rotate`` recovers s = max|x|/127 and k (refusing
-  any x that is not such a vector: then the float kernels run), rotates the codes
-  exactly (z = H·k, |z| ≤ 127·g, int16) and the kernel sums Σ C[i_j]·z_j in
-  int32, C_k = cb_k·2^E as two int16 halves hi·B + lo looked up with vpermw
-  (cq_int_kernel.h).  A single int16 codebook (16 bits) would be an
+  AVX-512 F/BW/VL (``avx512bw``: vpmaddwd) or + VNNI (``avx512vnni``: vpdpwssd).
+  ``cq_rotate`` recovers s = max|x|/127 and k for every token (refusing a chunk
+  with any token that is not such a vector: then the float kernels run), rotates
+  the codes exactly (z = H·k, |z| ≤ 127·g, int16) and the kernels sum
+  Σ C[i_j]·z_j in int32, C_k = cb_k·2^E as two int16 halves hi·B + lo looked up
+  with vpermw (cq_int_kernel.h).  A single int16 codebook (16 bits) would be an
   approximation that moves the fixtures' deploy logits by a mean 0.011 (over the
   0.01 bar, measured by rounding the codebooks); the two halves keep ≥ 25 bits,
   so the result equals the float kernels' to float32 rounding (≤ 1e-6 relative
   in the tests).  B and E are sized per matrix so the int32 sums between two
   conversions to float cannot overflow.  3-bit rows are repacked to nibbles once
-  (a copy); groups of 16/width … 256 fields have tables.  Speed on Zen 4 (one
-  thread, shared VM): 4 bits 1.6–1.9× the AVX2 float kernel, 2 bits 1.15–1.25×
-  (benchmarks/bench_cq.py).  ``set_kernel``/``kernel_name``/``available_kernels``
-  and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avx512bw, avx2, scalar) choose
-  and report; a NEON kernel would be another instantiation of cq_int_kernel.h
-  behind the same dispatch.  The prefill matmul (several tokens) stays float.
+  (a copy); groups of 16/width … 256 fields have tables.  The A8 check and the
+  int16 packing of the rotated codes are AVX-512 too (they were scalar loops
+  costing 3 % of a decode step).  The matvec prefetches the rows 8 ahead: in the
+  model every step streams all matrices from DRAM, and without it the kernel
+  waited on memory (whole-model decode gained little over the float kernel).
+  The matmul (several tokens: prefill chunks) decodes a pair of rows in
+  registers once per step for a tile of 4 tokens and sums each (row, token)
+  exactly as the matvec does, so a token's outputs are bitwise the matvec's; on
+  Zen 4 a zmm vpdpwssd issues once per cycle, as many int16 products as two ymm
+  FMAs make float products, so with two halves its peak equals the float
+  matmul's and it gains by what the float matmul spends around its FMAs
+  (measured 1.1–1.2× in whole-model prefill; per 4-bit matrix 1.2–2.8× at
+  2–8 tokens, where the float matmul cannot amortise its decode).  Speed on Zen 4
+  (one thread, shared VM; benchmarks/results_cq.md): matvec 4 bits 1.6–1.9×
+  the AVX2 float kernel per matrix, 2 bits 1.15–1.25×; whole-model decode 4 bits
+  1.3–1.4×, 2 bits 1.1–1.2×.  ``set_kernel``/``kernel_name``/
+  ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avx512bw,
+  avx2, scalar) choose and report; a NEON kernel would be another instantiation
+  of cq_int_kernel.h behind the same dispatch.
 * Portable scalar Cython (any CPU, any width, any group size ≥ 8): byte-wise
   decoding with codebook lookups, one group at a time; the matmul decodes a
   group's codewords once (a stack buffer) and reuses them for every token.
@@ -1597,7 +1610,7 @@ def matvec(W, x, out=None, threads=None, a8=False):
 
 def matmul(W, X, out=None, threads=None, a8=False):
     """Y = X · Wᵀ: X [T, cols] → float32 [T, rows] (every token in one pass over W).
-    a8: as for matvec (the integer kernel serves single tokens)."""
+    a8: as for matvec (the integer matmul runs when every row of X is an A8 vector)."""
     cdef CQWeight cw = prepare(W)
     cdef CQView va = cw.view
     va.a8_input = 1 if a8 else 0
