@@ -51,9 +51,10 @@ Three inner loops:
   costing 3 % of a decode step).  The matvec prefetches the rows 8 ahead: in the
   model every step streams all matrices from DRAM, and without it the kernel
   waited on memory (whole-model decode gained little over the float kernel).
-  The matmul (several tokens: prefill chunks) decodes a pair of rows in
-  registers once per step for a tile of 4 tokens and sums each (row, token)
-  exactly as the matvec does, so a token's outputs are bitwise the matvec's; on
+  The matmul (several tokens: prefill chunks) decodes a row in registers once
+  per step for a tile of 6 tokens and sums each (row, token) exactly as the
+  matvec does (one lane-sum tree for both), so a token's outputs are bitwise
+  the matvec's; on
   Zen 4 a zmm vpdpwssd issues once per cycle, as many int16 products as two ymm
   FMAs make float products, so with two halves its peak equals the float
   matmul's and it gains by what the float matmul spends around its FMAs

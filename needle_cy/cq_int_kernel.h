@@ -1,4 +1,4 @@
-/* Integer CQ matvec on A8 activations: one instantiation per instruction set.
+/* Integer CQ matvec and matmul on A8 activations: one instantiation per instruction set.
 
    Included by _cq.pyx once per x86 variant, with
      NC_INT_SUF   name suffix (avx512vnni, avx512bw)
@@ -33,6 +33,8 @@
 #ifndef NC_INT_PF_ROWS
 #define NC_INT_PF_ROWS 8
 #endif
+/* Tokens per tile of the matmul (≤ 8: the lane sums of a tile are taken 8 at a time). */
+#define NC_INT_MM_TOKENS 6
 #define NC_INT_CAT2(a, b) a##_##b
 #define NC_INT_CAT(a, b) NC_INT_CAT2(a, b)
 #define NC_INT_FN(name) NC_INT_CAT(name, NC_INT_SUF)
@@ -45,6 +47,25 @@ NC_INT_AI __m512i NC_INT_FN(nc_cqi_load)(const uint8_t* p, const uint8_t* end) {
     /* masked-off bytes are not read (no fault past the end of the mapping) */
     const __mmask32 m = left > 0 ? (__mmask32)((1u << left) - 1u) : 0;
     return _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, p));
+}
+
+/* Lane sums of up to 8 vectors at once (missing ones zero): out[k] = Σ lanes of v[k].
+   Every sum takes the same tree, halves of 256 bits, then of 128, then
+   (lane 0 + lane 2) + (lane 1 + lane 3), whichever of the matvec and the matmul
+   asks, so the two agree bitwise (float addition is commutative, not associative). */
+NC_INT_AI void NC_INT_FN(nc_cqi_hsum8)(const __m512 v[8], float out[8]) {
+    __m512 p[4];
+    for (int k = 0; k < 4; k++)  /* [lo+hi of v[2k] (8 lanes), lo+hi of v[2k+1]] */
+        p[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+    /* 128-bit block k: the 4-lane partial of v[k] (u) and of v[4 + k] (w) */
+    const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(p[0], p[1], 0x88), _mm512_shuffle_f32x4(p[0], p[1], 0xDD));
+    const __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(p[2], p[3], 0x88), _mm512_shuffle_f32x4(p[2], p[3], 0xDD));
+    __m512 x = _mm512_add_ps(_mm512_shuffle_ps(u, w, 0x44), _mm512_shuffle_ps(u, w, 0xEE));
+    x = _mm512_add_ps(x, _mm512_shuffle_ps(x, x, 0xB1));   /* block k: lane 0 = Σ v[k], lane 2 = Σ v[4 + k] */
+    float lanes[16];
+    _mm512_storeu_ps(lanes, x);
+    for (int k = 0; k < 4; k++) { out[k] = lanes[4 * k]; out[4 + k] = lanes[4 * k + 2]; }
 }
 
 NC_INT_AI void NC_INT_FN(nc_cqi_block)(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
@@ -88,7 +109,11 @@ NC_INT_AI void NC_INT_FN(nc_cqi_block)(const uint8_t* packed, ptrdiff_t row_byte
             total[i] = _mm512_fmadd_ps(sum, nv, total[i]);
         }
     }
-    for (int i = 0; i < R; i++) y[r + i] = _mm512_reduce_add_ps(total[i]) * scale;
+    __m512 sums[8];
+    float dot[8];
+    for (int k = 0; k < 8; k++) sums[k] = k < R ? total[k] : _mm512_setzero_ps();
+    NC_INT_FN(nc_cqi_hsum8)(sums, dot);
+    for (int i = 0; i < R; i++) y[r + i] = dot[i] * scale;
 }
 
 NC_INT_AI void NC_INT_FN(nc_cqi_rows_fb)(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
@@ -201,78 +226,70 @@ static __attribute__((target(NC_INT_TGT))) void NC_INT_FN(nc_cqi_pack_codes)(con
     }
 }
 
-/* ---- integer matmul: R rows times NT tokens (R ≤ 2, NT ≤ 4) ----
+/* ---- integer matmul: one row times NT tokens (NT ≤ NC_INT_MM_TOKENS) ----
    Exactly the matvec's arithmetic for each (row, token) (same chunk loop, same
-   int32 flushes, same conversion and reduction), so a token's output is bitwise
-   the matvec's.  Each row is decoded in registers once per step (a shift and two
-   vpermw) for NT tokens, and each token's codes are loaded once per step for R
-   rows: 2·R·NT dot instructions per step from R·3 decode and NT loads.  On Zen 4
-   a zmm vpdpwssd issues once per cycle (as many int16 products as two ymm FMAs
-   make float products), so the two halves cost what the float FMAs cost; with 8
-   tokens the 32 accumulators no longer fit the registers (measured slower). */
-NC_INT_AI void NC_INT_FN(nc_cqi_mm_tile)(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
-                                         const float* norms, ptrdiff_t norm_stride, ptrdiff_t r,
+   int32 flushes, same conversion, same lane-sum tree), so a token's output is
+   bitwise the matvec's.  The row is decoded in registers once per step (a shift
+   and two vpermw) for NT tokens, each token's codes loaded once into a register
+   for its two dots.  On Zen 4 a zmm vpdpwssd issues once per cycle, as many
+   int16 products as two ymm FMAs make float products, so with the two halves
+   the peak equals the float matmul's; what is won is the float kernel's work
+   around its FMAs.  Tiles measured (768x768, 64 tokens, GMAC/s, one thread):
+   1 row x 6 tokens 39–40, 1x4 35–38, 2x3 30–38, 2x4 32–35, 2x2 32–35; at 8
+   tokens the accumulators no longer fit the 32 registers. */
+NC_INT_AI void NC_INT_FN(nc_cqi_mm_tile)(const uint8_t* row, const uint8_t* end, const float* nrow,
                                          const int16_t* z, ptrdiff_t z_stride, ptrdiff_t n_chunks, int g,
                                          __m512i th, __m512i tl, __m512i lane_groups, __m512 base,
                                          const float* s, float descale, float* y, ptrdiff_t y_stride,
-                                         const int fb, const int R, const int NT) {
+                                         const int fb, const int NT) {
     const int S = 8 / fb;
     const ptrdiff_t C = 256 / fb;
     const int g_shift = __builtin_ctz((unsigned)g);
     const ptrdiff_t per = g >= C ? g / C : 1;
     /* the float totals live in L1, touched once per flush: in registers beside
-       the 2·R·NT int32 accumulators they would spill in the inner loop instead */
-    __attribute__((aligned(64))) float total[2][4][16];
-    for (int i = 0; i < R; i++)
-        for (int t = 0; t < NT; t++) _mm512_store_ps(total[i][t], _mm512_setzero_ps());
+       the 2·NT int32 accumulators they would spill in the inner loop instead */
+    __attribute__((aligned(64))) float total[NC_INT_MM_TOKENS][16];
+    for (int t = 0; t < NT; t++) _mm512_store_ps(total[t], _mm512_setzero_ps());
     for (ptrdiff_t c0 = 0; c0 < n_chunks; c0 += per) {
-        __m512i ah[2][4], al[2][4];
-        for (int i = 0; i < R; i++)
-            for (int t = 0; t < NT; t++) { ah[i][t] = _mm512_setzero_si512(); al[i][t] = _mm512_setzero_si512(); }
+        __m512i ah[NC_INT_MM_TOKENS], al[NC_INT_MM_TOKENS];
+        for (int t = 0; t < NT; t++) { ah[t] = _mm512_setzero_si512(); al[t] = _mm512_setzero_si512(); }
         for (ptrdiff_t c = c0; c < c0 + per; c++) {
-            __m512i v[2];
-            for (int i = 0; i < R; i++) v[i] = NC_INT_FN(nc_cqi_load)(packed + (r + i) * row_bytes + c * 32, end);
+            __m512i v = NC_INT_FN(nc_cqi_load)(row + c * 32, end);
             const int16_t* zc = z + c * C;
             for (int st = 0; st < S; st++) {
-                __m512i h[2], l[2];
-                for (int i = 0; i < R; i++) {
-                    h[i] = _mm512_permutexvar_epi16(v[i], th);
-                    l[i] = _mm512_permutexvar_epi16(v[i], tl);
-                    v[i] = _mm512_srli_epi16(v[i], fb);
-                }
+                const __m512i h = _mm512_permutexvar_epi16(v, th), l = _mm512_permutexvar_epi16(v, tl);
+                v = _mm512_srli_epi16(v, fb);
                 for (int t = 0; t < NT; t++) {
                     __m512i zs = _mm512_loadu_si512((const void*)(zc + t * z_stride + 32 * st));
-                    /* one load in a register for the 2·R dots: left to itself the compiler
-                       folds the load into every vpdpwssd (2·R loads of 64 bytes, slower) */
+                    /* one load in a register for both dots: left to itself the compiler
+                       folds the load into each vpdpwssd (two 64-byte loads, slower) */
                     __asm__("" : "+v"(zs));
-                    for (int i = 0; i < R; i++) {
-                        ah[i][t] = NC_INT_DPW(ah[i][t], h[i], zs);
-                        al[i][t] = NC_INT_DPW(al[i][t], l[i], zs);
-                    }
+                    ah[t] = NC_INT_DPW(ah[t], h, zs);
+                    al[t] = NC_INT_DPW(al[t], l, zs);
                 }
             }
         }
-        for (int i = 0; i < R; i++) {
-            const float* nr = norms + (r + i) * norm_stride + ((c0 * C) >> g_shift);
-            const __m512 nv = g >= C ? _mm512_set1_ps(nr[0]) : _mm512_permutexvar_ps(lane_groups, _mm512_loadu_ps(nr));
-            for (int t = 0; t < NT; t++) {
-                const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ah[i][t]), base, _mm512_cvtepi32_ps(al[i][t]));
-                _mm512_store_ps(total[i][t], _mm512_fmadd_ps(sum, nv, _mm512_load_ps(total[i][t])));
-            }
+        const float* nr = nrow + ((c0 * C) >> g_shift);
+        const __m512 nv = g >= C ? _mm512_set1_ps(nr[0]) : _mm512_permutexvar_ps(lane_groups, _mm512_loadu_ps(nr));
+        for (int t = 0; t < NT; t++) {
+            const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ah[t]), base, _mm512_cvtepi32_ps(al[t]));
+            _mm512_store_ps(total[t], _mm512_fmadd_ps(sum, nv, _mm512_load_ps(total[t])));
         }
     }
-    for (int i = 0; i < R; i++)
-        for (int t = 0; t < NT; t++)
-            y[t * y_stride + r + i] = _mm512_reduce_add_ps(_mm512_load_ps(total[i][t])) * (s[t] * descale);
+    __m512 sums[8];
+    float dot[8];
+    for (int k = 0; k < 8; k++) sums[k] = k < NT ? _mm512_load_ps(total[k]) : _mm512_setzero_ps();
+    NC_INT_FN(nc_cqi_hsum8)(sums, dot);
+    for (int t = 0; t < NT; t++) y[t * y_stride] = dot[t] * (s[t] * descale);
 }
 
-#define NC_INT_MM_CASE(FB, RR, N) case N: NC_INT_FN(nc_cqi_mm_tile)(packed, row_bytes, end, norms, norm_stride, r, \
-    zt, z_stride, n_chunks, g, th, tl, lane_groups, b, s + t0, descale, Y + t0 * y_stride, y_stride, FB, RR, N); break;
-#define NC_INT_MM_SWITCH(FB, RR) switch (nt) { NC_INT_MM_CASE(FB, RR, 1) NC_INT_MM_CASE(FB, RR, 2) \
-    NC_INT_MM_CASE(FB, RR, 3) default: NC_INT_MM_CASE(FB, RR, 4) }
+#define NC_INT_MM_CASE(FB, N) case N: NC_INT_FN(nc_cqi_mm_tile)(packed + r * row_bytes, end, norms + r * norm_stride, \
+    zt, z_stride, n_chunks, g, th, tl, lane_groups, b, s + t0, descale, Y + t0 * y_stride + r, y_stride, FB, N); break;
+#define NC_INT_MM_SWITCH(FB) switch (nt) { NC_INT_MM_CASE(FB, 1) NC_INT_MM_CASE(FB, 2) NC_INT_MM_CASE(FB, 3) \
+    NC_INT_MM_CASE(FB, 4) NC_INT_MM_CASE(FB, 5) default: NC_INT_MM_CASE(FB, 6) }
 
-/* Y[t·y_stride + r] for rows r0 ≤ r < r1 and tokens 0 ≤ t < n_tokens: token blocks
-   of 4 outside (their codes stay in L1 while the rows stream past), row pairs inside. */
+/* Y[t·y_stride + r] for rows r0 ≤ r < r1 and tokens 0 ≤ t < n_tokens: token tiles
+   outside (their codes stay in L1 while the rows stream past), rows inside. */
 static __attribute__((target(NC_INT_TGT))) void NC_INT_FN(nc_cqi_mm_rows)(
         const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end, const float* norms,
         ptrdiff_t norm_stride, const int16_t* z, ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks,
@@ -285,19 +302,13 @@ static __attribute__((target(NC_INT_TGT))) void NC_INT_FN(nc_cqi_mm_rows)(
     for (int l = 0; l < 16; l++) lg[l] = (16 * l / ifb) / g;
     const __m512i lane_groups = _mm512_loadu_si512((const void*)lg);
     const __m512 b = _mm512_set1_ps(base);
-    for (ptrdiff_t t0 = 0; t0 < n_tokens; t0 += 4) {
-        const int nt = (int)(n_tokens - t0 < 4 ? n_tokens - t0 : 4);
+    for (ptrdiff_t t0 = 0; t0 < n_tokens; t0 += NC_INT_MM_TOKENS) {
+        const int nt = (int)(n_tokens - t0 < NC_INT_MM_TOKENS ? n_tokens - t0 : NC_INT_MM_TOKENS);
         const int16_t* zt = z + t0 * z_stride;
-        ptrdiff_t r = r0;
-        for (; r + 2 <= r1; r += 2) {
-            if (ifb == 1) { NC_INT_MM_SWITCH(1, 2) }
-            else if (ifb == 2) { NC_INT_MM_SWITCH(2, 2) }
-            else { NC_INT_MM_SWITCH(4, 2) }
-        }
-        for (; r < r1; r++) {
-            if (ifb == 1) { NC_INT_MM_SWITCH(1, 1) }
-            else if (ifb == 2) { NC_INT_MM_SWITCH(2, 1) }
-            else { NC_INT_MM_SWITCH(4, 1) }
+        for (ptrdiff_t r = r0; r < r1; r++) {
+            if (ifb == 1) { NC_INT_MM_SWITCH(1) }
+            else if (ifb == 2) { NC_INT_MM_SWITCH(2) }
+            else { NC_INT_MM_SWITCH(4) }
         }
     }
 }

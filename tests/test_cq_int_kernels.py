@@ -5,7 +5,7 @@ with the instruction set they need), every width (1, 2, 3, 4, ternary), group
 sizes 16–256, column counts that are not a multiple of the group, row counts that
 are not a multiple of the 4-row block or of the 32-row parallel block, 1 and 2
 threads; the matmul (several tokens, the prefill path) at token counts 2..64 that
-are not multiples of its 4-token tile, bitwise equal to the matvec of each token.
+are not multiples of its 6-token tile, bitwise equal to the matvec of each token.
 Inputs are A8 vectors as the engine makes them (deploy numerics); an input that
 is not one must take the float kernel and give its exact result (for the matmul:
 one such token sends the whole chunk to the float kernel).
@@ -189,5 +189,5 @@ def test_deploy_fixture_with_each_kernel(int_kernel):
     assert np.abs(full - want).mean() <= 0.01
     assert np.array_equal(full.argmax(-1)[sure], want.argmax(-1)[sure])
     m.reset()
-    last = m.prefill(ids[:37])      # a chunk that is not a multiple of the 4-token tile
+    last = m.prefill(ids[:37])      # a chunk that is not a multiple of the 6-token tile
     assert np.abs(last - want[36]).mean() <= 0.01
