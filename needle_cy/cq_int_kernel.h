@@ -185,15 +185,15 @@ NC_INT_AI void NC_INT_FN(nc_cqi_pack_codes_fb)(const float* kf, ptrdiff_t n_chun
     const ptrdiff_t C = 32 * S;
     __m512i idx[8];
     __mmask32 pick[8][4];
+    /* (vector arithmetic: scalar loops here cost as much as the packing itself) */
+    const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                          15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int s = 0; s < S; s++) {
-        int16_t id[32];
-        for (int w = 0; w < 32; w++) id[w] = (int16_t)((S * w + s) & 63);
-        idx[s] = _mm512_loadu_si512((const void*)id);
-        for (int p = 0; p < S / 2; p++) {
-            __mmask32 m = 0;
-            for (int w = 0; w < 32; w++) if (((S * w + s) >> 6) == p) m |= (__mmask32)1u << w;
-            pick[s][p] = m;
-        }
+        const __m512i word = _mm512_add_epi16(_mm512_mullo_epi16(iota, _mm512_set1_epi16((short)S)),
+                                              _mm512_set1_epi16((short)s));   /* S·w + s */
+        idx[s] = _mm512_and_si512(word, _mm512_set1_epi16(63));
+        for (int p = 0; p < S / 2; p++)
+            pick[s][p] = _mm512_cmpeq_epi16_mask(_mm512_srli_epi16(word, 6), _mm512_set1_epi16((short)p));
     }
     for (ptrdiff_t c = 0; c < n_chunks; c++) {
         const float* src = kf + c * C;
