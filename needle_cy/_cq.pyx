@@ -58,11 +58,12 @@ Three inner loops:
   Zen 4 a zmm vpdpwssd issues once per cycle, as many int16 products as two ymm
   FMAs make float products, so with two halves its peak equals the float
   matmul's and it gains by what the float matmul spends around its FMAs
-  (measured 1.1–1.2× in whole-model prefill; per 4-bit matrix 1.2–2.8× at
+  (measured 1.05–1.29× in whole-model prefill; per 4-bit matrix 1.2–2.8× at
   2–8 tokens, where the float matmul cannot amortise its decode).  Speed on Zen 4
   (one thread, shared VM; benchmarks/results_cq.md): matvec 4 bits 1.6–1.9×
-  the AVX2 float kernel per matrix, 2 bits 1.15–1.25×; whole-model decode 4 bits
-  1.3–1.4×, 2 bits 1.1–1.2×.  ``set_kernel``/``kernel_name``/
+  the AVX2 float kernel per matrix, 2 bits 1.1–1.7× (the float one is noisy);
+  whole-model decode 4 bits 1.27–1.40×, 2 bits 1.07–1.19× (64 and 600 tokens of
+  context).  ``set_kernel``/``kernel_name``/
   ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avx512bw,
   avx2, scalar) choose and report; a NEON kernel would be another instantiation
   of cq_int_kernel.h behind the same dispatch.
