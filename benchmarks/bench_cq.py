@@ -19,7 +19,8 @@ For every projection shape of the full-size Needle 3 model, at 2 and 4 bits
 * ``matmul64``: Cython ``matmul`` at 64 tokens vs dense ``X @ W.T``;
 * ``matvec_kernel``: every kernel this CPU has, forced one after the other
   (``avx2`` float; ``avx512bw``/``avx512vnni`` integer on the A8 input), on the
-  A8-quantized input the engine gives them in deploy numerics.
+  A8-quantized input the engine gives them in deploy numerics;
+* ``matmul_kernel``: the same for the matmul at 4 and 64 A8 tokens.
 
 A multiply–accumulate (MAC) is one weight times one activation: rows·cols per
 token.  The minimum over rounds is used (the build machine is shared, the
@@ -149,6 +150,30 @@ def test_matvec_kernel(benchmark, kernel, shape, bits, threads):
     record(benchmark, "matvec-kernel", name, kernel, bits, threads)
 
 
+KERNEL_TOKENS = [4, TOKENS]   # a short chunk (the float matmul cannot amortise its decode) and a full one
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("bits", WIDTHS)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("tokens", KERNEL_TOKENS)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_matmul_kernel(benchmark, kernel, tokens, shape, bits, threads):
+    """The matmul with one kernel forced, on A8-quantized tokens (the prefill path)."""
+    name, rows, cols = shape
+    _, cw = quantized(rows, cols, bits)
+    X = np.stack([a8(x) for x in dense(rows, cols)[2][:tokens]])
+    out = np.empty((tokens, rows), np.float32)
+    integer = kernel.startswith("avx512")
+    benchmark.group = f"matmul{tokens} {name} {bits} bits"
+    _cq.set_kernel(kernel)
+    try:
+        benchmark(_cq.matmul, cw, X, out=out, threads=threads, a8=integer)
+    finally:
+        _cq.set_kernel("auto")
+    record(benchmark, f"matmul{tokens}-kernel", name, kernel, bits, threads)
+
+
 @pytest.mark.parametrize("bits", WIDTHS)
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_matvec_numpy_reference(benchmark, shape, bits):
@@ -273,6 +298,24 @@ def render_table(config=None):
                 for threads in THREADS:
                     secs = {k: by.get(("matvec-kernel", name, k, bits, threads)) for k in kernels_run}
                     cells = [f"{gmacs(rows, cols, 1, v):.1f}" if v else "–" for v in secs.values()]
+                    ints = [v for k, v in secs.items() if k.startswith("avx512") and v]
+                    ratio = (f"{secs['avx2'] / min(ints):.2f}×" if ints and secs.get("avx2") else "–")
+                    out.append(f"| {name} | {bits} | {threads} | " + " | ".join(cells) + f" | {ratio} |")
+    for tokens in KERNEL_TOKENS:
+        kind = f"matmul{tokens}-kernel"
+        run = [k for k in KERNELS if any(r[0] == kind and r[2] == k for r in RESULTS)]
+        if not run:
+            continue
+        out.append("")
+        out.append(f"Matmul of {tokens} tokens by kernel (A8 inputs; GMAC/s; forced with `_cq.set_kernel`):")
+        out.append("")
+        out.append("| shape | bits | thr | " + " | ".join(run) + " | best integer / avx2 |")
+        out.append("|---|---|---|" + "---|" * (len(run) + 1))
+        for name, rows, cols in SHAPES:
+            for bits in WIDTHS:
+                for threads in THREADS:
+                    secs = {k: by.get((kind, name, k, bits, threads)) for k in run}
+                    cells = [f"{gmacs(rows, cols, tokens, v):.1f}" if v else "–" for v in secs.values()]
                     ints = [v for k, v in secs.items() if k.startswith("avx512") and v]
                     ratio = (f"{secs['avx2'] / min(ints):.2f}×" if ints and secs.get("avx2") else "–")
                     out.append(f"| {name} | {bits} | {threads} | " + " | ".join(cells) + f" | {ratio} |")

@@ -9,7 +9,7 @@ their arguments (the Python wrappers and ``prepare`` did) and never allocate:
 the caller owns every buffer, including the float32 workspace whose size
 ``cq_work_floats`` tells.  A view whose ``a8_input`` is set (the engine sets it
 in deploy numerics, where every CQ input is an A8 vector) lets ``cq_rotate``
-take the integer kernel for a single token (see _cq.pyx); leave it 0 otherwise.
+take the integer form (matvec and matmul; see _cq.pyx); leave it 0 otherwise.
 
 Typical use from the forward pass (``_model.pyx``)::
 
@@ -18,7 +18,7 @@ Typical use from the forward pass (``_model.pyx``)::
 
     cdef CQWeight wq = prepare(archive.tensor("layers.0.q_proj"))   # once, at load
     cdef const CQView* q = &wq.view
-    # work: at least cq_work_floats(q, T, threads) float32s = 16 + 2·T·padded_len (reusable
+    # work: at least cq_work_floats(q, T, threads) float32s = 48 + 2·T·padded_len (reusable
     # across calls and matrices; it does not depend on threads)
     cq_matvec(q, x, y, work, threads)                   # y[rows] = W · x[cols]
     cq_matmul(q, X, T, x_stride, Y, y_stride, work, threads)   # Y[T, rows] = X[T, cols] · Wᵀ

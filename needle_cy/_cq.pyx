@@ -35,23 +35,38 @@ Three inner loops:
   The matmul amortises decoding over 8 tokens and is bound by FMA throughput.
 * Integer, for A8 inputs (deploy numerics: every CQ input is an A8 vector
   x = s·k, k int8; the engine marks its views ``a8_input``), x86-64 with
-  AVX-512 F/BW/VL (``avx512bw``: vpmaddwd) or + VNNI (``avx512vnni``: vpdpwssd),
-  one token at a time.  ``cq_rotate`` recovers s = max|x|/127 and k (refusing
-  any x that is not such a vector: then the float kernels run), rotates the codes
-  exactly (z = H·k, |z| ≤ 127·g, int16) and the kernel sums Σ C[i_j]·z_j in
-  int32, C_k = cb_k·2^E as two int16 halves hi·B + lo looked up with vpermw
-  (cq_int_kernel.h).  A single int16 codebook (16 bits) would be an
+  AVX-512 F/BW/VL (``avx512bw``: vpmaddwd) or + VNNI (``avx512vnni``: vpdpwssd).
+  ``cq_rotate`` recovers s = max|x|/127 and k for every token (refusing a chunk
+  with any token that is not such a vector: then the float kernels run), rotates
+  the codes exactly (z = H·k, |z| ≤ 127·g, int16) and the kernels sum
+  Σ C[i_j]·z_j in int32, C_k = cb_k·2^E as two int16 halves hi·B + lo looked up
+  with vpermw (cq_int_kernel.h).  A single int16 codebook (16 bits) would be an
   approximation that moves the fixtures' deploy logits by a mean 0.011 (over the
   0.01 bar, measured by rounding the codebooks); the two halves keep ≥ 25 bits,
   so the result equals the float kernels' to float32 rounding (≤ 1e-6 relative
   in the tests).  B and E are sized per matrix so the int32 sums between two
   conversions to float cannot overflow.  3-bit rows are repacked to nibbles once
-  (a copy); groups of 16/width … 256 fields have tables.  Speed on Zen 4 (one
-  thread, shared VM): 4 bits 1.6–1.9× the AVX2 float kernel, 2 bits 1.15–1.25×
-  (benchmarks/bench_cq.py).  ``set_kernel``/``kernel_name``/``available_kernels``
-  and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avx512bw, avx2, scalar) choose
-  and report; a NEON kernel would be another instantiation of cq_int_kernel.h
-  behind the same dispatch.  The prefill matmul (several tokens) stays float.
+  (a copy); groups of 16/width … 256 fields have tables.  The A8 check and the
+  int16 packing of the rotated codes are AVX-512 too (they were scalar loops
+  costing 3 % of a decode step).  The matvec prefetches the rows 8 ahead: in the
+  model every step streams all matrices from DRAM, and without it the kernel
+  waited on memory (whole-model decode gained little over the float kernel).
+  The matmul (several tokens: prefill chunks) decodes a row in registers once
+  per step for a tile of 6 tokens and sums each (row, token) exactly as the
+  matvec does (one lane-sum tree for both), so a token's outputs are bitwise
+  the matvec's; on
+  Zen 4 a zmm vpdpwssd issues once per cycle, as many int16 products as two ymm
+  FMAs make float products, so with two halves its peak equals the float
+  matmul's and it gains by what the float matmul spends around its FMAs
+  (measured 1.05–1.29× in whole-model prefill; per 4-bit matrix 1.2–2.8× at
+  2–8 tokens, where the float matmul cannot amortise its decode).  Speed on Zen 4
+  (one thread, shared VM; benchmarks/results_cq.md): matvec 4 bits 1.6–1.9×
+  the AVX2 float kernel per matrix, 2 bits 1.1–1.7× (the float one is noisy);
+  whole-model decode 4 bits 1.27–1.40×, 2 bits 1.07–1.19× (64 and 600 tokens of
+  context).  ``set_kernel``/``kernel_name``/
+  ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avx512bw,
+  avx2, scalar) choose and report; a NEON kernel would be another instantiation
+  of cq_int_kernel.h behind the same dispatch.
 * Portable scalar Cython (any CPU, any width, any group size ≥ 8): byte-wise
   decoding with codebook lookups, one group at a time; the matmul decodes a
   group's codewords once (a stack buffer) and reuses them for every token.
@@ -605,6 +620,25 @@ cdef extern from *:
             nc_cqi_rows_avx512bw(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
                                  table, base, scale, r0, r1, y);
     }
+    static int nc_cq_int_a8_codes(int kernel, const float* x, ptrdiff_t n, float* kf, float* s) {
+        return kernel == 2 ? nc_cqi_a8_codes_avx512vnni(x, n, kf, s) : nc_cqi_a8_codes_avx512bw(x, n, kf, s);
+    }
+    static void nc_cq_int_pack_codes(int kernel, const float* kf, ptrdiff_t n_chunks, int fb, int16_t* z) {
+        if (kernel == 2) nc_cqi_pack_codes_avx512vnni(kf, n_chunks, fb, z);
+        else nc_cqi_pack_codes_avx512bw(kf, n_chunks, fb, z);
+    }
+    static void nc_cq_int_mm_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                                  const float* norms, ptrdiff_t norm_stride, const int16_t* z,
+                                  ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
+                                  const int16_t* table, float base, const float* s, float descale,
+                                  ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
+        if (kernel == 2)
+            nc_cqi_mm_rows_avx512vnni(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
+                                      n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
+        else
+            nc_cqi_mm_rows_avx512bw(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
+                                    n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
+    }
 
     #else
     static int nc_cq_cpu_has_avx512bw(void) { return 0; }
@@ -613,6 +647,13 @@ cdef extern from *:
                                const float* norms, ptrdiff_t norm_stride, const int16_t* z,
                                ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
                                float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {}
+    static int nc_cq_int_a8_codes(int kernel, const float* x, ptrdiff_t n, float* kf, float* s) { return 0; }
+    static void nc_cq_int_pack_codes(int kernel, const float* kf, ptrdiff_t n_chunks, int fb, int16_t* z) {}
+    static void nc_cq_int_mm_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                                  const float* norms, ptrdiff_t norm_stride, const int16_t* z,
+                                  ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
+                                  const int16_t* table, float base, const float* s, float descale,
+                                  ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {}
     static int nc_cq_cpu_has_avx2(void) { return 0; }
     static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
                                       const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
@@ -676,6 +717,13 @@ cdef extern from *:
                         const float* norms, Py_ssize_t norm_stride, const int16_t* z,
                         Py_ssize_t n_chunks, int fb, int g, const int16_t* table, float base,
                         float scale, Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
+    int nc_cq_int_a8_codes(int kernel, const float* x, Py_ssize_t n, float* kf, float* s) noexcept nogil
+    void nc_cq_int_pack_codes(int kernel, const float* kf, Py_ssize_t n_chunks, int fb, int16_t* z) noexcept nogil
+    void nc_cq_int_mm_rows(int kernel, const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
+                           const float* norms, Py_ssize_t norm_stride, const int16_t* z,
+                           Py_ssize_t z_stride, Py_ssize_t n_tokens, Py_ssize_t n_chunks, int fb, int g,
+                           const int16_t* table, float base, const float* s, float descale,
+                           Py_ssize_t r0, Py_ssize_t r1, float* Y, Py_ssize_t y_stride) noexcept nogil
 
 
 TERNARY_BITS = 5
@@ -810,10 +858,11 @@ cdef float _row_dot_scalar(const CQView* w, Py_ssize_t r, const float* xt) noexc
 
 cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil:
     """Workspace the kernels need: a header (WORK_HEADER floats: which form the
-    rotation took, the A8 scale), then the rotated tokens twice (plain and lane
-    order; the integer form uses the same space).  Independent of threads (kept in
-    the signature so callers need not change)."""
-    return WORK_HEADER + 2 * n_tokens * w.padded_len
+    rotation took), then the rotated tokens twice (plain and lane order), or in the
+    integer form the int16 codes, the A8 scales and one token's float scratch (which
+    fit in the same space; 32 spare floats cover the rounding of the scales' block).
+    Independent of threads (kept in the signature so callers need not change)."""
+    return WORK_HEADER + 2 * n_tokens * w.padded_len + 32
 
 
 cdef int cq_effective_threads(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil:
@@ -836,40 +885,44 @@ cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil:
 
 
 cdef inline bint _int_path(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
-    """Whether cq_rotate tries the integer form: one A8 token, tables, a kernel on this CPU."""
-    return n_tokens == 1 and w.a8_input and w.int_ok and nc_cq_active_int_kernel() > 0
+    """Whether cq_rotate tries the integer form: A8 tokens, tables, a kernel on this CPU."""
+    return n_tokens >= 1 and w.a8_input and w.int_ok and nc_cq_active_int_kernel() > 0
 
 
-cdef bint _rotate_int(const CQView* w, const float* x, float* work) noexcept nogil:
-    """The integer form of one token, if x is an A8 vector (x_j = k_j·s, |k_j| ≤ 127).
+# Integer form of a workspace (header word 0 = 1), for T tokens of padded length P:
+#   int16 codes [T, P] at WORK_HEADER, then the A8 scales [T] (a block of 16-float
+#   multiples), then P floats of scratch for one token's float codes.
+cdef inline int16_t* _int_codes(float* work) noexcept nogil:
+    return <int16_t*>(work + WORK_HEADER)
+
+
+cdef inline float* _int_scales(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
+    return work + WORK_HEADER + n_tokens * w.padded_len // 2   # P is a multiple of 64
+
+
+cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
+                      float* work) noexcept nogil:
+    """The integer form of T tokens, if every one is an A8 vector (x_j = k_j·s, |k_j| ≤ 127).
 
     s is recovered as max|x|/127 (as the quantizer computed it, to the last bit or
     one ulp off) and k_j = rint(x_j/s); any x_j further than max|x|·2⁻²⁰ from k_j·s
-    (or a NaN/inf) refuses the vector, and the caller rotates the floats as usual.
-    The codes are rotated exactly (an unscaled FWHT of small integers in float32)
-    and stored as int16 in the integer kernel's lane order after the header."""
-    cdef Py_ssize_t j, c, i, P = w.padded_len, C = w.chunk_fields, g = w.group_size
-    cdef float* kf = work + WORK_HEADER
-    cdef int16_t* z = <int16_t*>(work + WORK_HEADER + P)
-    cdef float amax = 0, s, k, tol
-    for j in range(w.cols):
-        if fabsf(x[j]) > amax:
-            amax = fabsf(x[j])
-    s = amax / <float>127.0 if amax > 0 else <float>1.0
-    tol = amax * <float>9.5367431640625e-07  # 2^-20
-    for j in range(w.cols):
-        k = rintf(x[j] / s)
-        if not (fabsf(k) <= 127 and fabsf(x[j] - k * s) <= tol):
+    (or a NaN/inf) refuses the whole chunk, and the caller rotates the floats as
+    usual.  The codes are rotated exactly (an unscaled FWHT of small integers in
+    float32) and stored as int16 in the integer kernels' lane order (AVX-512:
+    nc_cqi_a8_codes and nc_cqi_pack_codes in cq_int_kernel.h)."""
+    cdef Py_ssize_t t, c, P = w.padded_len, g = w.group_size
+    cdef int kernel = nc_cq_active_int_kernel()
+    cdef int16_t* z = _int_codes(work)
+    cdef float* scales = _int_scales(w, work, n_tokens)
+    cdef float* kf = scales + (n_tokens + 15) // 16 * 16
+    for t in range(n_tokens):
+        if not nc_cq_int_a8_codes(kernel, X + t * x_stride, w.cols, kf, &scales[t]):
             return False
-        kf[j] = k
-    memset(kf + w.cols, 0, (P - w.cols) * sizeof(float))
-    for c in range(w.n_groups):
-        cq_fwht_scaled(kf + c * g, g, <float>1.0)
-    for c in range(w.n_chunks):
-        for i in range(C):
-            z[c * C + i] = <int16_t>kf[c * C + w.int_perm[i]]
+        memset(kf + w.cols, 0, (P - w.cols) * sizeof(float))
+        for c in range(w.n_groups):
+            cq_fwht_scaled(kf + c * g, g, <float>1.0)
+        nc_cq_int_pack_codes(kernel, kf, w.n_chunks, w.int_fb, z + t * P)
     (<int*>work)[0] = 1
-    work[1] = s
     return True
 
 
@@ -882,7 +935,7 @@ cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
     cdef float* xt = work + WORK_HEADER
     cdef float* xp = xt + n_tokens * P
     cdef int n = cq_effective_threads(w, n_tokens, threads)
-    if _int_path(w, n_tokens) and _rotate_int(w, X, work):
+    if _int_path(w, n_tokens) and _rotate_int(w, X, n_tokens, x_stride, work):
         return
     (<int*>work)[0] = 0
     if n == 1 or n_tokens == 1:
@@ -891,6 +944,37 @@ cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
     else:
         for t in prange(n_tokens, num_threads=n, schedule="static"):
             _rotate_token(w, X + t * x_stride, xt + t * P, xp + t * P, simd)
+
+
+cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* Y,
+                      Py_ssize_t y_stride, int threads) noexcept nogil:
+    """Y[t, r] from the integer form of T tokens (cq_rotate took it): blocks of
+    MATVEC_ROW_BLOCK rows, each token's row sums exactly the matvec's (bitwise)."""
+    cdef int kernel = nc_cq_active_int_kernel()
+    cdef const int16_t* z = _int_codes(work)
+    cdef const float* scales = _int_scales(w, work, n_tokens)
+    cdef int n = cq_effective_threads(w, n_tokens, threads)
+    cdef Py_ssize_t rb, r0, r1, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
+    if n == 1:
+        for rb in range(n_blocks):
+            r0 = rb * MATVEC_ROW_BLOCK
+            r1 = r0 + MATVEC_ROW_BLOCK
+            if r1 > w.rows:
+                r1 = w.rows
+            nc_cq_int_mm_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
+                              w.norm_stride, z, w.padded_len, n_tokens, w.n_chunks, w.int_fb,
+                              w.group_size, w.int_table, w.int_base, scales, w.int_descale,
+                              r0, r1, Y, y_stride)
+    else:
+        for rb in prange(n_blocks, num_threads=n, schedule="static"):
+            r0 = rb * MATVEC_ROW_BLOCK
+            r1 = r0 + MATVEC_ROW_BLOCK
+            if r1 > w.rows:
+                r1 = w.rows
+            nc_cq_int_mm_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
+                              w.norm_stride, z, w.padded_len, n_tokens, w.n_chunks, w.int_fb,
+                              w.group_size, w.int_table, w.int_base, scales, w.int_descale,
+                              r0, r1, Y, y_stride)
 
 
 cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
@@ -903,11 +987,11 @@ cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
     cdef Py_ssize_t r
     cdef Py_ssize_t rb, r0, r1, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
     cdef int kernel = nc_cq_active_int_kernel()
-    cdef const int16_t* z = <const int16_t*>(work + WORK_HEADER + w.padded_len)
+    cdef const int16_t* z = _int_codes(<float*>work)
     cdef float scale
     if (<const int*>work)[0] == 1:
         # the integer form (cq_rotate took it for this view's rotation family)
-        scale = work[1] * w.int_descale
+        scale = _int_scales(w, <float*>work, 1)[0] * w.int_descale
         if n == 1:
             nc_cq_int_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
                            w.norm_stride, z, w.n_chunks, w.int_fb, w.group_size, w.int_table,
@@ -1095,8 +1179,11 @@ cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
     cdef void* raw = NULL
     if n_tokens < 1:
         return
-    if n_tokens == 1 and (<const int*>work)[0] == 1:
-        cq_matvec_rotated(w, work, Y, threads)
+    if (<const int*>work)[0] == 1:
+        if n_tokens == 1:
+            cq_matvec_rotated(w, work, Y, threads)
+        else:
+            _matmul_int(w, work, n_tokens, Y, y_stride, threads)
         return
     if simd:
         # The decode scratch (48 KB) is one heap block per thread per call rather than
@@ -1525,7 +1612,7 @@ def matvec(W, x, out=None, threads=None, a8=False):
 
 def matmul(W, X, out=None, threads=None, a8=False):
     """Y = X · Wᵀ: X [T, cols] → float32 [T, rows] (every token in one pass over W).
-    a8: as for matvec (the integer kernel serves single tokens)."""
+    a8: as for matvec (the integer matmul runs when every row of X is an A8 vector)."""
     cdef CQWeight cw = prepare(W)
     cdef CQView va = cw.view
     va.a8_input = 1 if a8 else 0

@@ -933,8 +933,11 @@ cdef class CythonEngine:
                                     memset(ptr, 0, sub * sizeof(float))
                         if quant:
                             a8_inplace(self.s_e + t * NT * sub, NT * sub, A8_QMAX)
-                    _project(&sc.key_proj, self.s_e, T, NT * sub, self.s_ekey + s * CHUNK_MAX * d, d, cqw, cq_threads)
-                    _project(&sc.value_proj, self.s_e, T, NT * sub, self.s_evraw, d, cqw, cq_threads)
+                    # keys and values read the same input: one rotation when their CQ layouts agree
+                    cq_rotate(&sc.key_proj, self.s_e, T, NT * sub, cqw, cq_threads)
+                    _project_shared(&sc.key_proj, &sc.key_proj, self.s_e, T, NT * sub,
+                                    self.s_ekey + s * CHUNK_MAX * d, d, cqw, cq_threads)
+                    _project_shared(&sc.key_proj, &sc.value_proj, self.s_e, T, NT * sub, self.s_evraw, d, cqw, cq_threads)
                     # dilated causal conv over v' (taps at t, t-dil, t-2·dil, ...), history first
                     for t in range(T):
                         for j in range(e_taps):

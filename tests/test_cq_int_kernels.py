@@ -4,8 +4,11 @@ Every integer kernel this CPU has (each forced with set_kernel; the others skip
 with the instruction set they need), every width (1, 2, 3, 4, ternary), group
 sizes 16–256, column counts that are not a multiple of the group, row counts that
 are not a multiple of the 4-row block or of the 32-row parallel block, 1 and 2
-threads.  Inputs are A8 vectors as the engine makes them (deploy numerics); an
-input that is not one must take the float kernel and give its exact result.
+threads; the matmul (several tokens, the prefill path) at token counts 2..64 that
+are not multiples of its 6-token tile, bitwise equal to the matvec of each token.
+Inputs are A8 vectors as the engine makes them (deploy numerics); an input that
+is not one must take the float kernel and give its exact result (for the matmul:
+one such token sends the whole chunk to the float kernel).
 """
 import os
 import subprocess
@@ -71,6 +74,47 @@ def test_int_matvec_matches_reference(int_kernel, bits, g):
         np.testing.assert_array_equal(_cq.multiply_shared([W, W], x, a8=True)[1], got)
 
 
+@pytest.mark.parametrize("g", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+def test_int_matmul_matches_reference_and_matvec(int_kernel, bits, g):
+    rng = np.random.default_rng(1000 + 100 * bits + g)
+    shapes = [(37, 2 * g), (5, 3 * g + 7), (1, g + 5), (3, max(1, g // 2 - 3)), (70, 768)]
+    for (rows, cols), T in zip(shapes, [2, 3, 5, 13, 64]):
+        W = random_cq(rng, rows, cols, bits, g)
+        X = a8(rng.standard_normal((T, cols)) * rng.uniform(0.01, 100, size=(T, 1)))
+        want = ref.matmul(W, X)
+        per_token = np.stack([_cq.matvec(W, x, a8=True) for x in X])
+        for threads in (1, 2):
+            got = _cq.matmul(W, X, threads=threads, a8=True)
+            assert got.dtype == np.float32 and got.shape == (T, rows)
+            assert rel_err(got, want) <= 1e-5, (rows, cols, T, threads)
+            # each token's row sums are the matvec's, bit for bit
+            np.testing.assert_array_equal(got, per_token)
+        np.testing.assert_array_equal(_cq.multiply_shared([W, W], X, a8=True)[1], per_token)
+
+
+@pytest.mark.parametrize("T", list(range(2, 12)) + [31, 33, 63, 64])
+def test_int_matmul_token_counts(int_kernel, T):
+    rng = np.random.default_rng(T)
+    for bits in (2, 4):
+        W = random_cq(rng, 33, 300, bits, 128)
+        X = a8(rng.standard_normal((T, 300)))
+        got = _cq.matmul(W, X, a8=True)
+        assert rel_err(got, ref.matmul(W, X)) <= 1e-5, (bits, T)
+        np.testing.assert_array_equal(got, np.stack([_cq.matvec(W, x, a8=True) for x in X]))
+
+
+def test_int_matmul_with_one_float_token_takes_the_float_kernel(int_kernel):
+    rng = np.random.default_rng(5)
+    W = random_cq(rng, 40, 500, 4, 128)
+    X = a8(rng.standard_normal((9, 500)))
+    X[6] = rng.standard_normal(500).astype(np.float32)   # not k·s for int8 k
+    np.testing.assert_array_equal(_cq.matmul(W, X, a8=True), _cq.matmul(W, X))
+    X = a8(rng.standard_normal((9, 500)))
+    X[2, 3] = np.nan
+    assert np.isnan(_cq.matmul(W, X, a8=True)[2]).all()
+
+
 def test_int_extreme_codes_do_not_overflow(int_kernel):
     # |k| = 127 everywhere, signs aligned with the rotation: the largest rotated
     # codes (127·g) meet the largest codewords
@@ -78,9 +122,10 @@ def test_int_extreme_codes_do_not_overflow(int_kernel):
     for g in (128, 256):
         for bits in (1, 2, 4):
             W = random_cq(rng, 9, 2 * g, bits, g)
-            for x in (np.full(2 * g, 3.5, np.float32), np.tile(ref.hadamard_matrix(g)[5] > 0, 2) * 2.0 - 1.0):
-                x = a8(x)
+            X = a8(np.stack([np.full(2 * g, 3.5, np.float32), np.tile(ref.hadamard_matrix(g)[5] > 0, 2) * 2.0 - 1.0]))
+            for x in X:
                 assert rel_err(_cq.matvec(W, x, a8=True), ref.matvec(W, x)) <= 1e-5, (g, bits)
+            assert rel_err(_cq.matmul(W, X, a8=True), ref.matmul(W, X)) <= 1e-5, (g, bits)
 
 
 def test_zero_input(int_kernel):
@@ -139,3 +184,10 @@ def test_deploy_fixture_with_each_kernel(int_kernel):
     margin = cases[f"{case}.margin_deploy"][:60]
     sure = margin > 0.1
     assert np.array_equal(got.argmax(-1)[sure], want.argmax(-1)[sure])
+    # the same through the integer matmul: forward runs chunks of tokens (prefill path)
+    full = m.forward(ids[:60])
+    assert np.abs(full - want).mean() <= 0.01
+    assert np.array_equal(full.argmax(-1)[sure], want.argmax(-1)[sure])
+    m.reset()
+    last = m.prefill(ids[:37])      # a chunk that is not a multiple of the 6-token tile
+    assert np.abs(last - want[36]).mean() <= 0.01
