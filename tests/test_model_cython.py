@@ -39,14 +39,14 @@ def assert_close(got, want, rtol=RTOL):
     assert err <= rtol, f"relative error {err:.3g} > {rtol}"
 
 
-def assert_deploy_agrees(got, want):
+def assert_deploy_agrees(got, want, first_row_is_position_0=True):
     """Deploy numerics on long sequences: A8/KV rounding is a step function, so a
     last-bit difference in a matmul (CQ kernel vs dense NumPy) can flip one rounded
     value and the difference then lives on in the KV cache.  Hold the two engines to
     the official fixtures' bar for two correct float32 programs: mean |Δlogit| ≤ 0.01
     and the same greedy token wherever the top-2 margin exceeds 0.1."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if got.ndim == 2:
+    if got.ndim == 2 and first_row_is_position_0:
         assert_close(got[0], want[0])              # the first position: no history to carry a flip
     assert np.abs(got - want).mean() <= 0.01
     top2 = np.sort(want, axis=-1)[..., -2:]
@@ -230,7 +230,9 @@ def test_int8_kv_cache_holds_the_float_cache_values(archive_dir, key):
     kf, vf = _cache_values(f32)
     np.testing.assert_array_equal(ki[0], kf[0])
     np.testing.assert_array_equal(vi[0], vf[0])
-    assert_deploy_agrees(np.stack(rows_i8), np.stack(rows_f32))
+    # (rows[0] is a 70-token prefill's last position: it has history, and the integer
+    # CQ matmul feeds both storages the same A8 inputs, so any flip is attention's)
+    assert_deploy_agrees(np.stack(rows_i8), np.stack(rows_f32), first_row_is_position_0=False)
     # a quarter of the bytes (plus two float32 scales per slot and head)
     assert i8.state.nbytes < f32.state.nbytes
     snap = i8.snapshot()
