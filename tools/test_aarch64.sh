@@ -22,14 +22,16 @@
 #   5. pytest -q (the command CI runs) with CI=true and NEEDLE_CY_THREADS=1,
 #      under nice -n 19; arguments to this script go to pytest.
 #
-# Needs: root on a Debian-like x86-64 host (apt-get, chroot, mount), Debian's
-# apt mirror and PyPI reachable, ~1.5 GB under the cache directory, and a
+# Needs: root on a Debian-like x86-64 host (apt-get, chroot, mount) with
+# python3 >= 3.11 (tomllib reads pyproject.toml), git, Debian's apt mirror and
+# PyPI reachable, ~1 GB under the cache directory (800 MB here), and a
 # kernel whose binfmt_misc can be mounted (the script mounts it and registers
 # qemu-aarch64 when missing; without it the chroot cannot run gcc or pip,
 # since qemu-user alone does not follow execve into other aarch64 programs).
 #
 # Time on the 2-vCPU Zen 4 development machine (shared, noisy): setup once
-# ~15 min, build ~12 min, test suite ~80 min (see README.md, "aarch64").
+# ~26 min (debootstrap 24, pip 2), build ~20 min (a rebuild with nothing
+# changed 20 s), test suite ~21 min (see README.md, "aarch64").
 #
 # Environment:
 #   NEEDLE_CY_AARCH64_ROOT    cache directory (default /var/cache/needle_cy_aarch64)
