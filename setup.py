@@ -5,7 +5,9 @@ Every ``.pyx`` under ``needle_cy/`` is compiled (``needle_cy/grammar/_runtime.py
 shows the compiler supports it; otherwise the extensions build single-threaded
 (``prange`` then runs serially).  By default the code is tuned for the local CPU
 (``-march=native`` or ``-mcpu=native``); set ``NEEDLE_CY_PORTABLE=1`` for a
-build that runs on any CPU of the same architecture.
+build that runs on any CPU of the same architecture (the compiler's default
+target), or ``NEEDLE_CY_ARCH_FLAGS`` to name the target flags outright
+(``-march=armv8-a``, ``-mcpu=cortex-a76``...; they replace both).
 
 ``NEEDLE_CY_BUILD_ONLY=_cq,_ops,grammar._runtime`` restricts the build to the named modules
 (the name below ``needle_cy``, or just the file's stem; useful while developing one extension).  ``NEEDLE_CY_SANITIZE=1`` builds with
@@ -64,6 +66,11 @@ def _openmp_flags():
 
 
 def _arch_flags():
+    explicit = os.environ.get("NEEDLE_CY_ARCH_FLAGS")
+    if explicit is not None:
+        # an explicit target, for a build on another machine than the one it runs
+        # on (tools/test_aarch64.sh: -march=armv8-a under emulation)
+        return explicit.split()
     if os.environ.get("NEEDLE_CY_PORTABLE"):
         return []
     for flag in ("-march=native", "-mcpu=native"):
@@ -79,6 +86,7 @@ def _extensions():
         base_c = ["-O3", "-fno-strict-aliasing", "-Wno-unused-function", "-Wno-unreachable-code"]
         omp_c, omp_l = _openmp_flags()
         arch = _arch_flags()
+        print(f"needle_cy: target flags {' '.join(arch) or '(compiler default)'}", file=sys.stderr)
         if os.environ.get("NEEDLE_CY_SANITIZE"):
             # tests/sanitize.sh: ASan + UBSan at -O1 (a practical build time on 2 cores)
             san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]

@@ -322,7 +322,10 @@ def test_every_assistant_turn_is_a_target_in_the_token_mask(tmp_path):
     hyper = dict(train.HYPER, buckets=[32], tokens_per_batch=32)
     ids, w, _ = train.Batches(str(tmp_path), hyper, "tokens_m.npz").batch(0)
     assert list(ids[0, :len(seq)]) == seq
-    assert list(w[0, :len(seq)]) == [1.0 if m else hyper["prompt_weight"] for m in mask]
+    # compared as arrays of w's dtype: a float32 element == the Python float 0.1 only under
+    # NumPy 2's scalar promotion (NumPy 1.24, which pyproject allows, compares in float64)
+    expected = np.asarray([1.0 if m else hyper["prompt_weight"] for m in mask], w.dtype)
+    np.testing.assert_array_equal(w[0, :len(seq)], expected)
     assert w[0, len(seq):].sum() == 0
     _, w, _ = train.Batches(str(tmp_path), hyper, "tokens_p.npz").batch(0)
     assert (w[0, :17] == hyper["prompt_weight"]).all() and (w[0, 17:len(seq)] == 1.0).all()

@@ -113,7 +113,14 @@ def test_every_cq_tensor_decodes_like_a_direct_decoder(fixture):
         assert isinstance(W, CQMatrix) and np.shares_memory(W.packed, W.packed)
         ours = arc.dequantize(rec.index)
         assert ours.shape == (rows, cols) and ours.dtype == np.float32
-        np.testing.assert_allclose(ours, direct, rtol=0, atol=1e-6, err_msg=rec.role)
+        # ours is float32 (ν·u)·Hg, g products summed in float32 like the exporter's reader, in
+        # whatever order the BLAS picks (OpenBLAS's AVX-512 kernel on x86, the reference BLAS on
+        # Debian arm64 differ by ~10 ulps): hold it to float32's bound for a g-term sum.
+        eps32 = float(np.finfo(np.float32).eps)
+        magnitude = (np.abs(norms[:, :, None] * books[b][index].reshape(rows, ng, g)) @ np.abs(H))
+        bound = g * eps32 * magnitude.reshape(rows, ng * g)[:, :cols] + eps32 * np.abs(direct)
+        excess = np.abs(ours - direct) / bound
+        assert excess.max() <= 1, f"{rec.role}: error {excess.max():.2f}× float32's bound"
         # rotating the decoded padded groups forward gives back ν·codeword (H is its own inverse)
         forward = padded.reshape(rows, ng, g) @ H
         np.testing.assert_allclose(forward, norms[:, :, None] * books[b][index].reshape(rows, ng, g), atol=1e-9)
