@@ -954,27 +954,26 @@ cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* 
     cdef const int16_t* z = _int_codes(work)
     cdef const float* scales = _int_scales(w, work, n_tokens)
     cdef int n = cq_effective_threads(w, n_tokens, threads)
-    cdef Py_ssize_t rb, r0, r1, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
+    cdef Py_ssize_t rb, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
+    # block by block also on one thread: a block's rows stay in cache across token tiles
     if n == 1:
         for rb in range(n_blocks):
-            r0 = rb * MATVEC_ROW_BLOCK
-            r1 = r0 + MATVEC_ROW_BLOCK
-            if r1 > w.rows:
-                r1 = w.rows
-            nc_cq_int_mm_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
-                              w.norm_stride, z, w.padded_len, n_tokens, w.n_chunks, w.int_fb,
-                              w.group_size, w.int_table, w.int_base, scales, w.int_descale,
-                              r0, r1, Y, y_stride)
+            _matmul_int_block(w, kernel, z, scales, n_tokens, rb, Y, y_stride)
     else:
         for rb in prange(n_blocks, num_threads=n, schedule="static"):
-            r0 = rb * MATVEC_ROW_BLOCK
-            r1 = r0 + MATVEC_ROW_BLOCK
-            if r1 > w.rows:
-                r1 = w.rows
-            nc_cq_int_mm_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
-                              w.norm_stride, z, w.padded_len, n_tokens, w.n_chunks, w.int_fb,
-                              w.group_size, w.int_table, w.int_base, scales, w.int_descale,
-                              r0, r1, Y, y_stride)
+            _matmul_int_block(w, kernel, z, scales, n_tokens, rb, Y, y_stride)
+
+
+cdef inline void _matmul_int_block(const CQView* w, int kernel, const int16_t* z, const float* scales,
+                                   Py_ssize_t n_tokens, Py_ssize_t rb, float* Y,
+                                   Py_ssize_t y_stride) noexcept nogil:
+    """Rows [rb·MATVEC_ROW_BLOCK, +MATVEC_ROW_BLOCK) of _matmul_int for every token."""
+    cdef Py_ssize_t r0 = rb * MATVEC_ROW_BLOCK
+    cdef Py_ssize_t r1 = min(r0 + MATVEC_ROW_BLOCK, w.rows)
+    nc_cq_int_mm_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
+                      w.norm_stride, z, w.padded_len, n_tokens, w.n_chunks, w.int_fb,
+                      w.group_size, w.int_table, w.int_base, scales, w.int_descale,
+                      r0, r1, Y, y_stride)
 
 
 cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
