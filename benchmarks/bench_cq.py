@@ -28,6 +28,7 @@ minimum is the least disturbed run).  Which BLAS NumPy uses (and its kernel,
 e.g. OpenBLAS "Haswell"/"Zen" and OPENBLAS_CORETYPE) is printed in the table
 header.
 """
+import contextlib
 import os
 import platform
 import time
@@ -87,7 +88,6 @@ def quantized(rows, cols, bits):
 
 def blas_threads(n):
     if threadpool_limits is None:
-        import contextlib
         return contextlib.nullcontext()
     return threadpool_limits(limits=n, user_api="blas")
 
@@ -129,6 +129,16 @@ KERNELS = [k for k in _cq.available_kernels() if k != "scalar"
            and (not _kernels_only or k in _kernels_only.split(","))]
 
 
+@contextlib.contextmanager
+def forced_kernel(kernel):
+    """Run with one CQ kernel chosen (``set_kernel``), the automatic choice back after."""
+    _cq.set_kernel(kernel)
+    try:
+        yield
+    finally:
+        _cq.set_kernel("auto")
+
+
 @pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize("bits", WIDTHS)
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
@@ -142,11 +152,8 @@ def test_matvec_kernel(benchmark, kernel, shape, bits, threads):
     out = np.empty(rows, np.float32)
     integer = kernel.startswith("avx512")
     benchmark.group = f"matvec {name} {bits} bits"
-    _cq.set_kernel(kernel)
-    try:
+    with forced_kernel(kernel):
         benchmark(_cq.matvec, cw, x, out=out, threads=threads, a8=integer)
-    finally:
-        _cq.set_kernel("auto")
     record(benchmark, "matvec-kernel", name, kernel, bits, threads)
 
 
@@ -166,11 +173,8 @@ def test_matmul_kernel(benchmark, kernel, tokens, shape, bits, threads):
     out = np.empty((tokens, rows), np.float32)
     integer = kernel.startswith("avx512")
     benchmark.group = f"matmul{tokens} {name} {bits} bits"
-    _cq.set_kernel(kernel)
-    try:
+    with forced_kernel(kernel):
         benchmark(_cq.matmul, cw, X, out=out, threads=threads, a8=integer)
-    finally:
-        _cq.set_kernel("auto")
     record(benchmark, f"matmul{tokens}-kernel", name, kernel, bits, threads)
 
 
