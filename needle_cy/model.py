@@ -268,7 +268,8 @@ class Model:
         # chunk by chunk (as the engine itself would), so every chunk is a sample
         chunk = getattr(self._engine, "chunk", 64)
         for t0 in range(0, len(ids), chunk):
-            logits = self._timed("prefill", self._engine.prefill, ids[t0:t0 + chunk], len(ids[t0:t0 + chunk]))
+            part = ids[t0:t0 + chunk]
+            logits = self._timed("prefill", self._engine.prefill, part, len(part))
         return logits
 
     def step(self, token: int) -> np.ndarray:

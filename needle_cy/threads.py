@@ -150,13 +150,16 @@ class ThreadTuner:
         m = len(xs) // 2
         return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
 
+    def _costs(self, kind: str) -> Dict[int, float]:
+        costs = {c: self.cost(kind, c) for c in self.candidates}
+        return {c: v for c, v in costs.items() if v is not None}
+
+    def _best_of(self, costs: Dict[int, float]) -> int:
+        return min(costs, key=lambda c: (costs[c], -c)) if costs else self.max_threads
+
     def best(self, kind: str) -> int:
         """The sampled candidate with the lowest cost (max_threads before any sample)."""
-        costs = {c: self.cost(kind, c) for c in self.candidates}
-        costs = {c: v for c, v in costs.items() if v is not None}
-        if not costs:
-            return self.max_threads
-        return min(costs, key=lambda c: (costs[c], -c))
+        return self._best_of(self._costs(kind))
 
     def pick(self, kind: str) -> int:
         """Thread count for the next call of ``kind``."""
@@ -168,9 +171,10 @@ class ThreadTuner:
         unsampled = [c for c in self.candidates if c not in k["samples"]]
         if unsampled:
             return unsampled[0]
-        best = self.best(kind)
-        best_cost = self.cost(kind, best)
-        ratio = {c: self.cost(kind, c) / best_cost if best_cost > 0 else 1.0 for c in self.candidates}
+        costs = self._costs(kind)             # every candidate is sampled by now
+        best = self._best_of(costs)
+        best_cost = costs[best]
+        ratio = {c: costs[c] / best_cost if best_cost > 0 else 1.0 for c in self.candidates}
         young = [c for c in self.candidates
                  if k["samples"][c] < self.warmup and ratio[c] <= 2.0 and c != best]
         if young:
