@@ -118,7 +118,6 @@ def measure_trainers(run_dir, tokens, candidates=None, steps=8, log_every=2):
     copy of this run: its geometry, hyper-parameters and token file ``tokens``, the
     real loop (batches, loss, AdamW, schedule), ``steps`` steps; the first log window
     (compilation, warm-up) is dropped and the median of the others kept."""
-    import shutil
     import tempfile
 
     if candidates is None:
@@ -147,11 +146,10 @@ def measure_trainers(run_dir, tokens, candidates=None, steps=8, log_every=2):
                 continue
             with open(os.path.join(tmp, "log.jsonl")) as handle:
                 logs = [json.loads(line) for line in handle]
-            speeds = sorted(r["tok_per_s"] for r in logs if "tok_per_s" in r)[1:] or \
-                [r["tok_per_s"] for r in logs if "tok_per_s" in r]
+            windows = [r["tok_per_s"] for r in logs if "tok_per_s" in r]
+            speeds = sorted(windows[1:] or windows)      # the first window pays for compilation
             results.append({"trainer": trainer, "options": options,
                             "tok_per_s": speeds[len(speeds) // 2] if speeds else None})
-        shutil.rmtree(tmp, ignore_errors=True)
     return results
 
 
