@@ -57,7 +57,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .errors import ContextOverflowError, ModelStateError, TokenizerError
-from .threads import ThreadTuner, get_num_threads, threads_automatic
+from .threads import ThreadTuner, free_cpus_from, get_num_threads, machine_load, threads_automatic
 from .weights import bind_weights
 
 BACKENDS = ("cython", "numpy")
@@ -174,7 +174,8 @@ class Model:
         engine = _make_engine(backend, weights, numerics, window, sink_tokens, n_threads)
         model = cls(weights, engine, archive, backend, numerics, window, sink_tokens, n_threads)
         if n_threads > 1 and threads_automatic(threads) and hasattr(engine, "run_threads"):
-            model.thread_tuner = ThreadTuner(n_threads)
+            load = machine_load()
+            model.thread_tuner = ThreadTuner(n_threads, free_cpus=free_cpus_from(load) if load else None)
         return model
 
     @staticmethod

@@ -10,10 +10,19 @@ region waits for a descheduled sibling), and which case holds changes while a
 program runs.  The tuner times every call it is given, tries each candidate a
 few times first, then keeps the fastest and re-tries another candidate every
 ``explore_every`` calls, so it follows the load at a cost of a few per cent.
+
+Timing alone reacts late, and a single call on more threads than there are free cores
+costs tens of ordinary ones (measured: a 2-thread decode step of the full-size model
+took 245–385 ms with two CPU hogs on the 2 cores, against 12–16 ms on one thread).  So
+before each call the tuner also asks ``MachineLoad`` how many tasks other than this
+process's own threads are runnable right now (Linux ``/proc/loadavg`` and
+``/proc/self/task``, a few microseconds), and never runs a call on more threads than
+the CPUs left free; where that cannot be read it relies on timing alone.
 """
 import os
+import time
 from collections import deque
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 _override = None
 
@@ -101,6 +110,108 @@ def get_num_threads(threads: Optional[int] = None) -> int:
     return n
 
 
+class MachineLoad:
+    """Runnable tasks on this machine other than this process's own threads, now.
+
+    ``/proc/loadavg``'s fourth field counts the tasks in the run state across the
+    machine (this thread included); this process's threads in state R (an OpenMP
+    worker still spinning after a parallel region is one) are subtracted, read from
+    ``/proc/self/task/*/stat`` through descriptors kept open (the thread list is
+    re-read every ``refresh_s`` seconds).  ``others_running()`` is None where that
+    cannot be read or means nothing for this process: not Linux, or an affinity mask
+    narrower than the machine (the machine-wide count is then not about our CPUs).
+    """
+
+    def __init__(self, refresh_s: float = 0.5, max_age_s: float = 0.002) -> None:
+        self.cpus = os.cpu_count() or 1
+        self.refresh_s = float(refresh_s)
+        self.max_age_s = float(max_age_s)
+        self._read_at = -1e9
+        self._others = 0
+        self._fds: Tuple[int, ...] = ()
+        self._fd: Optional[int] = None
+        self._tasks: Dict[str, int] = {}
+        self._listed = -1e9
+        try:
+            if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) != self.cpus:
+                return
+            self._fd = os.open("/proc/loadavg", os.O_RDONLY)
+            os.pread(self._fd, 128, 0)
+        except (OSError, AttributeError):
+            self.close()
+
+    @property
+    def available(self) -> bool:
+        return self._fd is not None
+
+    def close(self) -> None:
+        for fd in ([self._fd] if self._fd is not None else []) + list(self._tasks.values()):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fd, self._tasks, self._fds = None, {}, ()
+
+    def __del__(self):
+        self.close()
+
+    def _task_fds(self) -> Tuple[int, ...]:
+        now = time.monotonic()
+        if now - self._listed >= self.refresh_s:
+            self._listed = now
+            try:
+                tids = set(os.listdir("/proc/self/task"))
+            except OSError:
+                tids = set()
+            for tid in list(self._tasks):
+                if tid not in tids:
+                    os.close(self._tasks.pop(tid))
+            for tid in tids - set(self._tasks):
+                try:
+                    self._tasks[tid] = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+                except OSError:
+                    pass
+            self._fds = tuple(self._tasks.values())
+        return self._fds
+
+    def own_running(self) -> int:
+        """This process's threads in the run state (at least 1: the caller)."""
+        n = 0
+        for fd in self._task_fds():
+            try:
+                stat = os.pread(fd, 512, 0)
+            except OSError:
+                continue
+            end = stat.rfind(b")")
+            if stat[end + 2:end + 3] == b"R":
+                n += 1
+        return n if n > 1 else 1
+
+    def others_running(self) -> Optional[int]:
+        """Tasks other than this process's own threads runnable now (None: unknown).
+        A reading younger than ``max_age_s`` is reused (a decode step of a small
+        model takes ~0.1 ms; reading costs ~5–15 µs)."""
+        if self._fd is None:
+            return None
+        now = time.monotonic()
+        if now - self._read_at < self.max_age_s:
+            return self._others
+        try:
+            running = int(os.pread(self._fd, 128, 0).split()[3].split(b"/")[0])
+        except (OSError, IndexError, ValueError):
+            return None
+        # only this thread running: nothing else; otherwise subtract our own threads
+        self._others = 0 if running <= 1 else max(0, running - self.own_running())
+        self._read_at = now
+        return self._others
+
+
+def machine_load() -> Optional[MachineLoad]:
+    """A MachineLoad where this system can report one, else None."""
+    load = MachineLoad()
+    return load if load.available else None
+
+
 class ThreadTuner:
     """Chooses the thread count of each call from the measured time of earlier ones.
 
@@ -109,7 +220,13 @@ class ThreadTuner:
     powers of two below ``max_threads`` and ``max_threads``.  Per kind and candidate
     the cost is the median seconds per token of the last ``window`` samples (one
     descheduled call must not flip the choice); the first call of a kind runs on
-    every core and is not recorded (it pays for page faults and cold caches).
+    every core (every free one, with ``free_cpus``) and is not recorded (it pays for
+    page faults and cold caches).
+
+    ``free_cpus`` (optional, called before every call that would use more than one
+    thread) returns how many CPUs no other task is using now, or None when unknown;
+    such a call then runs on the largest candidate that fits (at least 1), and is
+    recorded under the count it ran on.  A candidate due for a try waits until it fits.
 
     After each candidate has run once, and those within 2x of the best ``warmup``
     times, the fastest runs.  Another candidate is re-tried once ``explore_every``
@@ -120,7 +237,7 @@ class ThreadTuner:
     """
 
     def __init__(self, max_threads: int, explore_every: int = 32, warmup: int = 6,
-                 window: int = 7) -> None:
+                 window: int = 7, free_cpus: Optional[Callable[[], Optional[int]]] = None) -> None:
         if int(max_threads) < 1:
             raise ValueError(f"ThreadTuner: max_threads must be >= 1, got {max_threads!r}")
         self.max_threads = int(max_threads)
@@ -133,6 +250,8 @@ class ThreadTuner:
         self.explore_every = max(2, int(explore_every))
         self.warmup = max(1, int(warmup))
         self.window = max(1, int(window))
+        self.free_cpus = free_cpus
+        self.narrowed = 0      # calls run on fewer threads than chosen: too few free CPUs
         self._kinds: Dict[str, dict] = {}
 
     def _kind(self, kind: str) -> dict:
@@ -163,6 +282,16 @@ class ThreadTuner:
 
     def pick(self, kind: str) -> int:
         """Thread count for the next call of ``kind``."""
+        n = self._choose(kind)
+        if n > 1 and self.free_cpus is not None:
+            free = self.free_cpus()
+            if free is not None and n > free:
+                fits = [c for c in self.candidates if c <= free]
+                n = fits[-1] if fits else 1
+                self.narrowed += 1
+        return n
+
+    def _choose(self, kind: str) -> int:
         k = self._kind(kind)
         k["calls"] += 1
         calls = k["calls"]
@@ -207,3 +336,12 @@ class ThreadTuner:
                                           for c in self.candidates if c in k["samples"]},
                          "samples": dict(sorted(k["samples"].items()))}
         return out
+
+
+def free_cpus_from(load: MachineLoad) -> Callable[[], Optional[int]]:
+    """``free_cpus`` for a ThreadTuner: this machine's CPUs less the other runnable
+    tasks; the caller's own thread is not counted as using one."""
+    def free() -> Optional[int]:
+        others = load.others_running()
+        return None if others is None else max(1, load.cpus - others)
+    return free

@@ -83,6 +83,71 @@ def test_kinds_are_tuned_separately():
     assert t.best("step") == 1 and t.best("prefill") == 2
 
 
+def test_never_more_threads_than_free_cpus():
+    # a busy machine: the cold call, the first samples and later tries all run on 1
+    free = {"n": 1}
+    t = ThreadTuner(2, free_cpus=lambda: free["n"])
+    used = drive(t, lambda i, n: 1.0 if n == 2 else 1.5, 200)
+    assert set(used) == {1}
+    assert t.narrowed >= 1 and t.summary()["step"]["samples"] == {1: 199}
+    # the machine frees up: 2 threads are tried at once and, faster, kept
+    free["n"] = 2
+    used = drive(t, lambda i, n: 1.0 if n == 2 else 1.5, 200)
+    assert used[0] == 2 and t.best("step") == 2
+    assert used[-100:].count(2) / 100 > 0.95
+    # load comes back: the very next call narrows, without waiting for slow samples
+    free["n"] = 1
+    assert t.pick("step") == 1
+
+
+def test_unknown_free_cpus_leaves_timing_alone():
+    t = ThreadTuner(2, free_cpus=lambda: None)
+    used = drive(t, lambda i, n: 1.0 if n == 2 else 1.5, 200)
+    assert used[0] == 2 and t.best("step") == 2 and t.narrowed == 0
+
+
+def test_narrowing_picks_the_largest_candidate_that_fits():
+    t = ThreadTuner(6, free_cpus=lambda: 5)
+    assert t.pick("step") == 4           # the cold call wanted 6
+
+
+linux_only = pytest.mark.skipif(thr.machine_load() is None,
+                                reason="needs Linux /proc/loadavg and an affinity over every CPU")
+
+
+@linux_only
+def test_machine_load_sees_a_busy_process():
+    import subprocess
+    import sys
+    import time
+    load = thr.MachineLoad(max_age_s=0.0)
+    assert load.own_running() >= 1
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        seen = [load.others_running() for _ in range(200)]
+    finally:
+        hog.kill()
+        hog.wait()
+    assert all(isinstance(x, int) and x >= 0 for x in seen)
+    assert max(seen) >= 1                  # the hog is runnable whenever it is read
+    free = thr.free_cpus_from(load)()
+    assert 1 <= free <= load.cpus
+
+
+def test_model_tuner_asks_the_machine_load(monkeypatch, tmp_path):
+    from needle_cy.model import Model
+    from needle_cy.testing.make_random_archive import make_random_archive
+    monkeypatch.delenv("NEEDLE_CY_THREADS", raising=False)
+    thr.set_num_threads(None)
+    path = make_random_archive(tmp_path / "m.cact", bits=4)
+    m = Model.load(path)
+    if m.threads < 2 or not hasattr(m._engine, "run_threads"):
+        pytest.skip("one core or no OpenMP: no tuner")
+    assert m.thread_tuner is not None
+    assert (m.thread_tuner.free_cpus is not None) == (thr.machine_load() is not None)
+
+
 def test_automatic_only_without_an_explicit_count(monkeypatch):
     monkeypatch.delenv("NEEDLE_CY_THREADS", raising=False)
     thr.set_num_threads(None)
@@ -139,6 +204,7 @@ def test_tuned_model_gives_the_fixed_models_logits(random_archive, monkeypatch):
     if auto.thread_tuner is None:         # one physical core here: a 2-thread tuned model
         auto = Model.load(random_archive, threads=2)
         auto.thread_tuner = ThreadTuner(2)
+    auto.thread_tuner.free_cpus = None     # both counts must run, however busy the machine is
     want = fixed.prefill(ids[:140])
     got = auto.prefill(ids[:140])          # three chunks, thread counts alternate
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
