@@ -233,3 +233,29 @@ def test_held_out_cases_come_from_the_held_out_split(corpus_root, train_tools):
             assert (tool["name"], json.dumps(tool["parameters"], sort_keys=True)) not in train_keys
             n += 1
     assert n > 20
+
+
+def test_a_run_retrains_its_tokenizer_on_the_mix(corpus_root, tmp_path):
+    """`train tokenizer`: a SentencePiece model on mix text, the same as an archive record
+    (the engine's encoder agrees with sentencepiece on fresh mix text), run.json's vocabulary,
+    and add-data tokenizes with it."""
+    pytest.importorskip("sentencepiece")
+    import numpy as np
+    from needle_cy.tokenizer import Tokenizer
+    from needle_cy.training import train
+
+    run = tmp_path / "run"
+    shipped = os.path.join(os.path.dirname(data.__file__), "..", "models", "default.cact")
+    train.warm_start(str(run), shipped, params=False)
+    train.retrain_tokenizer(str(run), vocab_size=700, examples=120, seed=5)
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["hyper"]["vocab_size"] == 700 and meta["tokenizer"]["source"] == "mix"
+    sp = train.run_tokenizer(str(run))
+    assert sp.get_piece_size() == 700
+    ours = Tokenizer.from_record_bytes((run / "tokenizer.record").read_bytes())
+    for example in mix.generate(5, seed=77):
+        prompt, target = data.render(example)
+        assert ours.encode(prompt + target) == sp.encode(prompt + target)
+    train.add_data(str(run), "m", 8, 9, "mix")
+    z = np.load(run / "tokens_m.npz")
+    assert int(z["ids"].max()) < 700 and len(z["offsets"]) == 9

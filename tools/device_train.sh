@@ -7,12 +7,16 @@
 #   tools/device_train.sh smoke   [RUN]     # here: the train step on the CPU, 3 steps
 #
 # prepare: a run folder (default .device/run, which .git/info/exclude must ignore)
-#   with run.json (geometry below, the shipped tokenizer's vocabulary), the shipped
-#   tokenizer record, and the training data as one compressed token file
-#   (tokens_gpu.npz, uint16 ids: ~14 MB per 40k mix conversations) merged from the
-#   mix files named in TOKEN_FILES (made with `python -m needle_cy.training.train
-#   add-data RUN NAME --version mix --examples 40000 --seed S`; seeds 201-203 plus
-#   101 were used).  Everything the GPU run needs travels in that folder: the
+#   with run.json (geometry below), a tokenizer record, and the training data as one
+#   compressed token file (tokens_gpu.npz, uint16 ids: ~12-14 MB per 40k mix
+#   conversations).  Two ways:
+#   - TOKENIZER=mix MIX_SEEDS="201 202 203 204": a tokenizer retrained on mix text
+#     (VOCAB pieces, default 4096; `train tokenizer`, 15-24 % fewer tokens per mix
+#     conversation than the shipped one), then 40k mix conversations per seed
+#     tokenized with it (`train add-data`, ~2-5 min each here), merged;
+#   - otherwise the shipped tokenizer, and TOKEN_FILES names mix token files made
+#     with it (`python -m needle_cy.training.train add-data RUN NAME --version mix
+#     --examples 40000 --seed S`; seeds 201-204 were used), merged.  Everything the GPU run needs travels in that folder: the
 #   machine there has PyTorch and NumPy but no jsonschema, and the run needs neither
 #   the Cython extensions nor the corpus.
 # train: PyTorch trainer (needle_cy.training.torch_train) on CUDA in bf16 autocast,
@@ -31,24 +35,42 @@ PY=${PYTHON:-python3}
 
 case "$MODE" in
 prepare)
-    : "${TOKEN_FILES:?set TOKEN_FILES to the mix token files to merge (space separated)}"
+    TOKENIZER=${TOKENIZER:-shipped}
+    if [ "$TOKENIZER" = mix ]; then
+        : "${MIX_SEEDS:?set MIX_SEEDS to the mix seeds to draw (space separated)}"
+    else
+        : "${TOKEN_FILES:?set TOKEN_FILES to the mix token files to merge (space separated)}"
+    fi
     mkdir -p "$RUN"
     # geometry: the shipped d_model 256 at twice its depth (first call stays under the
     # 150 ms target on 2 cores: ~2x the shipped model's 51 ms); batches of 64k tokens
     GEOMETRY=${GEOMETRY:-'{"num_layers": 8, "global_layers": [1, 3, 5, 7], "engram_layers": [0, 4]}'}
     HYPER=${HYPER:-'{"peak_lr": 0.002, "warmup": 150, "tokens_per_batch": 65536, "buckets": [384, 512, 640, 768, 1024], "checkpoint_every": 200, "log_every": 20, "seed": 23, "total_steps": 4000, "decay_steps": 800}'}
-    $PY - "$RUN" "$GEOMETRY" "$HYPER" $TOKEN_FILES <<'PY'
+    $PY - "$RUN" "$GEOMETRY" "$HYPER" "$TOKENIZER" "${VOCAB:-4096}" "${MIX_SEEDS:-}" ${TOKEN_FILES:-} <<'PY'
 import json, os, sys
 from needle_cy.training import train
-run_dir, geometry, hyper, files = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4:]
+run_dir, geometry, hyper = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+tokenizer, vocab, seeds, files = sys.argv[4], int(sys.argv[5]), sys.argv[6].split(), sys.argv[7:]
 train.warm_start(run_dir, "needle_cy/models/default.cact", params=False, **hyper)
 with open(os.path.join(run_dir, "run.json")) as handle:
     run = json.load(handle)
 run["model"].update(geometry)
-run.pop("warm_start", None)                 # from scratch: only the tokenizer is the shipped one
+run.pop("warm_start", None)                 # from scratch: at most the tokenizer is the shipped one
 with open(os.path.join(run_dir, "run.json"), "w") as handle:
     json.dump(run, handle, indent=1)
+for stale in ("tokenizer.model", "tokenizer.vocab"):  # an earlier prepare's; it would win over the record
+    if os.path.exists(os.path.join(run_dir, stale)):
+        os.remove(os.path.join(run_dir, stale))
+if tokenizer == "mix":
+    train.retrain_tokenizer(run_dir, vocab_size=vocab, source="mix")
+    for seed in seeds:
+        train.add_data(run_dir, f"mix{seed}", 40000, int(seed), "mix")
+    files = [os.path.join(run_dir, f"tokens_mix{seed}.npz") for seed in seeds]
 train.merge_tokens(files, os.path.join(run_dir, "tokens_gpu.npz"))
+if tokenizer == "mix":                      # the GPU machine needs only the merged file
+    for seed in seeds:
+        for name in (f"tokens_mix{seed}.npz", f"data_mix{seed}.jsonl"):
+            os.remove(os.path.join(run_dir, name))
 with open(os.path.join(run_dir, "control.json"), "w") as handle:
     json.dump({"tokens": "tokens_gpu.npz"}, handle)
 print("prepared", run_dir, os.path.getsize(os.path.join(run_dir, "tokens_gpu.npz")) / 1e6, "MB of tokens")

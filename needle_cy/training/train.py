@@ -308,6 +308,28 @@ def run_tokenizer(run_dir):
         return ArchiveTokenizer(handle.read())
 
 
+def retrain_tokenizer(run_dir, vocab_size=4096, examples=6000, seed=300, source="mix"):
+    """Give a run a tokenizer of its own, trained on ``source`` text (``training.tokenizer``):
+    ``tokenizer.model`` (which ``run_tokenizer`` and so ``add_data`` use from then on),
+    the same as an archive record in ``tokenizer.record`` (what the trainers put into the
+    checkpoint and the export, with no sentencepiece needed there), and run.json's
+    ``vocab_size``.  Token files made before it no longer fit the run."""
+    from ..tokenizer import record_from_sentencepiece
+    from .tokenizer import check_tokenizer, train_tokenizer
+
+    model_path = train_tokenizer(os.path.join(run_dir, "tokenizer"), vocab_size, n_examples=examples,
+                                 seed=seed, source=source)
+    sp = check_tokenizer(model_path)
+    with open(os.path.join(run_dir, "tokenizer.record"), "wb") as handle:
+        handle.write(record_from_sentencepiece(model_path))
+    run = load_run(run_dir)
+    run["hyper"]["vocab_size"] = sp.get_piece_size()
+    run["tokenizer"] = {"source": source, "examples": examples, "seed": seed, "pieces": sp.get_piece_size()}
+    with open(os.path.join(run_dir, "run.json"), "w") as handle:
+        json.dump(run, handle, indent=1)
+    return model_path
+
+
 def warm_start(run_dir, archive_path, params=True, **hyper):
     """A run folder whose step-0 state holds ``archive_path``'s dequantized weights (and
     a fresh optimizer), with the archive's tokenizer record; ``hyper`` overrides HYPER.
@@ -722,6 +744,12 @@ def main(argv=None):
     a.add_argument("--examples", type=int, default=60000)
     a.add_argument("--seed", type=int, default=1)
     a.add_argument("--version", default="2", help="a smart-home data version (1-7) or 'mix'")
+    t = sub.add_parser("tokenizer", help="retrain the run's tokenizer (before its token files)")
+    t.add_argument("run_dir")
+    t.add_argument("--vocab", type=int, default=4096)
+    t.add_argument("--examples", type=int, default=6000)
+    t.add_argument("--seed", type=int, default=300)
+    t.add_argument("--source", choices=("home", "mix"), default="mix")
     m = sub.add_parser("merge-tokens", help="concatenate token files into one compressed file")
     m.add_argument("out")
     m.add_argument("inputs", nargs="+")
@@ -741,6 +769,8 @@ def main(argv=None):
     elif args.cmd == "add-data":
         version = args.version if args.version == "mix" else int(args.version)
         add_data(args.run_dir, args.name, args.examples, args.seed, version)
+    elif args.cmd == "tokenizer":
+        retrain_tokenizer(args.run_dir, args.vocab, args.examples, args.seed, args.source)
     elif args.cmd == "merge-tokens":
         merge_tokens(args.inputs, args.out)
     elif args.cmd == "fit":
