@@ -609,10 +609,57 @@ cdef extern from *:
     #undef NC_INT_SUF
     #undef NC_INT_TGT
     #undef NC_INT_DPW
+    /* 256-bit integer kernels (cq_int_avx2.h) for CPUs without AVX-512: AVX2, and
+       AVX-VNNI where the compiler knows it (GCC 11, clang 12, Apple clang 13). */
+    #if (defined(__clang__) && ((defined(__apple_build_version__) && __clang_major__ >= 13) \
+                                || (!defined(__apple_build_version__) && __clang_major__ >= 12))) \
+        || (!defined(__clang__) && __GNUC__ >= 11)
+    #define NC_CQ_HAVE_AVXVNNI 1
+    #else
+    #define NC_CQ_HAVE_AVXVNNI 0
+    #endif
+    #include <cpuid.h>
+    /* AVX-VNNI: cpuid leaf 7 subleaf 1, EAX bit 4 (with AVX2+FMA, whose check covers the OS ymm state) */
+    static int nc_cq_cpu_has_avxvnni(void) {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        if (!NC_CQ_HAVE_AVXVNNI || !nc_cq_cpu_has_avx2() || __get_cpuid_max(0, 0) < 7) return 0;
+        __cpuid_count(7, 1, a, b, c, d);
+        return (int)((a >> 4) & 1u);
+    }
+    #define NC_I2_SUF avx2int
+    #define NC_I2_TGT "avx2,fma"
+    #define NC_I2_DPW(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+    #include "cq_int_avx2.h"
+    #undef NC_I2_SUF
+    #undef NC_I2_TGT
+    #undef NC_I2_DPW
+    #if NC_CQ_HAVE_AVXVNNI
+    #define NC_I2_SUF avxvnni
+    #define NC_I2_TGT "avx2,fma,avxvnni"
+    #define NC_I2_DPW(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+    #include "cq_int_avx2.h"
+    #undef NC_I2_SUF
+    #undef NC_I2_TGT
+    #undef NC_I2_DPW
+    #else  /* never chosen: nc_cq_cpu_has_avxvnni() is 0 */
+    #define nc_cqi2_rows_avxvnni nc_cqi2_rows_avx2int
+    #define nc_cqi2_mm_rows_avxvnni nc_cqi2_mm_rows_avx2int
+    #endif
+    /* kernels 3 (avx2int) and 4 (avxvnni); a8 codes and packing are the same for both */
+    #define NC_CQ_INT2_KERNEL(kernel) ((kernel) == 3 || (kernel) == 4)
+    #define NC_CQ_INT2_ROWS(kernel, ...) do { if ((kernel) == 4) nc_cqi2_rows_avxvnni(__VA_ARGS__); \
+                                             else nc_cqi2_rows_avx2int(__VA_ARGS__); } while (0)
+    #define NC_CQ_INT2_MM_ROWS(kernel, ...) do { if ((kernel) == 4) nc_cqi2_mm_rows_avxvnni(__VA_ARGS__); \
+                                                else nc_cqi2_mm_rows_avx2int(__VA_ARGS__); } while (0)
     static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
                                const float* norms, ptrdiff_t norm_stride, const int16_t* z,
                                ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
                                float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
+        if (NC_CQ_INT2_KERNEL(kernel)) {
+            NC_CQ_INT2_ROWS(kernel, packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
+                            table, base, scale, r0, r1, y);
+            return;
+        }
         if (kernel == 2)
             nc_cqi_rows_avx512vnni(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
                                    table, base, scale, r0, r1, y);
@@ -621,10 +668,12 @@ cdef extern from *:
                                  table, base, scale, r0, r1, y);
     }
     static int nc_cq_int_a8_codes(int kernel, const float* x, ptrdiff_t n, float* kf, float* s) {
+        if (NC_CQ_INT2_KERNEL(kernel)) return nc_cqi2_a8_codes_avx2int(x, n, kf, s);
         return kernel == 2 ? nc_cqi_a8_codes_avx512vnni(x, n, kf, s) : nc_cqi_a8_codes_avx512bw(x, n, kf, s);
     }
     static void nc_cq_int_pack_codes(int kernel, const float* kf, ptrdiff_t n_chunks, int fb, int16_t* z) {
-        if (kernel == 2) nc_cqi_pack_codes_avx512vnni(kf, n_chunks, fb, z);
+        if (NC_CQ_INT2_KERNEL(kernel)) nc_cqi2_pack_codes_avx2int(kf, n_chunks, fb, z);
+        else if (kernel == 2) nc_cqi_pack_codes_avx512vnni(kf, n_chunks, fb, z);
         else nc_cqi_pack_codes_avx512bw(kf, n_chunks, fb, z);
     }
     static void nc_cq_int_mm_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
@@ -632,6 +681,11 @@ cdef extern from *:
                                   ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
                                   const int16_t* table, float base, const float* s, float descale,
                                   ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
+        if (NC_CQ_INT2_KERNEL(kernel)) {
+            NC_CQ_INT2_MM_ROWS(kernel, packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
+                               n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
+            return;
+        }
         if (kernel == 2)
             nc_cqi_mm_rows_avx512vnni(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
                                       n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
@@ -643,6 +697,7 @@ cdef extern from *:
     #else
     static int nc_cq_cpu_has_avx512bw(void) { return 0; }
     static int nc_cq_cpu_has_avx512vnni(void) { return 0; }
+    static int nc_cq_cpu_has_avxvnni(void) { return 0; }
     static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
                                const float* norms, ptrdiff_t norm_stride, const int16_t* z,
                                ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
@@ -679,10 +734,21 @@ cdef extern from *:
         if (nc_cq_simd_enabled < 0) nc_cq_simd_enabled = nc_cq_cpu_has_avx2();
         return view_simd && nc_cq_simd_enabled;
     }
-    /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni. */
+    /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni,
+       3 avx2int, 4 avxvnni. */
     static int nc_cq_int_kernel = -1;
+    /* The choice from CPU features (a pure function: the tests try feature sets this CPU lacks).
+       AVX-VNNI only where AVX-512 VNNI is not; AVX2 only where AVX-512 BW is not. */
+    static int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma) {
+        if (avx512bw && avx512vnni) return 2;
+        if (avxvnni && avx2fma) return 4;
+        if (avx512bw) return 1;
+        if (avx2fma) return 3;
+        return 0;
+    }
     static int nc_cq_best_int_kernel(void) {
-        return nc_cq_cpu_has_avx512vnni() ? 2 : (nc_cq_cpu_has_avx512bw() ? 1 : 0);
+        return nc_cq_pick_int_kernel(nc_cq_cpu_has_avx512bw(), nc_cq_cpu_has_avx512vnni(),
+                                     nc_cq_cpu_has_avxvnni(), nc_cq_cpu_has_avx2());
     }
     static int nc_cq_active_int_kernel(void) {
         if (nc_cq_int_kernel < 0) nc_cq_int_kernel = nc_cq_best_int_kernel();
@@ -710,6 +776,8 @@ cdef extern from *:
                          int nt, Py_ssize_t n_vec, float* tile, Py_ssize_t ts) noexcept nogil
     int nc_cq_cpu_has_avx512bw() nogil
     int nc_cq_cpu_has_avx512vnni() nogil
+    int nc_cq_cpu_has_avxvnni() nogil
+    int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma) noexcept nogil
     int nc_cq_int_kernel
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
@@ -1473,21 +1541,34 @@ def simd_kernel():
     return "avx2" if nc_cq_use_simd(1) else "scalar"
 
 
-_INT_NAMES = {1: "avx512bw", 2: "avx512vnni"}
-KERNELS = ("avx512vnni", "avx512bw", "avx2", "scalar")  # best first
+_INT_NAMES = {1: "avx512bw", 2: "avx512vnni", 3: "avx2int", 4: "avxvnni"}
+_INT_IDS = {name: k for k, name in _INT_NAMES.items()}
+KERNELS = ("avx512vnni", "avxvnni", "avx512bw", "avx2int", "avx2", "scalar")  # best first
+INT_KERNELS = tuple(k for k in KERNELS if k in _INT_IDS)   # the integer ones (A8 inputs)
 
 
 def available_kernels():
-    """Kernels this CPU can run, best first: 'avx512vnni' and 'avx512bw' (integer, A8
-    inputs; float inputs then take 'avx2'), 'avx2' (float), 'scalar' (portable)."""
+    """Kernels this CPU can run, best first: 'avx512vnni', 'avxvnni', 'avx512bw' and
+    'avx2int' (integer, A8 inputs; float inputs then take 'avx2'), 'avx2' (float),
+    'scalar' (portable)."""
     found = []
     if nc_cq_cpu_has_avx512vnni():
         found.append("avx512vnni")
+    if nc_cq_cpu_has_avxvnni():
+        found.append("avxvnni")
     if nc_cq_cpu_has_avx512bw():
         found.append("avx512bw")
     if nc_cq_cpu_has_avx2():
-        found.append("avx2")
+        found += ["avx2int", "avx2"]
     return found + ["scalar"]
+
+
+def pick_int_kernel(avx512bw=False, avx512vnni=False, avxvnni=False, avx2=False):
+    """The integer kernel 'auto' takes on a CPU with these features (AVX-512 BW meaning
+    F/BW/VL, avx2 meaning AVX2+FMA), or None (float kernels).  The selection rule
+    on its own, so that tests can try CPUs other than this one."""
+    k = nc_cq_pick_int_kernel(bool(avx512bw), bool(avx512vnni), bool(avxvnni), bool(avx2))
+    return _INT_NAMES.get(k)
 
 
 def kernel_name(a8=True):
@@ -1501,7 +1582,8 @@ def kernel_name(a8=True):
 
 
 def set_kernel(name):
-    """Force a kernel ('avx512vnni', 'avx512bw', 'avx2' = float AVX2 only, 'scalar' =
+    """Force a kernel ('avx512vnni', 'avxvnni', 'avx512bw', 'avx2int' = integer on A8
+    inputs, float AVX2 otherwise; 'avx2' = float AVX2 only, 'scalar' =
     the portable float loops) or go back to the best one ('auto').  Returns the
     previous kernel_name().  For tests and comparisons; the environment variable
     NEEDLE_CY_CQ_KERNEL does the same at import."""
@@ -1516,7 +1598,7 @@ def set_kernel(name):
     if name not in available_kernels():
         raise ValueError(f"CQ kernel {name!r} needs an instruction set this CPU lacks "
                          f"(available: {available_kernels()})")
-    nc_cq_int_kernel = {"avx512vnni": 2, "avx512bw": 1}.get(name, 0)
+    nc_cq_int_kernel = _INT_IDS.get(name, 0)
     nc_cq_simd_enabled = 0 if name == "scalar" else nc_cq_cpu_has_avx2()
     return previous
 
