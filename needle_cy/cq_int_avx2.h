@@ -38,7 +38,9 @@
    planes and the index mask fit the 16 registers at 4. */
 #define NC_I2_MM_TOKENS 4
 /* Rows per block of the matvec (they share every z load). */
+#ifndef NC_I2_MV_ROWS
 #define NC_I2_MV_ROWS 2
+#endif
 #define NC_I2_CAT2(a, b) a##_##b
 #define NC_I2_CAT(a, b) NC_I2_CAT2(a, b)
 #define NC_I2_FN(name) NC_I2_CAT(name, NC_I2_SUF)
@@ -122,11 +124,14 @@ NC_I2_AI __m256 NC_I2_FN(nc_cqi2_norms)(const float* nr, int g, ptrdiff_t C, int
                   : _mm256_permutevar8x32_ps(_mm256_loadu_ps(nr + k->lg8), k->lg_hi);
 }
 
-/* ---- matvec: R rows sharing every code load ---- */
+/* ---- matvec: R rows sharing every code load ----
+   Both halves of a chunk at once (4 accumulators a row, the float totals of the
+   16 lanes in two registers); TAIL: some load of the block may reach `end`. */
 NC_I2_AI void NC_I2_FN(nc_cqi2_block)(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
                                       const float* norms, ptrdiff_t norm_stride, const int16_t* z,
                                       ptrdiff_t n_chunks, int g, const NC_I2_FN(nc_cqi2_consts)* k,
-                                      float scale, ptrdiff_t r, float* y, const int fb, const int R) {
+                                      float scale, ptrdiff_t r, float* y, const int fb, const int R,
+                                      const int TAIL) {
     const int S = 8 / fb;
     const ptrdiff_t C = 256 / fb;
     const int g_shift = __builtin_ctz((unsigned)g);
@@ -134,36 +139,40 @@ NC_I2_AI void NC_I2_FN(nc_cqi2_block)(const uint8_t* packed, ptrdiff_t row_bytes
     __m256 total[NC_I2_MV_ROWS][2];
     for (int i = 0; i < R; i++) total[i][0] = total[i][1] = _mm256_setzero_ps();
     for (ptrdiff_t c0 = 0; c0 < n_chunks; c0 += per) {
-        for (int h = 0; h < 2; h++) {
-            __m256i a0[NC_I2_MV_ROWS], a1[NC_I2_MV_ROWS];
-            for (int i = 0; i < R; i++) a0[i] = a1[i] = _mm256_setzero_si256();
-            for (ptrdiff_t c = c0; c < c0 + per; c++) {
-                __m256i v[NC_I2_MV_ROWS];
-                for (int i = 0; i < R; i++) {
-                    const uint8_t* p = packed + (r + i) * row_bytes + c * 32;
-                    v[i] = NC_I2_FN(nc_cqi2_load_half)(p + 16 * h, end);
-                    /* the weights stream from DRAM in the model (see NC_INT_PF_ROWS) */
-                    if (h == 0 && p + NC_I2_PF_ROWS * row_bytes < end)
-                        _mm_prefetch((const char*)(p + NC_I2_PF_ROWS * row_bytes), _MM_HINT_T0);
-                }
-                const int16_t* zc = z + c * C + 16 * h;
-                for (int s = 0; s < S; s++) {
-                    const __m256i z0 = NC_I2_FN(nc_cqi2_codes)(zc + 32 * s);
-                    const __m256i z1 = NC_I2_FN(nc_cqi2_codes)(zc + 32 * s + 8);
+        __m256i acc[NC_I2_MV_ROWS][4];
+        for (int i = 0; i < R; i++)
+            for (int q = 0; q < 4; q++) acc[i][q] = _mm256_setzero_si256();
+        for (ptrdiff_t c = c0; c < c0 + per; c++) {
+            __m256i v[NC_I2_MV_ROWS][2];
+            for (int i = 0; i < R; i++) {
+                const uint8_t* p = packed + (r + i) * row_bytes + c * 32;
+                for (int h = 0; h < 2; h++)
+                    v[i][h] = TAIL ? NC_I2_FN(nc_cqi2_load_half)(p + 16 * h, end)
+                                   : _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+                /* the weights stream from DRAM in the model (see NC_INT_PF_ROWS) */
+                if (p + NC_I2_PF_ROWS * row_bytes < end)
+                    _mm_prefetch((const char*)(p + NC_I2_PF_ROWS * row_bytes), _MM_HINT_T0);
+            }
+            const int16_t* zc = z + c * C;
+            for (int s = 0; s < S; s++) {
+                for (int h = 0; h < 2; h++) {
+                    const __m256i z0 = NC_I2_FN(nc_cqi2_codes)(zc + 32 * s + 16 * h);
+                    const __m256i z1 = NC_I2_FN(nc_cqi2_codes)(zc + 32 * s + 16 * h + 8);
                     for (int i = 0; i < R; i++) {
                         __m256i w0, w1;
-                        NC_I2_FN(nc_cqi2_decode)(v[i], k->plane_lo, k->plane_hi, k->nibble, &w0, &w1);
-                        a0[i] = NC_I2_DPW(a0[i], w0, z0);
-                        a1[i] = NC_I2_DPW(a1[i], w1, z1);
-                        v[i] = _mm256_srli_epi16(v[i], fb);
+                        NC_I2_FN(nc_cqi2_decode)(v[i][h], k->plane_lo, k->plane_hi, k->nibble, &w0, &w1);
+                        acc[i][2 * h] = NC_I2_DPW(acc[i][2 * h], w0, z0);
+                        acc[i][2 * h + 1] = NC_I2_DPW(acc[i][2 * h + 1], w1, z1);
+                        v[i][h] = _mm256_srli_epi16(v[i][h], fb);
                     }
                 }
             }
-            for (int i = 0; i < R; i++) {
-                const float* nr = norms + (r + i) * norm_stride + ((c0 * C) >> g_shift);
-                total[i][h] = NC_I2_FN(nc_cqi2_flush)(a0[i], a1[i], k->base,
+        }
+        for (int i = 0; i < R; i++) {
+            const float* nr = norms + (r + i) * norm_stride + ((c0 * C) >> g_shift);
+            for (int h = 0; h < 2; h++)
+                total[i][h] = NC_I2_FN(nc_cqi2_flush)(acc[i][2 * h], acc[i][2 * h + 1], k->base,
                                                       NC_I2_FN(nc_cqi2_norms)(nr, g, C, h, k), total[i][h]);
-            }
         }
     }
     for (int i = 0; i < R; i++) y[r + i] = NC_I2_FN(nc_cqi2_hsum16)(total[i][0], total[i][1]) * scale;
@@ -174,12 +183,20 @@ NC_I2_AI void NC_I2_FN(nc_cqi2_rows_fb)(const uint8_t* packed, ptrdiff_t row_byt
                                         ptrdiff_t n_chunks, int g, const int16_t* table, float base,
                                         float scale, ptrdiff_t r0, ptrdiff_t r1, float* y, const int fb) {
     const NC_I2_FN(nc_cqi2_consts) k = NC_I2_FN(nc_cqi2_setup)(table, base, fb, g);
+    /* rows whose chunks all end before `end` load without checks */
+    const ptrdiff_t span = end - packed, chunk_bytes = n_chunks * 32;
     ptrdiff_t r = r0;
-    for (; r + NC_I2_MV_ROWS <= r1; r += NC_I2_MV_ROWS)
-        NC_I2_FN(nc_cqi2_block)(packed, row_bytes, end, norms, norm_stride, z, n_chunks, g, &k, scale, r, y,
-                                fb, NC_I2_MV_ROWS);
+    for (; r + NC_I2_MV_ROWS <= r1; r += NC_I2_MV_ROWS) {
+        if ((r + NC_I2_MV_ROWS - 1) * row_bytes + chunk_bytes <= span)
+            NC_I2_FN(nc_cqi2_block)(packed, row_bytes, end, norms, norm_stride, z, n_chunks, g, &k, scale, r, y,
+                                    fb, NC_I2_MV_ROWS, 0);
+        else
+            NC_I2_FN(nc_cqi2_block)(packed, row_bytes, end, norms, norm_stride, z, n_chunks, g, &k, scale, r, y,
+                                    fb, NC_I2_MV_ROWS, 1);
+    }
     for (; r < r1; r++)
-        NC_I2_FN(nc_cqi2_block)(packed, row_bytes, end, norms, norm_stride, z, n_chunks, g, &k, scale, r, y, fb, 1);
+        NC_I2_FN(nc_cqi2_block)(packed, row_bytes, end, norms, norm_stride, z, n_chunks, g, &k, scale, r, y,
+                                fb, 1, 1);
 }
 
 static __attribute__((target(NC_I2_TGT))) void NC_I2_FN(nc_cqi2_rows)(
