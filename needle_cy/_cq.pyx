@@ -64,9 +64,26 @@ Three inner loops:
   the AVX2 float kernel per matrix, 2 bits 1.1–1.7× (the float one is noisy);
   whole-model decode 4 bits 1.27–1.40×, 2 bits 1.07–1.19× (64 and 600 tokens of
   context).  ``set_kernel``/``kernel_name``/
-  ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avx512bw,
-  avx2, scalar) choose and report; a NEON kernel would be another instantiation
-  of cq_int_kernel.h behind the same dispatch.
+  ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avxvnni,
+  avx512bw, avx2int, avx2, scalar) choose and report; a NEON kernel would be
+  another instantiation of cq_int_kernel.h behind the same dispatch.
+* Integer with 256-bit vectors (cq_int_avx2.h), for x86-64 CPUs without AVX-512:
+  ``avx2int`` (AVX2+FMA: vpmaddwd + vpaddd) and ``avxvnni`` (VEX vpdpwssd; cpuid
+  leaf 7 subleaf 1 EAX bit 4; compiled where the compiler knows AVX-VNNI).  The
+  same numbers as the AVX-512 kernels, bit for bit (tested): the same codes in the
+  same order, the same 16 int32 lanes per chunk, conversions, FMAs and lane-sum
+  tree.  Without vpermw the two int16 codebook halves are split into byte planes
+  looked up with vpshufb: a half chunk (16 bytes) broadcast to both 128-bit lanes
+  looks up hi in one lane and lo in the other, two unpacks rebuild the words, and
+  the codes are loaded with vbroadcasti128 to match (per 32 fields: 8 shuffles,
+  2 shifts/ands, 4 vpmaddwd + 4 vpaddd, or 4 vpdpwssd).  On Zen 4 running AVX2
+  code that is more work than the float kernel's decode at 4 bits (12 shuffles +
+  4 FMAs) and much more at 2 bits (vpermilps, 8 fields a permute), and the matmul
+  needs two int16 products and an add per MAC where the float one needs one FMA:
+  measured slower than the float kernels (decode 0.69–0.95x, prefill 0.55–0.64x;
+  benchmarks/results_cq.md), so 'auto' does not take them (``AUTO_INT256``,
+  ``pick_int_kernel``); forced by name they run.  avxvnni is compiled and its
+  selection tested, but no CPU here has AVX-VNNI (Zen 4 has AVX-512 VNNI only).
 * Portable scalar Cython (any CPU, any width, any group size ≥ 8): byte-wise
   decoding with codebook lookups, one group at a time; the matmul decodes a
   group's codewords once (a stack buffer) and reuses them for every token.
@@ -738,17 +755,27 @@ cdef extern from *:
        3 avx2int, 4 avxvnni. */
     static int nc_cq_int_kernel = -1;
     /* The choice from CPU features (a pure function: the tests try feature sets this CPU lacks).
-       AVX-VNNI only where AVX-512 VNNI is not; AVX2 only where AVX-512 BW is not. */
-    static int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma) {
+       With int256: AVX-VNNI where AVX-512 VNNI is not, AVX2 where AVX-512 BW is not. */
+    static int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma, int int256) {
         if (avx512bw && avx512vnni) return 2;
-        if (avxvnni && avx2fma) return 4;
+        if (int256 && avxvnni && avx2fma) return 4;
         if (avx512bw) return 1;
-        if (avx2fma) return 3;
+        if (int256 && avx2fma) return 3;
         return 0;
     }
+    /* Whether 'auto' takes the 256-bit integer kernels: not yet.  Measured on Zen 4
+       running AVX2 code (portable build, the stand-in for Zen 3; benchmarks/results_cq.md)
+       avx2int is slower than the float AVX2 kernels: whole-model decode 0.88–0.95x at
+       4 bits, 0.69–0.71x at 2 bits, prefill 0.55–0.64x (without vpermw its lookups cost
+       as many shuffles as the float decode saves, and each MAC is two int16 products
+       plus an add).  avxvnni fuses the add; no CPU here has it.  Forced by name they
+       run (NEEDLE_CY_CQ_KERNEL, set_kernel). */
+    #ifndef NC_CQ_AUTO_INT256
+    #define NC_CQ_AUTO_INT256 0
+    #endif
     static int nc_cq_best_int_kernel(void) {
         return nc_cq_pick_int_kernel(nc_cq_cpu_has_avx512bw(), nc_cq_cpu_has_avx512vnni(),
-                                     nc_cq_cpu_has_avxvnni(), nc_cq_cpu_has_avx2());
+                                     nc_cq_cpu_has_avxvnni(), nc_cq_cpu_has_avx2(), NC_CQ_AUTO_INT256);
     }
     static int nc_cq_active_int_kernel(void) {
         if (nc_cq_int_kernel < 0) nc_cq_int_kernel = nc_cq_best_int_kernel();
@@ -777,7 +804,8 @@ cdef extern from *:
     int nc_cq_cpu_has_avx512bw() nogil
     int nc_cq_cpu_has_avx512vnni() nogil
     int nc_cq_cpu_has_avxvnni() nogil
-    int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma) noexcept nogil
+    int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma, int int256) noexcept nogil
+    int NC_CQ_AUTO_INT256
     int nc_cq_int_kernel
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
@@ -1563,11 +1591,19 @@ def available_kernels():
     return found + ["scalar"]
 
 
-def pick_int_kernel(avx512bw=False, avx512vnni=False, avxvnni=False, avx2=False):
+AUTO_INT256 = bool(NC_CQ_AUTO_INT256)   # whether 'auto' takes avxvnni / avx2int (see pick_int_kernel)
+
+
+def pick_int_kernel(avx512bw=False, avx512vnni=False, avxvnni=False, avx2=False, int256=None):
     """The integer kernel 'auto' takes on a CPU with these features (AVX-512 BW meaning
-    F/BW/VL, avx2 meaning AVX2+FMA), or None (float kernels).  The selection rule
-    on its own, so that tests can try CPUs other than this one."""
-    k = nc_cq_pick_int_kernel(bool(avx512bw), bool(avx512vnni), bool(avxvnni), bool(avx2))
+    F/BW/VL, avx2 meaning AVX2+FMA), or None (float kernels): avx512vnni, else (with
+    int256) avxvnni, else avx512bw, else (with int256) avx2int.  int256 (default
+    AUTO_INT256, False in this build: on the AVX2 stand-in measured here the 256-bit
+    integer kernels are slower than the float ones) says whether 'auto' takes them.
+    The selection rule on its own, so that tests can try CPUs other than this one."""
+    if int256 is None:
+        int256 = AUTO_INT256
+    k = nc_cq_pick_int_kernel(bool(avx512bw), bool(avx512vnni), bool(avxvnni), bool(avx2), bool(int256))
     return _INT_NAMES.get(k)
 
 

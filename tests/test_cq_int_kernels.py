@@ -229,7 +229,8 @@ def test_int_kernels_agree_bitwise(int_kernel, bits):
 
 
 def test_int_kernel_selection_rule():
-    pick = _cq.pick_int_kernel
+    def pick(**features):
+        return _cq.pick_int_kernel(int256=True, **features)
     assert pick() is None                                         # no AVX2: float (scalar) kernels
     assert pick(avx2=True) == "avx2int"                           # Zen 3, Intel client before Alder Lake
     assert pick(avx2=True, avxvnni=True) == "avxvnni"             # Alder Lake and later client cores
@@ -238,13 +239,21 @@ def test_int_kernel_selection_rule():
     assert pick(avx2=True, avx512bw=True, avx512vnni=True) == "avx512vnni"   # Cascade Lake, Zen 4
     assert pick(avx2=True, avx512bw=True, avx512vnni=True, avxvnni=True) == "avx512vnni"  # Sapphire Rapids
     assert pick(avx2=True, avx512bw=True, avxvnni=True) == "avxvnni"          # VNNI before width
+    # without int256 (the default while the 256-bit kernels measure slower than the
+    # float ones) those CPUs keep the float kernels; AVX-512 CPUs are not affected
+    off = dict(int256=False)
+    assert _cq.pick_int_kernel(avx2=True, **off) is None
+    assert _cq.pick_int_kernel(avx2=True, avxvnni=True, **off) is None
+    assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avxvnni=True, **off) == "avx512bw"
+    assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avx512vnni=True, **off) == "avx512vnni"
+    assert _cq.pick_int_kernel(avx2=True) == _cq.pick_int_kernel(avx2=True, int256=_cq.AUTO_INT256)
     # this CPU: 'auto' is the rule applied to what it has
     have = set(_cq.available_kernels())
     flags = dict(avx512bw="avx512bw" in have, avx512vnni="avx512vnni" in have,
                  avxvnni="avxvnni" in have, avx2="avx2" in have)
     previous = _cq.set_kernel("auto")
     try:
-        assert _cq.kernel_name() == (pick(**flags) or _cq.simd_kernel())
+        assert _cq.kernel_name() == (_cq.pick_int_kernel(**flags) or _cq.simd_kernel())
     finally:
         _cq.set_kernel(previous if previous in have else "auto")
     # the integer kernels a CPU can run are the ones its features allow
