@@ -119,6 +119,7 @@ cdef extern from *:
     #include <stdint.h>
     #include <stddef.h>
     #include <string.h>
+    #include <math.h>
 
     /* AVX2 kernels, compiled with a target attribute so that even a portable
        build (no -march) has them; used only when the CPU reports AVX2+FMA. */
@@ -781,6 +782,47 @@ cdef extern from *:
         if (nc_cq_int_kernel < 0) nc_cq_int_kernel = nc_cq_best_int_kernel();
         return nc_cq_int_kernel;
     }
+
+    /* The integer matvec in plain C, one lane at a time: the numbers every integer
+       kernel gives bit for bit (tests only; no SIMD, any CPU).  kf: the rotated codes
+       of one token in field order (padded_len floats, small integers).  Lane l of a
+       chunk sums bytes 2l, 2l+1 of every step in int32 (wrapping, as vpaddd), one
+       conversion per group or chunk, fused multiply–adds, then the kernels' tree. */
+    static void nc_cq_int_rows_plain(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                                     const float* norms, ptrdiff_t norm_stride, const float* kf,
+                                     ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
+                                     float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
+        const int S = 8 / fb;
+        const ptrdiff_t C = 256 / fb;
+        const ptrdiff_t per = g >= C ? g / C : 1;
+        const unsigned mask = (1u << fb) - 1u;
+        for (ptrdiff_t r = r0; r < r1; r++) {
+            float total[16] = {0};
+            for (ptrdiff_t c0 = 0; c0 < n_chunks; c0 += per) {
+                uint32_t ah[16] = {0}, al[16] = {0};
+                for (ptrdiff_t c = c0; c < c0 + per; c++)
+                    for (int w = 0; w < 32; w++) {
+                        const uint8_t* p = packed + r * row_bytes + c * 32 + w;
+                        const unsigned byte = p < end ? *p : 0u;   /* the kernels' loads read zeros there */
+                        for (int st = 0; st < S; st++) {
+                            const unsigned idx = (byte >> (st * fb)) & mask;
+                            const int32_t code = (int32_t)kf[c * C + S * w + st];
+                            ah[w / 2] += (uint32_t)((int32_t)table[idx] * code);
+                            al[w / 2] += (uint32_t)((int32_t)table[32 + idx] * code);
+                        }
+                    }
+                const float* nr = norms + r * norm_stride + (c0 * C) / g;
+                for (int l = 0; l < 16; l++) {
+                    const float nv = g >= C ? nr[0] : nr[(16 * l / fb) / g];
+                    const float sum = fmaf((float)(int32_t)ah[l], base, (float)(int32_t)al[l]);
+                    total[l] = fmaf(sum, nv, total[l]);
+                }
+            }
+            float q[4];
+            for (int j = 0; j < 4; j++) q[j] = (total[j] + total[j + 8]) + (total[j + 4] + total[j + 12]);
+            y[r] = ((q[0] + q[2]) + (q[1] + q[3])) * scale;
+        }
+    }
     """
     int nc_cq_cpu_has_avx2() nogil
     int nc_cq_simd_enabled
@@ -809,6 +851,10 @@ cdef extern from *:
     int nc_cq_int_kernel
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
+    void nc_cq_int_rows_plain(const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
+                              const float* norms, Py_ssize_t norm_stride, const float* kf,
+                              Py_ssize_t n_chunks, int fb, int g, const int16_t* table, float base,
+                              float scale, Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
     void nc_cq_int_rows(int kernel, const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
                         const float* norms, Py_ssize_t norm_stride, const int16_t* z,
                         Py_ssize_t n_chunks, int fb, int g, const int16_t* table, float base,
@@ -1838,6 +1884,39 @@ def dequantize_rows(W, ids, out=None):
     finally:
         free(scratch)
     return rows_out
+
+
+def _int_matvec_plain(W, x):
+    """y = W · x by the integer path in plain C (nc_cq_int_rows_plain): the result every
+    integer kernel must give bit for bit, on any CPU.  For tests: x must be an A8
+    vector (float32 [cols]) and W have integer tables; the codes are rotated here."""
+    cdef CQWeight cw = prepare(W)
+    cdef CQView* v = &cw.view
+    if not v.int_ok:
+        raise ValueError("this matrix has no integer tables (group size outside 16/width .. 256)")
+    xs = _as_float32("x", x, (v.cols,))
+    amax = np.float32(np.abs(xs).max()) if v.cols else np.float32(0)
+    s = np.float32(amax / np.float32(127)) if amax > 0 else np.float32(1)
+    k = np.rint(xs / s).astype(np.float64)
+    if np.abs(k).max(initial=0) > 127 or not np.array_equal((k * s).astype(np.float32), xs):
+        raise ValueError("x is not an A8 vector (k·s with |k| <= 127)")
+    g = v.group_size
+    rot = np.zeros(v.padded_len, np.float64)
+    rot[:v.cols] = k
+    blocks = rot[:v.n_groups * g].reshape(v.n_groups, g)
+    h = 1
+    while h < g:   # unscaled Walsh–Hadamard butterflies, Sylvester order (exact on integers)
+        b = blocks.reshape(v.n_groups, -1, 2, h)
+        b[:, :, 0, :], b[:, :, 1, :] = b[:, :, 0, :] + b[:, :, 1, :], b[:, :, 0, :] - b[:, :, 1, :]
+        h *= 2
+    cdef float[::1] kf = rot.astype(np.float32)
+    y = np.empty(v.rows, np.float32)
+    cdef float[::1] yv = y
+    cdef float scale = <float>s * v.int_descale
+    nc_cq_int_rows_plain(v.int_packed, v.int_row_bytes, v.int_packed_end, v.norms, v.norm_stride, &kf[0],
+                         v.n_chunks, v.int_fb, v.group_size, v.int_table, v.int_base, scale, 0, v.rows,
+                         &yv[0] if v.rows else NULL)
+    return y
 
 
 def dequantize(W):

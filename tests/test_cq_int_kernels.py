@@ -11,7 +11,8 @@ Inputs are A8 vectors as the engine makes them (deploy numerics); an input that
 is not one must take the float kernel and give its exact result (for the matmul:
 one such token sends the whole chunk to the float kernel).  The kernels of one
 CPU give the same bits (the 256-bit ones mirror the AVX-512 lanes and float
-steps), and the run-time choice follows the rule of pick_int_kernel.
+steps) and the plain-C integer matvec (_cq._int_matvec_plain, one lane at a
+time, any CPU), and the run-time choice follows the rule of pick_int_kernel.
 """
 import os
 import subprocess
@@ -273,3 +274,37 @@ def test_environment_forces_a_256_bit_kernel(name):
     else:   # ignored with a warning, the best kernel instead
         assert "NEEDLE_CY_CQ_KERNEL ignored" in out.stderr
         assert out.stdout.split() == [_cq.kernel_name(), _cq.kernel_name(a8=False)]
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+def test_plain_c_integer_path_matches_reference(bits):
+    """The plain-C integer matvec (no SIMD: runs on every CPU) within the kernels' bar."""
+    rng = np.random.default_rng(70 + bits)
+    for g in (16, 64, 128, 256):
+        for rows, groups in AGREE_SHAPES[:4]:
+            cols = groups * g + (g // 2 + 3 if groups < 4 else 0)
+            W = random_cq(rng, rows, cols, bits, g)
+            x = a8(rng.standard_normal(cols) * rng.uniform(0.01, 100))
+            got = _cq._int_matvec_plain(W, x)
+            assert got.dtype == np.float32 and got.shape == (rows,)
+            assert rel_err(got, ref.matvec(W, x)) <= 1e-5, (g, rows, cols)
+    with pytest.raises(ValueError, match="not an A8 vector"):
+        _cq._int_matvec_plain(W, rng.standard_normal(cols).astype(np.float32))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+def test_int_kernel_equals_plain_c(int_kernel, bits):
+    """The kernel's matvec and matmul, bit for bit the plain-C integer path."""
+    rng = np.random.default_rng(90 + bits)
+    for g in (16, 32, 64, 128, 256):
+        for rows, groups in AGREE_SHAPES:
+            cols = groups * g + (g // 2 + 3 if groups < 4 else 0)
+            W = random_cq(rng, rows, cols, bits, g)
+            X = a8(rng.standard_normal((5, cols)) * rng.uniform(0.01, 100, size=(5, 1)))
+            X[2] = a8(np.full(cols, 3.0, np.float32))
+            plain = np.stack([_cq._int_matvec_plain(W, x) for x in X])
+            for t in (0, 2):
+                np.testing.assert_array_equal(_cq.matvec(W, X[t], a8=True, threads=1), plain[t],
+                                              err_msg=f"{int_kernel} matvec, g={g}, {rows}x{cols}")
+            np.testing.assert_array_equal(_cq.matmul(W, X, a8=True, threads=2), plain,
+                                          err_msg=f"{int_kernel} matmul, g={g}, {rows}x{cols}")
