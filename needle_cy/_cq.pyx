@@ -64,9 +64,26 @@ Three inner loops:
   the AVX2 float kernel per matrix, 2 bits 1.1–1.7× (the float one is noisy);
   whole-model decode 4 bits 1.27–1.40×, 2 bits 1.07–1.19× (64 and 600 tokens of
   context).  ``set_kernel``/``kernel_name``/
-  ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avx512bw,
-  avx2, scalar) choose and report; a NEON kernel would be another instantiation
-  of cq_int_kernel.h behind the same dispatch.
+  ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avxvnni,
+  avx512bw, avx2int, avx2, scalar) choose and report; a NEON kernel would be
+  another instantiation of cq_int_kernel.h behind the same dispatch.
+* Integer with 256-bit vectors (cq_int_avx2.h), for x86-64 CPUs without AVX-512:
+  ``avx2int`` (AVX2+FMA: vpmaddwd + vpaddd) and ``avxvnni`` (VEX vpdpwssd; cpuid
+  leaf 7 subleaf 1 EAX bit 4; compiled where the compiler knows AVX-VNNI).  The
+  same numbers as the AVX-512 kernels, bit for bit (tested): the same codes in the
+  same order, the same 16 int32 lanes per chunk, conversions, FMAs and lane-sum
+  tree.  Without vpermw the two int16 codebook halves are split into byte planes
+  looked up with vpshufb: a half chunk (16 bytes) broadcast to both 128-bit lanes
+  looks up hi in one lane and lo in the other, two unpacks rebuild the words, and
+  the codes are loaded with vbroadcasti128 to match (per 32 fields: 8 shuffles,
+  2 shifts/ands, 4 vpmaddwd + 4 vpaddd, or 4 vpdpwssd).  On Zen 4 running AVX2
+  code that is more work than the float kernel's decode at 4 bits (12 shuffles +
+  4 FMAs) and much more at 2 bits (vpermilps, 8 fields a permute), and the matmul
+  needs two int16 products and an add per MAC where the float one needs one FMA:
+  measured slower than the float kernels (decode 0.69–0.95x, prefill 0.55–0.64x;
+  benchmarks/results_cq.md), so 'auto' does not take them (``AUTO_INT256``,
+  ``pick_int_kernel``); forced by name they run.  avxvnni is compiled and its
+  selection tested, but no CPU here has AVX-VNNI (Zen 4 has AVX-512 VNNI only).
 * Portable scalar Cython (any CPU, any width, any group size ≥ 8): byte-wise
   decoding with codebook lookups, one group at a time; the matmul decodes a
   group's codewords once (a stack buffer) and reuses them for every token.
@@ -102,6 +119,7 @@ cdef extern from *:
     #include <stdint.h>
     #include <stddef.h>
     #include <string.h>
+    #include <math.h>
 
     /* AVX2 kernels, compiled with a target attribute so that even a portable
        build (no -march) has them; used only when the CPU reports AVX2+FMA. */
@@ -609,10 +627,57 @@ cdef extern from *:
     #undef NC_INT_SUF
     #undef NC_INT_TGT
     #undef NC_INT_DPW
+    /* 256-bit integer kernels (cq_int_avx2.h) for CPUs without AVX-512: AVX2, and
+       AVX-VNNI where the compiler knows it (GCC 11, clang 12, Apple clang 13). */
+    #if (defined(__clang__) && ((defined(__apple_build_version__) && __clang_major__ >= 13) \
+                                || (!defined(__apple_build_version__) && __clang_major__ >= 12))) \
+        || (!defined(__clang__) && __GNUC__ >= 11)
+    #define NC_CQ_HAVE_AVXVNNI 1
+    #else
+    #define NC_CQ_HAVE_AVXVNNI 0
+    #endif
+    #include <cpuid.h>
+    /* AVX-VNNI: cpuid leaf 7 subleaf 1, EAX bit 4 (with AVX2+FMA, whose check covers the OS ymm state) */
+    static int nc_cq_cpu_has_avxvnni(void) {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        if (!NC_CQ_HAVE_AVXVNNI || !nc_cq_cpu_has_avx2() || __get_cpuid_max(0, 0) < 7) return 0;
+        __cpuid_count(7, 1, a, b, c, d);
+        return (int)((a >> 4) & 1u);
+    }
+    #define NC_I2_SUF avx2int
+    #define NC_I2_TGT "avx2,fma"
+    #define NC_I2_DPW(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+    #include "cq_int_avx2.h"
+    #undef NC_I2_SUF
+    #undef NC_I2_TGT
+    #undef NC_I2_DPW
+    #if NC_CQ_HAVE_AVXVNNI
+    #define NC_I2_SUF avxvnni
+    #define NC_I2_TGT "avx2,fma,avxvnni"
+    #define NC_I2_DPW(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+    #include "cq_int_avx2.h"
+    #undef NC_I2_SUF
+    #undef NC_I2_TGT
+    #undef NC_I2_DPW
+    #else  /* never chosen: nc_cq_cpu_has_avxvnni() is 0 */
+    #define nc_cqi2_rows_avxvnni nc_cqi2_rows_avx2int
+    #define nc_cqi2_mm_rows_avxvnni nc_cqi2_mm_rows_avx2int
+    #endif
+    /* kernels 3 (avx2int) and 4 (avxvnni); a8 codes and packing are the same for both */
+    #define NC_CQ_INT2_KERNEL(kernel) ((kernel) == 3 || (kernel) == 4)
+    #define NC_CQ_INT2_ROWS(kernel, ...) do { if ((kernel) == 4) nc_cqi2_rows_avxvnni(__VA_ARGS__); \
+                                             else nc_cqi2_rows_avx2int(__VA_ARGS__); } while (0)
+    #define NC_CQ_INT2_MM_ROWS(kernel, ...) do { if ((kernel) == 4) nc_cqi2_mm_rows_avxvnni(__VA_ARGS__); \
+                                                else nc_cqi2_mm_rows_avx2int(__VA_ARGS__); } while (0)
     static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
                                const float* norms, ptrdiff_t norm_stride, const int16_t* z,
                                ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
                                float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
+        if (NC_CQ_INT2_KERNEL(kernel)) {
+            NC_CQ_INT2_ROWS(kernel, packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
+                            table, base, scale, r0, r1, y);
+            return;
+        }
         if (kernel == 2)
             nc_cqi_rows_avx512vnni(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
                                    table, base, scale, r0, r1, y);
@@ -621,10 +686,12 @@ cdef extern from *:
                                  table, base, scale, r0, r1, y);
     }
     static int nc_cq_int_a8_codes(int kernel, const float* x, ptrdiff_t n, float* kf, float* s) {
+        if (NC_CQ_INT2_KERNEL(kernel)) return nc_cqi2_a8_codes_avx2int(x, n, kf, s);
         return kernel == 2 ? nc_cqi_a8_codes_avx512vnni(x, n, kf, s) : nc_cqi_a8_codes_avx512bw(x, n, kf, s);
     }
     static void nc_cq_int_pack_codes(int kernel, const float* kf, ptrdiff_t n_chunks, int fb, int16_t* z) {
-        if (kernel == 2) nc_cqi_pack_codes_avx512vnni(kf, n_chunks, fb, z);
+        if (NC_CQ_INT2_KERNEL(kernel)) nc_cqi2_pack_codes_avx2int(kf, n_chunks, fb, z);
+        else if (kernel == 2) nc_cqi_pack_codes_avx512vnni(kf, n_chunks, fb, z);
         else nc_cqi_pack_codes_avx512bw(kf, n_chunks, fb, z);
     }
     static void nc_cq_int_mm_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
@@ -632,6 +699,11 @@ cdef extern from *:
                                   ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
                                   const int16_t* table, float base, const float* s, float descale,
                                   ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
+        if (NC_CQ_INT2_KERNEL(kernel)) {
+            NC_CQ_INT2_MM_ROWS(kernel, packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
+                               n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
+            return;
+        }
         if (kernel == 2)
             nc_cqi_mm_rows_avx512vnni(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
                                       n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
@@ -643,6 +715,7 @@ cdef extern from *:
     #else
     static int nc_cq_cpu_has_avx512bw(void) { return 0; }
     static int nc_cq_cpu_has_avx512vnni(void) { return 0; }
+    static int nc_cq_cpu_has_avxvnni(void) { return 0; }
     static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
                                const float* norms, ptrdiff_t norm_stride, const int16_t* z,
                                ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
@@ -679,14 +752,76 @@ cdef extern from *:
         if (nc_cq_simd_enabled < 0) nc_cq_simd_enabled = nc_cq_cpu_has_avx2();
         return view_simd && nc_cq_simd_enabled;
     }
-    /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni. */
+    /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni,
+       3 avx2int, 4 avxvnni. */
     static int nc_cq_int_kernel = -1;
+    /* The choice from CPU features (a pure function: the tests try feature sets this CPU lacks).
+       With int256: AVX-VNNI where AVX-512 VNNI is not, AVX2 where AVX-512 BW is not. */
+    static int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma, int int256) {
+        if (avx512bw && avx512vnni) return 2;
+        if (int256 && avxvnni && avx2fma) return 4;
+        if (avx512bw) return 1;
+        if (int256 && avx2fma) return 3;
+        return 0;
+    }
+    /* Whether 'auto' takes the 256-bit integer kernels: not yet.  Measured on Zen 4
+       running AVX2 code (portable build, the stand-in for Zen 3; benchmarks/results_cq.md)
+       avx2int is slower than the float AVX2 kernels: whole-model decode 0.88–0.95x at
+       4 bits, 0.69–0.71x at 2 bits, prefill 0.55–0.64x (without vpermw its lookups cost
+       as many shuffles as the float decode saves, and each MAC is two int16 products
+       plus an add).  avxvnni fuses the add; no CPU here has it.  Forced by name they
+       run (NEEDLE_CY_CQ_KERNEL, set_kernel). */
+    #ifndef NC_CQ_AUTO_INT256
+    #define NC_CQ_AUTO_INT256 0
+    #endif
     static int nc_cq_best_int_kernel(void) {
-        return nc_cq_cpu_has_avx512vnni() ? 2 : (nc_cq_cpu_has_avx512bw() ? 1 : 0);
+        return nc_cq_pick_int_kernel(nc_cq_cpu_has_avx512bw(), nc_cq_cpu_has_avx512vnni(),
+                                     nc_cq_cpu_has_avxvnni(), nc_cq_cpu_has_avx2(), NC_CQ_AUTO_INT256);
     }
     static int nc_cq_active_int_kernel(void) {
         if (nc_cq_int_kernel < 0) nc_cq_int_kernel = nc_cq_best_int_kernel();
         return nc_cq_int_kernel;
+    }
+
+    /* The integer matvec in plain C, one lane at a time: the numbers every integer
+       kernel gives bit for bit (tests only; no SIMD, any CPU).  kf: the rotated codes
+       of one token in field order (padded_len floats, small integers).  Lane l of a
+       chunk sums bytes 2l, 2l+1 of every step in int32 (wrapping, as vpaddd), one
+       conversion per group or chunk, fused multiply–adds, then the kernels' tree. */
+    static void nc_cq_int_rows_plain(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                                     const float* norms, ptrdiff_t norm_stride, const float* kf,
+                                     ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
+                                     float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
+        const int S = 8 / fb;
+        const ptrdiff_t C = 256 / fb;
+        const ptrdiff_t per = g >= C ? g / C : 1;
+        const unsigned mask = (1u << fb) - 1u;
+        for (ptrdiff_t r = r0; r < r1; r++) {
+            float total[16] = {0};
+            for (ptrdiff_t c0 = 0; c0 < n_chunks; c0 += per) {
+                uint32_t ah[16] = {0}, al[16] = {0};
+                for (ptrdiff_t c = c0; c < c0 + per; c++)
+                    for (int w = 0; w < 32; w++) {
+                        const uint8_t* p = packed + r * row_bytes + c * 32 + w;
+                        const unsigned byte = p < end ? *p : 0u;   /* the kernels' loads read zeros there */
+                        for (int st = 0; st < S; st++) {
+                            const unsigned idx = (byte >> (st * fb)) & mask;
+                            const int32_t code = (int32_t)kf[c * C + S * w + st];
+                            ah[w / 2] += (uint32_t)((int32_t)table[idx] * code);
+                            al[w / 2] += (uint32_t)((int32_t)table[32 + idx] * code);
+                        }
+                    }
+                const float* nr = norms + r * norm_stride + (c0 * C) / g;
+                for (int l = 0; l < 16; l++) {
+                    const float nv = g >= C ? nr[0] : nr[(16 * l / fb) / g];
+                    const float sum = fmaf((float)(int32_t)ah[l], base, (float)(int32_t)al[l]);
+                    total[l] = fmaf(sum, nv, total[l]);
+                }
+            }
+            float q[4];
+            for (int j = 0; j < 4; j++) q[j] = (total[j] + total[j + 8]) + (total[j + 4] + total[j + 12]);
+            y[r] = ((q[0] + q[2]) + (q[1] + q[3])) * scale;
+        }
     }
     """
     int nc_cq_cpu_has_avx2() nogil
@@ -710,9 +845,16 @@ cdef extern from *:
                          int nt, Py_ssize_t n_vec, float* tile, Py_ssize_t ts) noexcept nogil
     int nc_cq_cpu_has_avx512bw() nogil
     int nc_cq_cpu_has_avx512vnni() nogil
+    int nc_cq_cpu_has_avxvnni() nogil
+    int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma, int int256) noexcept nogil
+    int NC_CQ_AUTO_INT256
     int nc_cq_int_kernel
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
+    void nc_cq_int_rows_plain(const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
+                              const float* norms, Py_ssize_t norm_stride, const float* kf,
+                              Py_ssize_t n_chunks, int fb, int g, const int16_t* table, float base,
+                              float scale, Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
     void nc_cq_int_rows(int kernel, const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
                         const float* norms, Py_ssize_t norm_stride, const int16_t* z,
                         Py_ssize_t n_chunks, int fb, int g, const int16_t* table, float base,
@@ -1473,21 +1615,42 @@ def simd_kernel():
     return "avx2" if nc_cq_use_simd(1) else "scalar"
 
 
-_INT_NAMES = {1: "avx512bw", 2: "avx512vnni"}
-KERNELS = ("avx512vnni", "avx512bw", "avx2", "scalar")  # best first
+_INT_NAMES = {1: "avx512bw", 2: "avx512vnni", 3: "avx2int", 4: "avxvnni"}
+_INT_IDS = {name: k for k, name in _INT_NAMES.items()}
+KERNELS = ("avx512vnni", "avxvnni", "avx512bw", "avx2int", "avx2", "scalar")  # best first
+INT_KERNELS = tuple(k for k in KERNELS if k in _INT_IDS)   # the integer ones (A8 inputs)
 
 
 def available_kernels():
-    """Kernels this CPU can run, best first: 'avx512vnni' and 'avx512bw' (integer, A8
-    inputs; float inputs then take 'avx2'), 'avx2' (float), 'scalar' (portable)."""
+    """Kernels this CPU can run, best first: 'avx512vnni', 'avxvnni', 'avx512bw' and
+    'avx2int' (integer, A8 inputs; float inputs then take 'avx2'), 'avx2' (float),
+    'scalar' (portable)."""
     found = []
     if nc_cq_cpu_has_avx512vnni():
         found.append("avx512vnni")
+    if nc_cq_cpu_has_avxvnni():
+        found.append("avxvnni")
     if nc_cq_cpu_has_avx512bw():
         found.append("avx512bw")
     if nc_cq_cpu_has_avx2():
-        found.append("avx2")
+        found += ["avx2int", "avx2"]
     return found + ["scalar"]
+
+
+AUTO_INT256 = bool(NC_CQ_AUTO_INT256)   # whether 'auto' takes avxvnni / avx2int (see pick_int_kernel)
+
+
+def pick_int_kernel(avx512bw=False, avx512vnni=False, avxvnni=False, avx2=False, int256=None):
+    """The integer kernel 'auto' takes on a CPU with these features (AVX-512 BW meaning
+    F/BW/VL, avx2 meaning AVX2+FMA), or None (float kernels): avx512vnni, else (with
+    int256) avxvnni, else avx512bw, else (with int256) avx2int.  int256 (default
+    AUTO_INT256, False in this build: on the AVX2 stand-in measured here the 256-bit
+    integer kernels are slower than the float ones) says whether 'auto' takes them.
+    The selection rule on its own, so that tests can try CPUs other than this one."""
+    if int256 is None:
+        int256 = AUTO_INT256
+    k = nc_cq_pick_int_kernel(bool(avx512bw), bool(avx512vnni), bool(avxvnni), bool(avx2), bool(int256))
+    return _INT_NAMES.get(k)
 
 
 def kernel_name(a8=True):
@@ -1501,7 +1664,8 @@ def kernel_name(a8=True):
 
 
 def set_kernel(name):
-    """Force a kernel ('avx512vnni', 'avx512bw', 'avx2' = float AVX2 only, 'scalar' =
+    """Force a kernel ('avx512vnni', 'avxvnni', 'avx512bw', 'avx2int' = integer on A8
+    inputs, float AVX2 otherwise; 'avx2' = float AVX2 only, 'scalar' =
     the portable float loops) or go back to the best one ('auto').  Returns the
     previous kernel_name().  For tests and comparisons; the environment variable
     NEEDLE_CY_CQ_KERNEL does the same at import."""
@@ -1516,7 +1680,7 @@ def set_kernel(name):
     if name not in available_kernels():
         raise ValueError(f"CQ kernel {name!r} needs an instruction set this CPU lacks "
                          f"(available: {available_kernels()})")
-    nc_cq_int_kernel = {"avx512vnni": 2, "avx512bw": 1}.get(name, 0)
+    nc_cq_int_kernel = _INT_IDS.get(name, 0)
     nc_cq_simd_enabled = 0 if name == "scalar" else nc_cq_cpu_has_avx2()
     return previous
 
@@ -1720,6 +1884,39 @@ def dequantize_rows(W, ids, out=None):
     finally:
         free(scratch)
     return rows_out
+
+
+def _int_matvec_plain(W, x):
+    """y = W · x by the integer path in plain C (nc_cq_int_rows_plain): the result every
+    integer kernel must give bit for bit, on any CPU.  For tests: x must be an A8
+    vector (float32 [cols]) and W have integer tables; the codes are rotated here."""
+    cdef CQWeight cw = prepare(W)
+    cdef CQView* v = &cw.view
+    if not v.int_ok:
+        raise ValueError("this matrix has no integer tables (group size outside 16/width .. 256)")
+    xs = _as_float32("x", x, (v.cols,))
+    amax = np.float32(np.abs(xs).max()) if v.cols else np.float32(0)
+    s = np.float32(amax / np.float32(127)) if amax > 0 else np.float32(1)
+    k = np.rint(xs / s).astype(np.float64)
+    if np.abs(k).max(initial=0) > 127 or not np.array_equal((k * s).astype(np.float32), xs):
+        raise ValueError("x is not an A8 vector (k·s with |k| <= 127)")
+    g = v.group_size
+    rot = np.zeros(v.padded_len, np.float64)
+    rot[:v.cols] = k
+    blocks = rot[:v.n_groups * g].reshape(v.n_groups, g)
+    h = 1
+    while h < g:   # unscaled Walsh–Hadamard butterflies, Sylvester order (exact on integers)
+        b = blocks.reshape(v.n_groups, -1, 2, h)
+        b[:, :, 0, :], b[:, :, 1, :] = b[:, :, 0, :] + b[:, :, 1, :], b[:, :, 0, :] - b[:, :, 1, :]
+        h *= 2
+    cdef float[::1] kf = rot.astype(np.float32)
+    y = np.empty(v.rows, np.float32)
+    cdef float[::1] yv = y
+    cdef float scale = <float>s * v.int_descale
+    nc_cq_int_rows_plain(v.int_packed, v.int_row_bytes, v.int_packed_end, v.norms, v.norm_stride, &kf[0],
+                         v.n_chunks, v.int_fb, v.group_size, v.int_table, v.int_base, scale, 0, v.rows,
+                         &yv[0] if v.rows else NULL)
+    return y
 
 
 def dequantize(W):

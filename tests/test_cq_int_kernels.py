@@ -1,14 +1,18 @@
 """The integer CQ kernels (A8 inputs, needle_cy/cq_int_kernel.h) against the NumPy reference.
 
 Every integer kernel this CPU has (each forced with set_kernel; the others skip
-with the instruction set they need), every width (1, 2, 3, 4, ternary), group
+with the instruction set they need: avxvnni needs AVX-VNNI, which AVX-512 CPUs
+such as Zen 4 lack, so there it is only compiled and its selection tested), every width (1, 2, 3, 4, ternary), group
 sizes 16–256, column counts that are not a multiple of the group, row counts that
 are not a multiple of the 4-row block or of the 32-row parallel block, 1 and 2
 threads; the matmul (several tokens, the prefill path) at token counts 2..64 that
 are not multiples of its 6-token tile, bitwise equal to the matvec of each token.
 Inputs are A8 vectors as the engine makes them (deploy numerics); an input that
 is not one must take the float kernel and give its exact result (for the matmul:
-one such token sends the whole chunk to the float kernel).
+one such token sends the whole chunk to the float kernel).  The kernels of one
+CPU give the same bits (the 256-bit ones mirror the AVX-512 lanes and float
+steps) and the plain-C integer matvec (_cq._int_matvec_plain, one lane at a
+time, any CPU), and the run-time choice follows the rule of pick_int_kernel.
 """
 import os
 import subprocess
@@ -20,8 +24,9 @@ import pytest
 from needle_cy import _cq
 from needle_cy.reference import cq as ref
 
-INT_KERNELS = ["avx512vnni", "avx512bw"]
-NEEDS = {"avx512vnni": "AVX-512 F/BW/VL + VNNI", "avx512bw": "AVX-512 F/BW/VL"}
+INT_KERNELS = list(_cq.INT_KERNELS)
+NEEDS = {"avx512vnni": "AVX-512 F/BW/VL + VNNI", "avx512bw": "AVX-512 F/BW/VL",
+         "avxvnni": "AVX2+FMA + AVX-VNNI", "avx2int": "AVX2+FMA"}
 
 
 @pytest.fixture(params=INT_KERNELS)
@@ -191,3 +196,115 @@ def test_deploy_fixture_with_each_kernel(int_kernel):
     m.reset()
     last = m.prefill(ids[:37])      # a chunk that is not a multiple of the 6-token tile
     assert np.abs(last - want[36]).mean() <= 0.01
+
+
+# odd shapes for the bitwise comparison: rows not a multiple of the 2- and 4-row
+# blocks, columns with partial groups and chunks, the last chunk of the matrix short
+AGREE_SHAPES = [(37, 2), (5, 3), (1, 1), (3, 0), (70, 6), (33, 5)]
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+def test_int_kernels_agree_bitwise(int_kernel, bits):
+    """This kernel and every other integer kernel this CPU has: the same bits, matvec
+    and matmul (token counts that are not multiples of the 4- and 6-token tiles)."""
+    others = [k for k in INT_KERNELS if k != int_kernel and k in _cq.available_kernels()]
+    if not others:
+        pytest.skip("no other integer kernel on this CPU to compare with")
+    rng = np.random.default_rng(50 + bits)
+    for g in (16, 32, 64, 128, 256):
+        for rows, groups in AGREE_SHAPES:
+            cols = groups * g + (g // 2 + 3 if groups < 4 else 0)
+            W = random_cq(rng, rows, cols, bits, g)
+            X = a8(rng.standard_normal((7, cols)) * rng.uniform(0.01, 100, size=(7, 1)))
+            X[3] = a8(np.full(cols, -2.0, np.float32))   # the largest codes of one sign
+            got = {}
+            for k in [int_kernel] + others:
+                _cq.set_kernel(k)
+                got[k] = [_cq.matvec(W, X[0], a8=True, threads=1), _cq.matvec(W, X[3], a8=True, threads=2),
+                          _cq.matmul(W, X, a8=True, threads=1), _cq.matmul(W, X[:5], a8=True, threads=2)]
+            _cq.set_kernel(int_kernel)
+            for k in others:
+                for a, b in zip(got[int_kernel], got[k]):
+                    np.testing.assert_array_equal(a, b, err_msg=f"{int_kernel} vs {k}, g={g}, {rows}x{cols}")
+            assert rel_err(got[int_kernel][2], ref.matmul(W, X)) <= 1e-5, (g, rows, cols)
+
+
+def test_int_kernel_selection_rule():
+    def pick(**features):
+        return _cq.pick_int_kernel(int256=True, **features)
+    assert pick() is None                                         # no AVX2: float (scalar) kernels
+    assert pick(avx2=True) == "avx2int"                           # Zen 3, Intel client before Alder Lake
+    assert pick(avx2=True, avxvnni=True) == "avxvnni"             # Alder Lake and later client cores
+    assert pick(avxvnni=True) is None                             # (AVX-VNNI is VEX: needs AVX2 too)
+    assert pick(avx2=True, avx512bw=True) == "avx512bw"           # Skylake-SP
+    assert pick(avx2=True, avx512bw=True, avx512vnni=True) == "avx512vnni"   # Cascade Lake, Zen 4
+    assert pick(avx2=True, avx512bw=True, avx512vnni=True, avxvnni=True) == "avx512vnni"  # Sapphire Rapids
+    assert pick(avx2=True, avx512bw=True, avxvnni=True) == "avxvnni"          # VNNI before width
+    # without int256 (the default while the 256-bit kernels measure slower than the
+    # float ones) those CPUs keep the float kernels; AVX-512 CPUs are not affected
+    off = dict(int256=False)
+    assert _cq.pick_int_kernel(avx2=True, **off) is None
+    assert _cq.pick_int_kernel(avx2=True, avxvnni=True, **off) is None
+    assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avxvnni=True, **off) == "avx512bw"
+    assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avx512vnni=True, **off) == "avx512vnni"
+    assert _cq.pick_int_kernel(avx2=True) == _cq.pick_int_kernel(avx2=True, int256=_cq.AUTO_INT256)
+    # this CPU: 'auto' is the rule applied to what it has
+    have = set(_cq.available_kernels())
+    flags = dict(avx512bw="avx512bw" in have, avx512vnni="avx512vnni" in have,
+                 avxvnni="avxvnni" in have, avx2="avx2" in have)
+    previous = _cq.set_kernel("auto")
+    try:
+        assert _cq.kernel_name() == (_cq.pick_int_kernel(**flags) or _cq.simd_kernel())
+    finally:
+        _cq.set_kernel(previous if previous in have else "auto")
+    # the integer kernels a CPU can run are the ones its features allow
+    assert ("avx2int" in have) == ("avx2" in have)
+    assert "avxvnni" not in have or "avx2" in have
+    assert "avx512vnni" not in have or "avx512bw" in have
+
+
+@pytest.mark.parametrize("name", ["avx2int", "avxvnni"])
+def test_environment_forces_a_256_bit_kernel(name):
+    code = "from needle_cy import _cq; print(_cq.kernel_name(), _cq.kernel_name(a8=False))"
+    env = dict(os.environ, NEEDLE_CY_CQ_KERNEL=name,
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(_cq.__file__))] + sys.path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    if name in _cq.available_kernels():
+        assert out.stdout.split() == [name, "avx2"]
+    else:   # ignored with a warning, the best kernel instead
+        assert "NEEDLE_CY_CQ_KERNEL ignored" in out.stderr
+        assert out.stdout.split() == [_cq.kernel_name(), _cq.kernel_name(a8=False)]
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+def test_plain_c_integer_path_matches_reference(bits):
+    """The plain-C integer matvec (no SIMD: runs on every CPU) within the kernels' bar."""
+    rng = np.random.default_rng(70 + bits)
+    for g in (16, 64, 128, 256):
+        for rows, groups in AGREE_SHAPES[:4]:
+            cols = groups * g + (g // 2 + 3 if groups < 4 else 0)
+            W = random_cq(rng, rows, cols, bits, g)
+            x = a8(rng.standard_normal(cols) * rng.uniform(0.01, 100))
+            got = _cq._int_matvec_plain(W, x)
+            assert got.dtype == np.float32 and got.shape == (rows,)
+            assert rel_err(got, ref.matvec(W, x)) <= 1e-5, (g, rows, cols)
+    with pytest.raises(ValueError, match="not an A8 vector"):
+        _cq._int_matvec_plain(W, rng.standard_normal(cols).astype(np.float32))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+def test_int_kernel_equals_plain_c(int_kernel, bits):
+    """The kernel's matvec and matmul, bit for bit the plain-C integer path."""
+    rng = np.random.default_rng(90 + bits)
+    for g in (16, 32, 64, 128, 256):
+        for rows, groups in AGREE_SHAPES:
+            cols = groups * g + (g // 2 + 3 if groups < 4 else 0)
+            W = random_cq(rng, rows, cols, bits, g)
+            X = a8(rng.standard_normal((5, cols)) * rng.uniform(0.01, 100, size=(5, 1)))
+            X[2] = a8(np.full(cols, 3.0, np.float32))
+            plain = np.stack([_cq._int_matvec_plain(W, x) for x in X])
+            for t in (0, 2):
+                np.testing.assert_array_equal(_cq.matvec(W, X[t], a8=True, threads=1), plain[t],
+                                              err_msg=f"{int_kernel} matvec, g={g}, {rows}x{cols}")
+            np.testing.assert_array_equal(_cq.matmul(W, X, a8=True, threads=2), plain,
+                                          err_msg=f"{int_kernel} matmul, g={g}, {rows}x{cols}")
