@@ -70,14 +70,17 @@ OPERATOR_CLASSES = [
     ("exp", r"exp"),
     ("OpenMP runtime (fork/join, waits)", r"gomp|omp_|GOMP|kmp"),
     ("kernel: page clearing, copies", r"^\[k\]|clear_page|memcpy|memset|memmove"),
+    ("row lookups (embedding, engram tables)", r"dequantize_row"),
+    ("probe-head pools", r"pool"),
+    ("other engine ops (norms, conv, mHC, RoPE, A8)", r"^_ops\.|^_model\.|rmsnorm|sinkhorn|rope|conv"),
     ("Python interpreter and NumPy", r"Py|_Py|PyArray|npy_|ufunc|lookdict"),
 ]
 
 MODES = {
     # decode contexts, prefill lengths, decode steps per round, rounds, probe seconds,
     # DRAM buffer MB, perf runs, suites
-    "full": dict(contexts=[16, 128, 512, 1024, 2048, 3072], prefill=[16, 64, 256, 600, 1024, 2048],
-                 steps=16, rounds=5, prefill_rounds=3, probe_s=0.25, dram_mb=512,
+    "full": dict(contexts=[16, 128, 512, 1024, 2048, 3072], prefill=[16, 64, 256, 600, 2048],
+                 steps=16, rounds=4, prefill_rounds=2, probe_s=0.25, dram_mb=512,
                  perf=[("decode", 64, 100), ("decode", 1024, 100), ("prefill", 600, 3)]),
     "quick": dict(contexts=[64, 600], prefill=[64, 600], steps=16, rounds=3, prefill_rounds=2,
                   probe_s=0.1, dram_mb=256, perf=[("decode", 600, 60), ("prefill", 600, 2)]),
@@ -516,10 +519,12 @@ def rooflines_for(cost, roof, threads, kind_points, chunk):
         dc = decode_cost(cost, c)
         mem, comp = bw / dc["bytes"], fma / dc["macs"]
         out["decode"][c] = {"tok_s": min(mem, comp), "bound": "DRAM" if mem <= comp else "FMA",
-                            "int8_tok_s": min(mem, i8 / dc["macs"]), "bytes": dc["bytes"], "macs": dc["macs"]}
+                            "bw_tok_s": mem, "fma_tok_s": comp, "int8_tok_s": i8 / dc["macs"],
+                            "bytes": dc["bytes"], "macs": dc["macs"]}
     for n in kind_points["prefill"]:
         macs = prefill_macs_per_token(dict(cost, chunk=chunk), n)
-        out["prefill"][n] = {"tok_s": fma / macs, "bound": "FMA", "int8_tok_s": i8 / macs, "macs": macs}
+        out["prefill"][n] = {"tok_s": fma / macs, "bound": "FMA", "bw_tok_s": None, "fma_tok_s": fma / macs,
+                             "int8_tok_s": i8 / macs, "macs": macs}
     return out
 
 
@@ -665,9 +670,12 @@ def build_report(args, log=print):
     w(f"Decode: {mode['steps']} `step` calls after a prompt of the given length (state restored from a "
       f"snapshot before each round), best of {mode['rounds']}; prefill: a prompt of the given length on a "
       f"fresh state, best of {mode['prefill_rounds']}.  Wall clock; `cpu` = tokens per CPU-second "
-      "(1 thread only).  Roofline (tok/s) and share: decode min(DRAM bandwidth / bytes per token, FMA peak "
-      "/ MACs per token) at the thread count's bandwidth and peak (auto: all cores); prefill FMA peak / MACs "
-      "per token, with the share of the int8 roofline beside it.")
+      "(1 thread only).  Rooflines in tok/s at the thread count's bandwidth and peaks (auto: all cores): "
+      "DRAM = read bandwidth / bytes per token (decode only: prefill reads each matrix once per chunk), "
+      "FMA = float32 FMA peak / MACs per token (the engine's exact int16 kernels have the same ceiling), "
+      "int8 = int8 dot-product peak / MACs per token (what an 8-bit kernel could reach).  The share is of "
+      "the lower of DRAM and FMA; `% of roofline, cpu tok/s` is the same for the CPU-time figure, which is "
+      "the one that holds on a loaded machine.")
     w("")
     if plots:
         w("![decode tokens/s](decode_tok_s.png)")
@@ -680,15 +688,19 @@ def build_report(args, log=print):
         head = "context" if kind == "decode" else "prompt"
         w(f"### {kind.capitalize()}")
         w("")
-        w(f"| width | threads | {head} | tok/s | cpu tok/s | roofline tok/s (bound) | % of roofline | % of int8 roofline |")
-        w("|---|---|---:|---:|---:|---:|---:|---:|")
+        w(f"| width | threads | {head} | tok/s | cpu tok/s | DRAM roofline | FMA roofline | int8 roofline "
+          f"| % of roofline (min) | % of roofline, cpu tok/s | % of int8 roofline |")
+        w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for bits in sorted(speeds):
             for thr, res in speeds[bits].items():
                 for x, v in sorted(res[kind].items()):
                     r = rooflines[bits][thr][kind][x]
                     cpu_s = f"{v['cpu']:,.1f}" if v.get("cpu") else "–"
-                    w(f"| {bits}-bit | {thr} | {x} | {v['wall']:,.1f} | {cpu_s} | {r['tok_s']:,.0f} ({r['bound']}) | "
-                      f"{100 * v['wall'] / r['tok_s']:.1f} % | {100 * v['wall'] / r['int8_tok_s']:.1f} % |")
+                    cpu_share = f"{100 * v['cpu'] / r['tok_s']:.1f} %" if v.get("cpu") else "–"
+                    bw = f"{r['bw_tok_s']:,.0f}" if r["bw_tok_s"] else "–"
+                    w(f"| {bits}-bit | {thr} | {x} | {v['wall']:,.1f} | {cpu_s} | {bw} | {r['fma_tok_s']:,.0f} | "
+                      f"{r['int8_tok_s']:,.0f} | {100 * v['wall'] / r['tok_s']:.1f} % ({r['bound']}) | {cpu_share} | "
+                      f"{100 * v['wall'] / r['int8_tok_s']:.1f} % |")
         w("")
     tuners = [(bits, res["tuner"]) for bits in speeds for thr, res in speeds[bits].items() if res.get("tuner")]
     for bits, summary in tuners:
