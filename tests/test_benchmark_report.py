@@ -1,6 +1,7 @@
 """benchmarks/report.py: the report's sections, its roofline figures and cost model, and the
 roofline probes (needle_cy._roofline).  The report runs in its tiny mode on a small random
 archive (seconds); nothing here asserts a speed."""
+import argparse
 import importlib.util
 import json
 import re
@@ -34,7 +35,7 @@ def small_archive(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_report(small_archive, tmp_path_factory):
     out = tmp_path_factory.mktemp("report_out")
-    path = report.build_report(report.main.__globals__["argparse"].Namespace(
+    path = report.build_report(argparse.Namespace(
         mode="tiny", out=str(out), bits="2", archive=[f"2={small_archive}"], threads="1,auto",
         suites="none", no_perf=True, no_plots=False), log=lambda s: None)
     return path, json.loads((out / "report.json").read_text())
@@ -51,7 +52,7 @@ def test_report_has_every_section_in_order(tiny_report):
     lines = text.splitlines()
     positions = [lines.index(s) for s in SECTIONS]
     assert positions == sorted(positions)
-    assert "| CQ kernel chosen |" in text and "| kernel-relevant flags |" in text
+    assert "| CQ kernel chosen |" in text and "| kernel-relevant flags |" in text and "| compiled modules |" in text
     # the earlier results files are folded in (demoted below the report's own headings)
     for stem, _ in report.HISTORY:
         assert f"<!-- from benchmarks/history/{stem}.md -->" in text
