@@ -4,6 +4,7 @@
     python benchmarks/report.py --quick    # fewer contexts and rounds, short suites (a few min)
     python benchmarks/report.py --tiny --archive 2=small.cact --suites none --no-perf --out DIR
                                            # the test's mode: seconds, on a small archive
+    python benchmarks/report.py --replot   # redraw the PNGs from report.json (no measuring)
 
 It writes ``benchmarks/report/REPORT.md`` (``--out`` another folder) and, where matplotlib
 is installed (``pip install ".[bench]"``), the PNGs beside it; without it the Markdown
@@ -460,6 +461,9 @@ def plot_all(out_dir, speeds, rooflines, profiles):
             for thr, res in speeds[bits].items():
                 xs = sorted(res[kind])
                 line, = ax.plot(xs, [res[kind][x]["wall"] for x in xs], marker="o", ms=3, label=f"{thr} thr")
+                if all(res[kind][x].get("cpu") for x in xs):
+                    ax.plot(xs, [res[kind][x]["cpu"] for x in xs], marker=".", ms=3, ls=":",
+                            color=line.get_color(), label=f"{thr} thr, CPU time")
                 roof = rooflines[bits][thr][kind]
                 ax.plot(xs, [roof[x]["tok_s"] for x in xs], ls="--", lw=1, color=line.get_color())
             ax.set_xscale("log")
@@ -497,11 +501,12 @@ def plot_all(out_dir, speeds, rooflines, profiles):
         classes = [c for c, _ in OPERATOR_CLASSES] + ["other"]
         fig, ax = plt.subplots(figsize=(8.4, 0.5 + 0.45 * len(labels)))
         left = np.zeros(len(labels))
-        for cls in classes:
+        colors = plt.get_cmap("tab20").colors
+        for i, cls in enumerate(classes):
             vals = np.array([profiles[lb]["groups"].get(cls, 0.0) for lb in labels])
             if vals.sum() == 0:
                 continue
-            ax.barh(labels, vals, left=left, label=cls.split(" (")[0])
+            ax.barh(labels, vals, left=left, label=cls.split(" (")[0], color=colors[i % len(colors)])
             left += vals
         ax.set_xlabel("% of CPU samples", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -798,6 +803,24 @@ def build_report(args, log=print):
     return report
 
 
+def replot(out_dir):
+    """Redraw the PNGs from a run's report.json (no measuring): for a change of plot style."""
+    raw = json.loads((Path(out_dir) / "report.json").read_text())
+
+    def keys(d, depth):
+        if depth == 0 or not isinstance(d, dict):
+            return d
+        conv = {}
+        for k, v in d.items():
+            kk = int(k) if k.lstrip("-").isdigit() else k
+            conv[kk] = keys(v, depth - 1)
+        return conv
+    speeds = keys(raw["speeds"], 4)           # bits -> threads -> kind -> point
+    rooflines = keys(raw["rooflines"], 4)
+    profiles = {label: {"groups": groups} for label, groups in raw["profiles"].items()}
+    return plot_all(Path(out_dir), speeds, rooflines, profiles)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="Run every benchmark and write benchmarks/report/REPORT.md.")
     g = p.add_mutually_exclusive_group()
@@ -811,7 +834,11 @@ def main(argv=None):
     p.add_argument("--suites", default="grammar,tokenizer,agent", help="pytest-benchmark suites, or none")
     p.add_argument("--no-perf", action="store_true", help="skip the perf per-operator profiles")
     p.add_argument("--no-plots", action="store_true", help="Markdown only")
+    p.add_argument("--replot", action="store_true", help="only redraw the PNGs from --out's report.json")
     args = p.parse_args(argv)
+    if args.replot:
+        print(replot(args.out) or "matplotlib is not installed")
+        return
     build_report(args, log=lambda s: print(s, flush=True))
 
 

@@ -71,6 +71,10 @@ def test_plots_are_written_or_reported_skipped(tiny_report):
     for name in ("decode_tok_s.png", "prefill_tok_s.png", "roofline_share.png"):
         assert f"]({name})" in text
         assert (path.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --replot redraws the same figures from report.json alone
+    (path.parent / "decode_tok_s.png").unlink()
+    assert report.replot(path.parent) == ["decode_tok_s.png", "prefill_tok_s.png", "roofline_share.png"]
+    assert (path.parent / "decode_tok_s.png").exists()
 
 
 def _table_rows(text, header_start):
