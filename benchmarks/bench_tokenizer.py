@@ -2,7 +2,7 @@
 
     pytest benchmarks/bench_tokenizer.py --benchmark-timer=time.process_time   # pytest-benchmark
     NEEDLE_CY_BENCH_MB=1 pytest benchmarks/bench_tokenizer.py ...                # a quick run
-    python benchmarks/bench_tokenizer.py [--mb 10] [--out benchmarks/results_tokenizer.md]
+    python benchmarks/bench_tokenizer.py [--mb 10] [--out /tmp/tokenizer.md]
 
 Encoders: needle_cy (Cython priority-queue BPE), the ``sentencepiece`` library, HF
 ``tokenizers`` (configured to the same model, see tests/test_tokenizer_fuzz.py) and the

@@ -4,14 +4,16 @@ Only the measured part is recorded: perf starts disabled and this script enables
 it through perf's control FIFO around the timed loop (the model load and the
 prompt that builds the context are left out).
 
-    mkfifo /tmp/perf.ctl
-    PERF_CTL=/tmp/perf.ctl NEEDLE_CY_THREADS=1 perf record -F 4000 -o /tmp/decode.data \\
-        --control fifo:/tmp/perf.ctl -D -1 -- python benchmarks/profile_model.py decode 4 600 100
+    mkfifo /tmp/perf.ctl /tmp/perf.ack
+    PERF_CTL=/tmp/perf.ctl PERF_CTL_ACK=/tmp/perf.ack NEEDLE_CY_THREADS=1 perf record -F 4000 \\
+        -o /tmp/decode.data --control fifo:/tmp/perf.ctl,/tmp/perf.ack -D -1 -- \\
+        python benchmarks/profile_model.py decode 4 600 100
     perf report -i /tmp/decode.data --no-children --sort symbol --stdio | head -30
 
 Arguments: ``decode BITS CONTEXT STEPS`` (STEPS ``step`` calls after a CONTEXT-token
-prompt) or ``prefill BITS TOKENS ROUNDS``; NEEDLE_CY_CQ_KERNEL picks the CQ kernel.
-The archive is bench_model.py's random full-size model.  Each CQ operator class is
+prompt) or ``prefill BITS TOKENS ROUNDS``, then optionally an archive path;
+NEEDLE_CY_CQ_KERNEL picks the CQ kernel.  The default archive is bench_model.py's random
+full-size model at BITS.  ``benchmarks/report.py`` runs this under perf and groups the symbols.  Each CQ operator class is
 its own symbol: ``nc_cqi_rows_*`` (integer matvec), ``nc_cqi_mm_rows_*`` (integer
 matmul), ``nc_cq_avx2_rows_dot``/``nc_cq_dot_tiles`` (float), ``nc_attend_avx2``
 (attention), ``nc_kron_half``/``monarch_mlp_c`` (MLP), ``nc_cqi_a8_codes_*`` and
@@ -34,17 +36,25 @@ import needle_cy  # noqa: E402
 
 
 def _perf(command):
+    """Send perf a control command; with PERF_CTL_ACK (perf's ack FIFO) wait until perf has
+    acted on it, so the samples stop before the code after the timed loop runs (without
+    the wait, interpreter shutdown of a short run got recorded)."""
     ctl = os.environ.get("PERF_CTL")
     if ctl:
         with open(ctl, "w") as f:
             f.write(command + "\n")
+        ack = os.environ.get("PERF_CTL_ACK")
+        if ack:
+            with open(ack) as f:
+                f.readline()
 
 
 def main(argv):
     kind, bits, n, reps = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     print(f"needle_cy from {Path(needle_cy.__file__).parent}")
-    m = Model.load(archive_path(bits), backend="cython", threads=1)
-    ids = np.random.default_rng(0).integers(4, 16000, size=n + (reps if kind == "decode" else 0))
+    path = argv[4] if len(argv) > 4 else archive_path(bits)
+    m = Model.load(path, backend="cython", threads=1)
+    ids = np.random.default_rng(0).integers(4, min(16000, m.vocab_size), size=n + (reps if kind == "decode" else 0))
     if kind == "decode":
         m.prefill(ids[:n])
         _perf("enable")
@@ -55,7 +65,7 @@ def main(argv):
         _perf("disable")
         print(f"decode {bits}-bit after {n}: {seconds * 1e3:.2f} ms/step CPU ({1 / seconds:.1f} tok/s)")
     else:
-        m.prefill(ids[:64])
+        m.prefill(ids[:min(64, n)])
         best = float("inf")
         _perf("enable")
         for _ in range(reps):

@@ -5,7 +5,7 @@ instance.  The pass rate (compiles + every valid accepted + every invalid
 rejected) is printed with a per-source table; the full 5,636-schema run takes a
 few minutes, so the test runs a deterministic subset (every 20th schema) and the
 full run is ``python tests/conformance/maskbench.py`` (figures in
-benchmarks/results_grammar.md).
+benchmarks/history/grammar.md).
 """
 import sys
 from pathlib import Path
