@@ -60,7 +60,7 @@ Three inner loops:
   matmul's and it gains by what the float matmul spends around its FMAs
   (measured 1.05–1.29× in whole-model prefill; per 4-bit matrix 1.2–2.8× at
   2–8 tokens, where the float matmul cannot amortise its decode).  Speed on Zen 4
-  (one thread, shared VM; benchmarks/results_cq.md): matvec 4 bits 1.6–1.9×
+  (one thread, shared VM; benchmarks/history/cq.md): matvec 4 bits 1.6–1.9×
   the AVX2 float kernel per matrix, 2 bits 1.1–1.7× (the float one is noisy);
   whole-model decode 4 bits 1.27–1.40×, 2 bits 1.07–1.19× (64 and 600 tokens of
   context).  ``set_kernel``/``kernel_name``/
@@ -81,7 +81,7 @@ Three inner loops:
   4 FMAs) and much more at 2 bits (vpermilps, 8 fields a permute), and the matmul
   needs two int16 products and an add per MAC where the float one needs one FMA:
   measured slower than the float kernels (decode 0.69–0.95x, prefill 0.55–0.64x;
-  benchmarks/results_cq.md), so 'auto' does not take them (``AUTO_INT256``,
+  benchmarks/history/cq.md), so 'auto' does not take them (``AUTO_INT256``,
   ``pick_int_kernel``); forced by name they run.  avxvnni is compiled and its
   selection tested, but no CPU here has AVX-VNNI (Zen 4 has AVX-512 VNNI only).
 * Portable scalar Cython (any CPU, any width, any group size ≥ 8): byte-wise
@@ -765,7 +765,7 @@ cdef extern from *:
         return 0;
     }
     /* Whether 'auto' takes the 256-bit integer kernels: not yet.  Measured on Zen 4
-       running AVX2 code (portable build, the stand-in for Zen 3; benchmarks/results_cq.md)
+       running AVX2 code (portable build, the stand-in for Zen 3; benchmarks/history/cq.md)
        avx2int is slower than the float AVX2 kernels: whole-model decode 0.88–0.95x at
        4 bits, 0.69–0.71x at 2 bits, prefill 0.55–0.64x (without vpermw its lookups cost
        as many shuffles as the float decode saves, and each MAC is two int16 products
