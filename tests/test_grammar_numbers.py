@@ -101,6 +101,10 @@ def oracle_live(c, text, integer):
         m = frac(mant)
         sign_typed = ex[:1] in ("+", "-")
         digits = ex[1:] if sign_typed else ex
+        # the grammar writes no magnitude of 1e308 or more (no double holds it), and more
+        # exponent digits only grow a positive exponent
+        if ex[:1] != "-" and digits and abs(m) * Fraction(10) ** int(digits) >= 10 ** 308:
+            return False
         xs = set()
         for extra in range(0, 4):   # values of the exponent after 0..3 more digits, clipped
             if not digits and not extra:
@@ -300,6 +304,10 @@ LIVE_CASES = [
     ({"type": "number"}, ["1" * 38 + ".", "1" * 38 + "e", "1" * 40], ["1" * 39 + ".", "1" * 39 + "e", "1" * 41]),
     ({"type": "number", "minimum": 0}, ["1" * 38 + "e", "0." + "0" * 38], ["1" * 39 + "e"]),
     ({"type": "number", "exclusiveMinimum": 0}, ["0." + "0" * 37], ["0." + "0" * 38, "-"]),
+    # never a magnitude of 1e308 or more: a double would hold inf, which JSON cannot write
+    ({"type": "number"}, ["1e307", "9.99e307", "-9e307", "0e999", "0.000e400", "0.001e310", "1e-400",
+                          "1e+30", "10e306", "1" * 30 + "e278"],
+     ["1e308", "1e400", "1E+308", "-1.5e308", "10e307", "0.01e310", "1" * 30 + "e279", "1e3080"]),
 ]
 
 
@@ -311,6 +319,30 @@ def test_number_prefix_cases(case, backend):
         assert alive(schema, t, backend), (schema, t)
     for t in dead:
         assert not alive(schema, t, backend), (schema, t)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_generated_numbers_are_finite_doubles(backend):
+    """However long the exponent a walk writes, the finished number parses to a finite float."""
+    import json
+    import math
+    rng = random.Random(11)
+    g = compile_schema({"type": "array", "items": {"type": "number"}}, backend=backend)
+    for _ in range(300):
+        st = g.start()
+        text = "[" + rng.choice(["", "-"]) + rng.choice(["1", "9.5", "0.02", "123"]) + "e"
+        st.feed(text.encode())
+        while True:
+            digits = [d for d in "0123456789" if st.clone().feed(d.encode())]
+            if not digits or rng.random() < 0.15:
+                break
+            d = rng.choice(digits)
+            st.feed(d.encode())
+            text += d
+        if text.endswith("e"):
+            continue
+        assert st.clone().feed(b"]"), text
+        assert all(math.isfinite(x) for x in json.loads(text + "]")), text
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -13,6 +13,8 @@ Frame = [kind, node, phase, count, dfa, aux, x, y, h, k]
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ..errors import GrammarStateError
@@ -697,6 +699,20 @@ def string_end(p, th, top):
 
 # ---------------------------------------------------------------- numbers
 
+def number_too_large(text):
+    """Is the magnitude of the number text 1e308 or more?  A double cannot hold it
+    (DBL_MAX ≈ 1.8e308): JSON readers turn it into inf, which no JSON text can write
+    back, so the grammar never writes one; zero with any exponent is not large."""
+    m = re.fullmatch(rb"-?(\d*)(?:\.(\d*))?(?:[eE]([+-]?)(\d*))?", text)
+    int_part, frac, sign, exp = m.group(1), m.group(2) or b"", m.group(3), m.group(4) or b""
+    digits = int_part + frac
+    first = next((k for k, c in enumerate(digits) if c != ord("0")), None)
+    if first is None:
+        return False
+    e = min(int(exp or b"0"), 1000000)
+    return (len(int_part) - 1 - first) + (-e if sign == b"-" else e) >= 308
+
+
 def number_byte(p, th, top, b):
     ph = top[2]
     integer_only = not (p.types[top[1]] & T_NUM)
@@ -756,6 +772,8 @@ def number_byte(p, th, top, b):
         top[4] = st
     th.num.append(b)
     top[2] = nph
+    if nph == N_EXPDIG and number_too_large(bytes(th.num)):
+        return False
     if top[4] < 0:   # (an enum's automaton already bounds its numbers)
         node = top[1]
         check = p.num_checks[p.num_check[node]] if p.num_check[node] >= 0 else None
