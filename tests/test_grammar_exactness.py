@@ -133,6 +133,26 @@ CASES = [
     ({"oneOf": [{}, {"type": "string"}, {}]}, 5, False),
     # ... and positively it is enforced, stricter than the annotation (jsonschema accepts)
     ({"$schema": D4, "format": "date"}, "yesterday", False, "strict"),
+    # from draft 6 on 1.0 is an integer: where a oneOf counts an integer alternative, integer
+    # reads every integral spelling (fuzz finding, seed 7: oneOf [integer, number] took 1.0)
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1.0, False),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1, False),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1.5, True),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, -0.0, False),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1e100, False),
+    ({"oneOf": [{"type": "integer", "enum": [1, 2]}, {"type": "number"}]}, 2.0, False),
+    ({"oneOf": [{"type": "integer", "enum": [1, 2]}, {"type": "number"}]}, 3, True),
+    ({"oneOf": [{"type": "integer", "minimum": 3, "multipleOf": 2}, {"type": "number", "maximum": 5}]}, 4.0, False),
+    ({"oneOf": [{"type": "integer", "minimum": 3, "multipleOf": 2}, {"type": "number", "maximum": 5}]}, 6.0, True),
+    # ... and the common oneOf of objects with integer properties stays compiled and exact
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                {"type": "object", "properties": {"b": {"type": "string"}}}]}, {"a": 1.0}, False),
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                {"type": "object", "properties": {"b": {"type": "string"}}}]}, {"a": 1.5}, True),
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}]}, {"a": 1.0}, True),
+    # draft 4: only integer syntax is an integer, so number alone holds 1.0
+    ({"$schema": D4, "oneOf": [{"type": "integer"}, {"type": "number"}]}, 1.0, True),
     # a $ref/anyOf cycle that consumes nothing holds nothing (fuzz finding, seed 7: the
     # cycle's node was copied before it was filled, and `true` passed `type: array`)
     ({"allOf": [{"type": "array"}, {"$ref": "#/$defs/d"}], "$defs": {"d": {"anyOf": [{"$ref": "#/$defs/d"}]}}},
@@ -149,6 +169,28 @@ def test_exact_accept_or_refuse(case, backend):
     else:
         assert oracle(schema, value) == accepted, "expectation disagrees with jsonschema"
     assert compile_schema(schema, backend).accepts(text(value)) == accepted
+
+
+def test_integer_spellings_inside_a_counted_oneof():
+    """Inside a oneOf that counts an integer alternative every integral spelling is that
+    integer (1.0, 1e0, 10e-1, -0.0 ...), whatever JSON text holds it; outside, integer
+    keeps integer syntax only (refusing is safe, and tool arguments stay integers)."""
+    s = {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 100}]}
+    for backend in BACKENDS:
+        g = compile_schema(s, backend)
+        for t in ("1", "1.0", "1e0", "10e-1", "-0.0", "0.5e1", "150.5"):
+            assert g.accepts(t), t
+        for t in ("1.5", "1e-1", "100.0", "1e2", "150"):
+            assert not g.accepts(t), t
+        # types apart: no other alternative can hold a number, integer syntax stays
+        apart = compile_schema({"oneOf": [{"type": "integer"}, {"type": "string"}]}, backend)
+        assert apart.accepts("1") and not apart.accepts("1.0")
+        mixed = compile_schema({"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 2}]}, backend)
+        for t, ok in (("1", True), ("1.0", True), ("1.5", False), ("2", False), ("2.0", False),
+                      ("20e-1", False), ("2.5", True), ("25e-1", True)):
+            assert mixed.accepts(t) == ok, t
+        plain = compile_schema({"type": "integer"}, backend)
+        assert plain.accepts("1") and not plain.accepts("1.0")
 
 
 def test_cycles_without_progress_are_the_least_fixed_point():

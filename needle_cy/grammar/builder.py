@@ -43,6 +43,9 @@ class Compiler:
         self.nl_stripped = set()
         self.kids = {}           # node -> nodes it contains (items, property values, alternatives)
         self.oneof_ptr = {}      # oneOf choice node -> its pointer
+        # an integer enum's number automaton (integer syntax only) -> the automaton of all its
+        # texts ("1" and "1.0"): from draft 6 on 1.0 is an integer, see _exact_integers
+        self._int_enum_full = {}
         self.t0 = time.monotonic()
         self.depth = 0
         # nodes being filled -> the value depth they describe (0 = the document, +1 per
@@ -370,8 +373,9 @@ class Compiler:
             return
         p = self.p
         while True:
-            hot = hot_nl = None
+            hot = hot_nl = hot_int = None
             strip = set()
+            exact_int = set()
             for nid, ptr in self.oneof_ptr.items():
                 if p.kind[nid] != NODE_CHOICE or not p.oneof[nid]:
                     continue
@@ -379,10 +383,12 @@ class Compiler:
                 if hot is None:
                     hot = self.reaches_approx(self.approx)
                     hot_nl = self.reaches_approx(self.approx_nl)
-                if not any(a in hot or a in hot_nl for a in alts):
+                    int_nodes = self._integer_syntax_nodes()
+                    hot_int = self.reaches_approx(int_nodes)
+                if not any(a in hot or a in hot_nl or a in hot_int for a in alts):
                     continue
                 types = [self._types_of(a) for a in alts]
-                need = False
+                need = need_int = False
                 for i in range(len(alts)):
                     for j in range(i + 1, len(alts)):
                         if not types[i] & types[j]:
@@ -396,13 +402,46 @@ class Compiler:
                                 keyword="oneOf", pointer=ptr)
                         if alts[i] in hot_nl or alts[j] in hot_nl:
                             need = True
+                        if alts[i] in hot_int or alts[j] in hot_int:
+                            need_int = True
                 if need:
                     strip |= self._descendants(alts)
+                if need_int:
+                    exact_int |= self._descendants(alts) & int_nodes
             strip -= self.nl_stripped
-            if not strip:
+            if not strip and not exact_int:
                 return
             for n in sorted(strip):
                 self._strip_nl(n)
+            self._exact_integers(exact_int)
+
+    def _integer_syntax_nodes(self):
+        """Nodes that read ``integer`` as integer syntax, refusing an integral value written
+        as a decimal (1.0, 1e2, -0.0) that is an integer from draft 6 on (in draft 4 only
+        integer syntax is: exact there): plain integer nodes and integer enums."""
+        if self.schema.draft < 6:
+            return set()
+        p = self.p
+        return {n for n in range(len(p.kind))
+                if p.kind[n] == NODE_VALUE and p.types[n] & T_INT and not p.types[n] & T_NUM
+                and (p.num_dfa[n] < 0 or p.num_dfa[n] in self._int_enum_full)}
+
+    def _exact_integers(self, nodes):
+        """Integer nodes that a oneOf counts (an alternative refusing 1.0 would let 1.0 pass
+        another alternative that also holds it, fuzz finding seed 7: oneOf [integer, number]
+        took 1.0) read integer as the draft does: any number whose value is integral
+        (multipleOf 1, whose liveness the number check already makes exact), an integer enum
+        its values' texts "1" and "1.0" as any number enum does."""
+        p = self.p
+        one = norm_decimal(1)
+        for n in sorted(nodes):
+            if p.num_dfa[n] >= 0:
+                p.num_dfa[n] = p.add_dfa(self._int_enum_full[p.num_dfa[n]])
+            else:
+                old = p.num_checks[p.num_check[n]] if p.num_check[n] >= 0 else {"lo": None, "hi": None, "mult": None}
+                p.num_check[n] = len(p.num_checks)
+                p.num_checks.append(dict(old, mult=_lcm_decimal([one] + ([old["mult"]] if old["mult"] else []))))
+            p.types[n] |= T_NUM
 
     def _make_never(self, nid):
         self.p.kind[nid] = NODE_VALUE
@@ -483,11 +522,14 @@ class Compiler:
             self.str_dfa_obj[nid] = d
         if nums:
             texts = sorted({t.encode() for v in nums for t in number_texts(v)})
+            all_texts = texts
             if int_only:
                 texts = [t for t in texts if t.lstrip(b"-").isdigit()]
             if texts:
                 types |= T_INT if int_only else T_INT | T_NUM
                 p.num_dfa[nid] = p.add_dfa(literal_dfa(texts))
+                if len(texts) < len(all_texts) and self.schema.draft >= 6:
+                    self._int_enum_full[p.num_dfa[nid]] = literal_dfa(all_texts)
         if not comps:
             p.types[nid] = types
             return
@@ -618,23 +660,7 @@ class Compiler:
                 else:
                     if hi is None or dec_cmp(d, hi[0]) < 0 or (dec_cmp(d, hi[0]) == 0 and excl):
                         hi = (d, excl)
-        mult = None
-        if mults:
-            fr = [dec_to_fraction(m) for m in mults]
-            # lcm of rationals: lcm(numerators) / gcd(denominators)
-            num = 1
-            den = 0
-            for f in fr:
-                num = num * f.numerator // math.gcd(num, f.numerator)
-                den = math.gcd(den, f.denominator)
-            mval = Fraction(num, den)
-            # back to a decimal (den divides a power of 10 since all were decimals)
-            e = 0
-            while (mval * 10 ** e).denominator != 1:
-                e += 1
-            mult = norm_decimal(str(int(mval * 10 ** e)) + ("e-%d" % e if e else ""))
-            if len(mult[1]) > 18:
-                raise GrammarLimitError("multipleOf combination with more than 18 digits")
+        mult = _lcm_decimal(mults) if mults else None
         if lo is None and hi is None and mult is None:
             return
         if lo is not None and hi is not None:
@@ -953,6 +979,26 @@ class Compiler:
         if not dfas:
             return _all_dfa()
         return intersect_dfas(dfas)
+
+
+def _lcm_decimal(mults):
+    """The least common multiple of positive exact decimals (multipleOf values)."""
+    fr = [dec_to_fraction(m) for m in mults]
+    # lcm of rationals: lcm(numerators) / gcd(denominators)
+    num = 1
+    den = 0
+    for f in fr:
+        num = num * f.numerator // math.gcd(num, f.numerator)
+        den = math.gcd(den, f.denominator)
+    mval = Fraction(num, den)
+    # back to a decimal (den divides a power of 10 since all were decimals)
+    e = 0
+    while (mval * 10 ** e).denominator != 1:
+        e += 1
+    mult = norm_decimal(str(int(mval * 10 ** e)) + ("e-%d" % e if e else ""))
+    if len(mult[1]) > 18:
+        raise GrammarLimitError("multipleOf combination with more than 18 digits")
+    return mult
 
 
 def _const_schema(v):
