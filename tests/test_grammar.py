@@ -244,8 +244,12 @@ def test_unsupported_errors_name_keyword_and_pointer():
     with pytest.raises(UnsupportedSchemaError) as e:
         compile_schema({"not": {"multipleOf": 2}})
     assert e.value.keyword == "not" and e.value.pointer == "#/not/multipleOf"
-    with pytest.raises(UnsupportedSchemaError):
-        compile_schema({"type": "string", "format": "hostname"})
+    with pytest.raises(UnsupportedSchemaError) as e:      # narrowed: its complement is not exact
+        compile_schema({"not": {"type": "string", "format": "hostname"}})
+    assert e.value.keyword == "not"
+    with pytest.raises(UnsupportedSchemaError) as e:      # its length bound needs a string node
+        compile_schema({"propertyNames": {"format": "hostname"}})
+    assert e.value.keyword == "format"
     with pytest.raises(SchemaError):
         compile_schema({"type": "strin"})
     with pytest.raises(SchemaError):

@@ -284,8 +284,44 @@ def test_oneof_with_dollar_patterns_cases():
 
 
 def test_format_sets_are_documented():
-    assert EXACT_FORMATS == {"date", "uuid", "ipv4"}
-    assert NARROWED_FORMATS == {"email", "time", "date-time", "uri"}
+    assert EXACT_FORMATS == {"date", "uuid", "ipv4", "json-pointer"}
+    assert NARROWED_FORMATS == {"email", "time", "date-time", "uri", "hostname", "idn-hostname", "ipv6",
+                                "idn-email", "uri-reference", "iri", "iri-reference", "uri-template",
+                                "relative-json-pointer", "duration", "regex"}
+
+
+# formats the grammar holds beside the first ones: what it accepts jsonschema's checker (where
+# it checks the format) accepts too, what it refuses is refused by the format's rule
+FORMAT_CASES = [
+    ("hostname", "example.com", True), ("hostname", "localhost", True), ("hostname", "a-b.c0", True),
+    ("hostname", "example.com:8080", False), ("hostname", "Invalid Hostname", False),
+    ("hostname", "-a.com", False), ("hostname", "a..b", False), ("hostname", "a" * 64, False),
+    ("hostname", ("a." * 126) + "ab", False),            # 254 characters
+    ("idn-hostname", "example.com", True), ("idn-hostname", "ab--cd.com", False),
+    ("ipv6", "::1", True), ("ipv6", "2001:db8::8a2e:370:7334", True), ("ipv6", "1:2:3:4:5:6:7:8", True),
+    ("ipv6", "1::2::3", False), ("ipv6", "1:2:3:4:5:6:7:8:9", False), ("ipv6", "12345::", False),
+    ("json-pointer", "", True), ("json-pointer", "/a~0b/c~1", True), ("json-pointer", "/a~2", False),
+    ("json-pointer", "a", False),
+    ("relative-json-pointer", "0#", True), ("relative-json-pointer", "1/a", True),
+    ("relative-json-pointer", "01/a", False), ("relative-json-pointer", "#", False),
+    ("regex", "^[a-zA-Z0-9_]{3,16}$", True), ("regex", "^(\\d+)(-\\d+)?$", True), ("regex", "*", False),
+    ("regex", "\\", False), ("regex", "(a", False), ("regex", "a{3,1}", False), ("regex", "[z-a]", False),
+    ("uri-reference", "https://example.com/a?b#c", True), ("uri-reference", "/etc/x", True),
+    ("uri-reference", "#frag", True), ("uri-reference", "invalid Id", False),
+    ("duration", "P1Y2M3DT4H5M6S", True), ("duration", "P1W", True), ("duration", "PT", False),
+    ("duration", "P1H", False), ("uri-template", "http://x/{id}{?q,r*}", True), ("uri-template", "{", False),
+]
+
+
+@pytest.mark.parametrize("fmt,value,accepted", FORMAT_CASES)
+def test_added_formats(fmt, value, accepted):
+    schema = {"type": "string", "format": fmt}
+    if accepted:
+        assert oracle(schema, value)
+    for backend in BACKENDS:
+        assert compile_schema(schema, backend).accepts(text(value)) == accepted
+    if fmt in EXACT_FORMATS:
+        assert compile_schema({"not": schema}).accepts(text(value)) != accepted
 
 
 def test_enum_under_narrowed_not_is_refused_conservatively():

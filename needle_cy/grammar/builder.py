@@ -14,7 +14,7 @@ from . import runtime
 from .automata import (NFA, _all_dfa, _dead_dfa, _reach_sets, complement_dfa, intersect_dfas, literal_dfa,
                        nfa_to_dfa, product_dfa, prune_dfa_keep)
 from .charset import MAX_CP, cs_norm
-from .formats import ENFORCED_FORMATS, FORMAT_REGEX, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format, format_defined
+from .formats import ENFORCED_FORMATS, FORMAT_MAX_LENGTH, FORMAT_REGEX, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format, format_defined
 from .keywords import ANNOTATIONS, SUPPORTED, _nonneg_int
 from .limits import (ANY_NODE, COMPILE_BUDGET_S, COUNT_CAP, MAX_NODES, MAX_NUM_EXP, NEVER_NODE, NODE_CHOICE,
                      NODE_VALUE, N_INT, N_MINUS, N_ZERO, T_ALL, T_ARR, T_FALSE, T_INT, T_NULL, T_NUM, T_OBJ,
@@ -588,6 +588,9 @@ class Compiler:
                     dfas.append(self._format(f, part.ptr + "/format"))
                     if f in NARROWED_FORMATS or not format_defined(f, self.schema.draft):
                         self.approx.add(nid)
+                    if f in FORMAT_MAX_LENGTH:
+                        n = FORMAT_MAX_LENGTH[f]
+                        p.str_max[nid] = n if p.str_max[nid] < 0 else min(p.str_max[nid], n)
                 elif f in UNENFORCED_STANDARD_FORMATS:
                     raise UnsupportedSchemaError(f"format {f!r} is not enforced (at {part.ptr})",
                                                  keyword="format", pointer=part.ptr + "/format")
@@ -955,6 +958,9 @@ class Compiler:
                                 if any(isinstance(v, str) for v in vals) else _dead_dfa())
                 elif k == "format":
                     f = draft_format(s[k], self.schema.draft)
+                    if f in FORMAT_MAX_LENGTH:
+                        raise UnsupportedSchemaError(f"format {f!r} in propertyNames (its length bound needs "
+                                                     "a string node)", keyword="format", pointer=f"{part.ptr}/format")
                     if f in ENFORCED_FORMATS:
                         dfas.append(self._format(f, f"{part.ptr}/format"))
                         if f in NARROWED_FORMATS:
