@@ -43,6 +43,11 @@ class Compiler:
         self.nl_stripped = set()
         self.kids = {}           # node -> nodes it contains (items, property values, alternatives)
         self.oneof_ptr = {}      # oneOf choice node -> its pointer
+        self.str_sup = {}        # approximate string node -> automata whose intersection holds every
+                                 # string its schema allows (patterns read "either"), see _disjoint
+        self.enum_nums = {}      # enum node -> the numbers it holds (exact, whatever their spelling)
+        self.obj_keys = {}       # object node -> (key automaton labelled with global key classes,
+                                 # its required names): for the disjointness of oneOf alternatives
         # an integer enum's number automaton (integer syntax only) -> the automaton of all its
         # texts ("1" and "1.0"): from draft 6 on 1.0 is an integer, see _exact_integers
         self._int_enum_full = {}
@@ -393,14 +398,22 @@ class Compiler:
                     for j in range(i + 1, len(alts)):
                         if not types[i] & types[j]:
                             continue
-                        if alts[i] in hot or alts[j] in hot:
+                        # per shared JSON type: the worse of the two alternatives' approximations
+                        # there, unless no value of that type can satisfy both
+                        level = 0
+                        for t in _bits(types[i] & types[j]):
+                            lv = max(self._approx_level(alts[i], t, hot, hot_nl),
+                                     self._approx_level(alts[j], t, hot, hot_nl))
+                            if lv > level and not self._disjoint(alts[i], alts[j], t):
+                                level = lv
+                        if level == 2:
                             raise UnsupportedSchemaError(
                                 f"oneOf at {ptr}: an alternative uses a narrowed format, a pattern the "
                                 "regex engines read differently or a format/const its draft leaves an "
                                 "annotation, and another alternative can match a "
                                 "value of the same type; 'exactly one' cannot be enforced exactly",
                                 keyword="oneOf", pointer=ptr)
-                        if alts[i] in hot_nl or alts[j] in hot_nl:
+                        if level == 1:
                             need = True
                         if alts[i] in hot_int or alts[j] in hot_int:
                             need_int = True
@@ -414,6 +427,103 @@ class Compiler:
             for n in sorted(strip):
                 self._strip_nl(n)
             self._exact_integers(exact_int)
+
+    def _alts(self, n):
+        p = self.p
+        return p.alt_pool[p.alt_off[n]: p.alt_off[n] + p.alt_n[n]]
+
+    def _approx_level(self, n, t, hot, hot_nl, seen=()):
+        """How node n's verdict on values of JSON type bit t may differ from its schema's:
+        0 exact, 1 only for a string value ending in a newline (a '$' pattern), 2 otherwise."""
+        p = self.p
+        if p.kind[n] == NODE_CHOICE:
+            if n in seen:
+                return 2 if n in hot else (1 if n in hot_nl else 0)
+            return max([self._approx_level(a, t, hot, hot_nl, seen + (n,)) for a in self._alts(n)
+                        if self._types_of(a) & t], default=0)
+        if not p.types[n] & t:
+            return 0
+        if t == T_STR:
+            return 2 if n in self.approx else (1 if n in self.approx_nl else 0)
+        if t in (T_ARR, T_OBJ):
+            # through items and property values; an object's own keys (propertyNames,
+            # patternProperties the engines read differently) mark the node itself
+            level = 2 if t == T_OBJ and n in self.approx else 0
+            for c in self.kids.get(n, ()):
+                if c in hot:
+                    return 2
+                if c in hot_nl:
+                    level = max(level, 1)
+            return level
+        return 0
+
+    def _disjoint(self, a, b, t, depth=0):
+        """No value of JSON type bit t satisfies both nodes' schemas.  Read from facts that
+        hold for the schema, not only for its (maybe narrowed) node: types, length and count
+        ranges, required properties against the other side's value for that property (or its
+        refusal of the key), enum strings of exact nodes."""
+        p = self.p
+        if depth > 8:
+            return False
+        for x, y in ((a, b), (b, a)):
+            if p.kind[x] == NODE_CHOICE:
+                return all(self._disjoint(c, y, t, depth + 1) for c in self._alts(x) if self._types_of(c) & t)
+        if not p.types[a] & p.types[b] & t:
+            return True
+
+        def apart(lo1, hi1, lo2, hi2):
+            return (hi1 >= 0 and lo2 > hi1) or (hi2 >= 0 and lo1 > hi2)
+
+        if t == T_STR:
+            if apart(p.str_min[a], p.str_max[a], p.str_min[b], p.str_max[b]):
+                return True
+            da, db = self._string_superset(a), self._string_superset(b)
+            if da is not None and db is not None:
+                return not (intersect_dfas([da, db]).accept >= 0).any()
+            return False
+        if t == T_OBJ:
+            if apart(p.obj_min[a], p.obj_max[a], p.obj_min[b], p.obj_max[b]):
+                return True
+            for x, y in ((a, b), (b, a)):
+                if x not in self.obj_keys:
+                    continue
+                for name in sorted(self.obj_keys[x][1]):
+                    vy = self._value_node(y, name)
+                    if vy == NEVER_NODE or self._disjoint_all(self._value_node(x, name), vy, depth + 1):
+                        return True
+            return False
+        if t == T_ARR:
+            if apart(p.arr_min[a], p.arr_max[a], p.arr_min[b], p.arr_max[b]):
+                return True
+            for i in range(min(max(p.arr_min[a], p.arr_min[b]), 16)):
+                ia, ib = self._item_node(a, i), self._item_node(b, i)
+                if ib == NEVER_NODE or ia == NEVER_NODE or self._disjoint_all(ia, ib, depth + 1):
+                    return True
+            return False
+        if t & (T_INT | T_NUM) and a in self.enum_nums and b in self.enum_nums:
+            return not any(json_equal(u, v) for u in self.enum_nums[a] for v in self.enum_nums[b])
+        return False
+
+    def _disjoint_all(self, a, b, depth):
+        return all(self._disjoint(a, b, t, depth) for t in _bits(self._types_of(a) & self._types_of(b)))
+
+    def _value_node(self, n, name):
+        """The node a property's value must satisfy in object node n (NEVER: the key is refused);
+        ANY where n's keys are approximate (their refusals do not hold for the schema)."""
+        info = self.obj_keys.get(n)
+        if info is None or n in self.approx:
+            return ANY_NODE
+        d = info[0]
+        st = d.run(name.encode("utf-8"))
+        if st < 0 or d.accept[st] < 0:
+            return NEVER_NODE
+        return self.p.cls_node[int(d.accept[st])]
+
+    def _item_node(self, n, i):
+        p = self.p
+        if i < p.arr_prefix_n[n]:
+            return p.prefix_pool[p.arr_prefix_off[n] + i]
+        return p.arr_items[n]
 
     def _integer_syntax_nodes(self):
         """Nodes that read ``integer`` as integer syntax, refusing an integral value written
@@ -460,6 +570,17 @@ class Compiler:
             arr[nid] = arr[src]
         if src in self.str_dfa_obj:
             self.str_dfa_obj[nid] = self.str_dfa_obj[src]
+        if src in self.obj_keys:
+            self.obj_keys[nid] = self.obj_keys[src]
+        if src in self.enum_nums:
+            self.enum_nums[nid] = self.enum_nums[src]
+        if src in self.str_sup:
+            self.str_sup[nid] = self.str_sup[src]
+        # a copy is as approximate as its source (for the per-type levels of check_oneof)
+        if src in self.approx:
+            self.approx.add(nid)
+        if src in self.approx_nl:
+            self.approx_nl.add(nid)
         if src >= len(p.kind) or p.kind[src] is None:
             raise AssertionError
 
@@ -528,6 +649,7 @@ class Compiler:
             if texts:
                 types |= T_INT if int_only else T_INT | T_NUM
                 p.num_dfa[nid] = p.add_dfa(literal_dfa(texts))
+                self.enum_nums[nid] = [v for v in nums if not int_only or float(v).is_integer()]
                 if len(texts) < len(all_texts) and self.schema.draft >= 6:
                     self._int_enum_full[p.num_dfa[nid]] = literal_dfa(all_texts)
         if not comps:
@@ -541,6 +663,8 @@ class Compiler:
                 getattr(p, name)[scalar] = getattr(p, name)[nid]
             if nid in self.str_dfa_obj:
                 self.str_dfa_obj[scalar] = self.str_dfa_obj[nid]
+            if nid in self.enum_nums:
+                self.enum_nums[scalar] = self.enum_nums[nid]
             p.types[scalar] = types
             alts.append(scalar)
         uniq = []
@@ -562,6 +686,7 @@ class Compiler:
     def _fill_string(self, nid, flat):
         p = self.p
         dfas = []
+        sup = []     # a superset of the schema's strings: what either engine matches, formats apart
         for part, sch in flat:
             ex = part.excl
             if "minLength" in sch and "minLength" not in ex:
@@ -574,6 +699,7 @@ class Compiler:
                 if not isinstance(pat, str):
                     raise SchemaError(f"pattern at {part.ptr} is not a string")
                 dfas.append(self._pattern(pat, part.ptr + "/pattern", nid=nid, value=True))
+                sup.append(("either", pat))
             if "__not_pattern" in sch:
                 # the complement of what either engine matches: refused by both
                 dfas.append(complement_dfa(self._pattern(sch["__not_pattern"], part.ptr + "/not/pattern",
@@ -582,6 +708,7 @@ class Compiler:
                 dfas.append(complement_dfa(self._format(sch["__not_format"], part.ptr + "/not/format")))
             if "__not_strings" in sch:
                 dfas.append(complement_dfa(literal_dfa(sorted({x.encode("utf-8") for x in sch["__not_strings"]}))))
+                sup.append(("dfa", dfas[-1]))
             if "format" in sch and "format" not in ex:
                 f = draft_format(sch["format"], self.schema.draft)
                 if f in ENFORCED_FORMATS:
@@ -602,6 +729,19 @@ class Compiler:
             d = intersect_dfas(dfas)
             p.str_dfa[nid] = p.add_dfa(d)
             self.str_dfa_obj[nid] = d
+        if sup:
+            self.str_sup[nid] = sup
+
+    def _string_superset(self, n):
+        """An automaton holding every string value node n's schema allows (None: any string):
+        the node's own automaton where it is exact, else its patterns read by either engine."""
+        if n not in self.approx and n not in self.approx_nl:
+            return self.str_dfa_obj.get(n)
+        parts = self.str_sup.get(n)
+        if not parts:
+            return None
+        dfas = [d if kind == "dfa" else self._pattern(d, "#", mode="either") for kind, d in parts]
+        return intersect_dfas(dfas)
 
     _pattern_cache = {}
 
@@ -907,6 +1047,7 @@ class Compiler:
         if cls_base:
             key_dfa = key_dfa.relabel([a + cls_base if a >= 0 else -1 for a in key_dfa.accept.tolist()])
         p.obj_key_dfa[nid] = p.add_dfa(key_dfa, reach, other)
+        self.obj_keys[nid] = (key_dfa, frozenset(required))
         p.obj_nwords[nid] = nwords
         req_words = [0] * nwords
         for k in required:
@@ -985,6 +1126,10 @@ class Compiler:
         if not dfas:
             return _all_dfa()
         return intersect_dfas(dfas)
+
+
+def _bits(mask):
+    return [1 << i for i in range(8) if mask >> i & 1]
 
 
 def _lcm_decimal(mults):
