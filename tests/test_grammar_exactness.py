@@ -151,6 +151,29 @@ CASES = [
                 {"type": "object", "properties": {"b": {"type": "string"}}}]}, {"a": 1.5}, True),
     ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
                 {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}]}, {"a": 1.0}, True),
+    # oneOf alternatives of one type that no value can satisfy together (a required
+    # discriminator property, patterns read by either engine) may be approximate: at most one
+    # of them can hold a value
+    ({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "u": {"format": "email"}}, "required": ["kind"]},
+                {"type": "object", "properties": {"kind": {"const": "b"}, "u": {"type": "string"}}, "required": ["kind"]}]},
+     {"kind": "a", "u": "a@b.co"}, True),
+    ({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "u": {"format": "email"}}, "required": ["kind"]},
+                {"type": "object", "properties": {"kind": {"const": "b"}, "u": {"type": "string"}}, "required": ["kind"]}]},
+     {"kind": "b", "u": "x"}, True),
+    ({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "u": {"format": "email"}}, "required": ["kind"]},
+                {"type": "object", "properties": {"kind": {"const": "b"}, "u": {"type": "string"}}, "required": ["kind"]}]},
+     {"kind": "c"}, False),
+    ({"oneOf": [{"type": "object", "properties": {"u": {"format": "email"}}, "required": ["u"], "additionalProperties": False},
+                {"type": "object", "properties": {"v": {}}, "required": ["v"], "additionalProperties": False}]},
+     {"u": "a@b.co"}, True),
+    ({"oneOf": [{"type": "string", "pattern": "^https?://.+$"}, {"type": "string", "pattern": "^\\./.+$"}]}, "http://x", True),
+    ({"oneOf": [{"type": "string", "pattern": "^https?://.+$"}, {"type": "string", "pattern": "^\\./.+$"}]}, "./a", True),
+    ({"oneOf": [{"type": "string", "pattern": "^https?://.+$"}, {"type": "string", "pattern": "^\\./.+$"}]}, "x", False),
+    ({"oneOf": [{"type": "string", "format": "email", "maxLength": 5}, {"type": "string", "minLength": 6}]}, "a@b.c", True),
+    ({"oneOf": [{"type": "array", "prefixItems": [{"const": 1}, {"format": "email"}], "minItems": 1},
+                {"type": "array", "prefixItems": [{"const": 2}]}]}, [1, "a@b.co"], True),
+    ({"oneOf": [{"type": "array", "prefixItems": [{"const": 1}, {"format": "email"}], "minItems": 1},
+                {"type": "array", "prefixItems": [{"const": 2}]}]}, [], True),
     # draft 4: only integer syntax is an integer, so number alone holds 1.0
     ({"$schema": D4, "oneOf": [{"type": "integer"}, {"type": "number"}]}, 1.0, True),
     # a $ref/anyOf cycle that consumes nothing holds nothing (fuzz finding, seed 7: the
@@ -221,6 +244,12 @@ REFUSED = [
     ({"oneOf": [{"type": "string", "format": "email"}, {"type": "string", "pattern": "^a"}]}, "oneOf"),
     ({"oneOf": [{"type": "string", "format": "time"}, {"type": "string"}]}, "oneOf"),
     ({"oneOf": [{"properties": {"d": {"format": "email"}}}, {"type": "object"}]}, "oneOf"),
+    # ... but not when a value can satisfy both: an object without the discriminator
+    ({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "u": {"format": "email"}}},
+                {"type": "object", "properties": {"kind": {"const": "b"}}}]}, "oneOf"),
+    ({"oneOf": [{"type": "array", "prefixItems": [{"const": 1}, {"format": "email"}]},
+                {"type": "array", "prefixItems": [{"const": 2}]}]}, "oneOf"),
+    ({"oneOf": [{"type": "string", "pattern": "^a.$"}, {"type": "string", "pattern": "^.b$"}]}, "oneOf"),
     # a pattern the two regex engines read differently inside an overlapping oneOf
     ({"oneOf": [{"type": "string", "pattern": "^.$"}, {"type": "string"}]}, "oneOf"),
     # '$' together with a construct read differently ('.') still refuses the oneOf
