@@ -43,6 +43,7 @@ class Compiler:
         self.nl_stripped = set()
         self.kids = {}           # node -> nodes it contains (items, property values, alternatives)
         self.oneof_ptr = {}      # oneOf choice node -> its pointer
+        self._disjoint_memo = {}  # (node, node, type bit) -> _disjoint's answer
         self.str_sup = {}        # approximate string node -> automata whose intersection holds every
                                  # string its schema allows (patterns read "either"), see _disjoint
         self.enum_nums = {}      # enum node -> the numbers it holds (exact, whatever their spelling)
@@ -415,7 +416,8 @@ class Compiler:
                                 keyword="oneOf", pointer=ptr)
                         if level == 1:
                             need = True
-                        if alts[i] in hot_int or alts[j] in hot_int:
+                        if (alts[i] in hot_int or alts[j] in hot_int) and not all(
+                                self._disjoint(alts[i], alts[j], t) for t in _bits(types[i] & types[j])):
                             need_int = True
                 if need:
                     strip |= self._descendants(alts)
@@ -462,6 +464,13 @@ class Compiler:
         hold for the schema, not only for its (maybe narrowed) node: types, length and count
         ranges, required properties against the other side's value for that property (or its
         refusal of the key), enum strings of exact nodes."""
+        key = (a, b, t) if a <= b else (b, a, t)
+        hit = self._disjoint_memo.get(key)
+        if hit is None:
+            hit = self._disjoint_memo[key] = self._disjoint_uncached(a, b, t, depth)
+        return hit
+
+    def _disjoint_uncached(self, a, b, t, depth):
         p = self.p
         if depth > 8:
             return False
