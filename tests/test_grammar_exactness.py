@@ -80,6 +80,16 @@ CASES = [
     ({"type": "object", "patternProperties": {"^a$": {"type": "integer"}}}, {"a": 1}, True),
     ({"type": "object", "patternProperties": {"^a$": {"type": "integer"}}}, {"b": "x"}, True),
     ({"type": "object", "properties": {"\r": {}}, "patternProperties": {".": False}}, {"\r": 1}, False),
+    # a top-level branch that is one group holds its own anchors: (^a$)|(^b$) is ^a$|^b$
+    ({"type": "string", "pattern": "(^$)|(^[a-f0-9]{2}-[a-f]$)"}, "", True),
+    ({"type": "string", "pattern": "(^$)|(^[a-f0-9]{2}-[a-f]$)"}, "ab-c", True),
+    ({"type": "string", "pattern": "(^$)|(^[a-f0-9]{2}-[a-f]$)"}, "xab-c", False),
+    ({"type": "string", "pattern": "^$|(^(?:[a-z]+ ){0,2}[a-z]+$)"}, "a b c", True),
+    ({"type": "string", "pattern": "^$|(^(?:[a-z]+ ){0,2}[a-z]+$)"}, "a b c d", False),
+    ({"type": "string", "pattern": "(?:^a|b$)"}, "xa", False),
+    ({"type": "string", "pattern": "(?:^a|b$)"}, "xb", True),
+    ({"not": {"pattern": "(^a$)|(^b$)"}}, "b", False),
+    ({"not": {"pattern": "(^a$)|(^b$)"}}, "ab", True),
     # internal keywords of the compiler are unknown keywords (annotations) in a user schema
     ({"__not_strings": ["a"]}, "a", True),
     ({"__not_pattern": "a"}, "a", True),
