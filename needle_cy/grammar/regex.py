@@ -109,6 +109,8 @@ class _RegexParser:
             j += 1
         if j >= len(s) or (j + 1 < len(s) and s[j + 1] != "|"):
             return None
+        if "^" not in s[body:j] and "$" not in s[body:j]:
+            return None           # no anchor inside: the group parses as it is (a smaller automaton)
         self.i = j + 1
         return s[body:j]
 
