@@ -140,6 +140,15 @@ class Compiler:
                 del self._filling[nid]
                 self._value_depth = value_depth
             if self.p.types[nid] == 0:
+                if nid in self.approx:
+                    # nothing is left only because of an approximation (a required key the
+                    # regex engines read differently): the false schema here would make a
+                    # oneOf beside it, or an object holding it, refuse what the schema allows,
+                    # and let the value through another alternative
+                    raise UnsupportedSchemaError(
+                        f"schema at {parts[-1].ptr} holds no value only under an approximation "
+                        "(a required property name the regex engines read differently)",
+                        keyword="required", pointer=parts[-1].ptr)
                 # no value can start: the false schema, so that an object refuses the key
                 # (and anyOf the alternative) instead of stranding after it
                 self.memo[key] = self.memo[fkey] = NEVER_NODE
@@ -355,9 +364,12 @@ class Compiler:
         self.approx_nl.add(nid)
 
     def _types_of(self, nid, seen=()):
+        """The JSON types a node's schema may hold: its types, and objects too where its keys
+        are approximate (a key the engines read differently is refused, and a required one
+        then drops the object type although the schema allows objects)."""
         p = self.p
         if p.kind[nid] != NODE_CHOICE:
-            return p.types[nid]
+            return p.types[nid] | (T_OBJ if nid in self.approx else 0)
         if nid in seen:
             return T_ALL
         t = 0
@@ -477,7 +489,7 @@ class Compiler:
         for x, y in ((a, b), (b, a)):
             if p.kind[x] == NODE_CHOICE:
                 return all(self._disjoint(c, y, t, depth + 1) for c in self._alts(x) if self._types_of(c) & t)
-        if not p.types[a] & p.types[b] & t:
+        if not self._types_of(a) & self._types_of(b) & t:
             return True
 
         def apart(lo1, hi1, lo2, hi2):
