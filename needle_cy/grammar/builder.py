@@ -43,6 +43,7 @@ class Compiler:
         self.nl_stripped = set()
         self.kids = {}           # node -> nodes it contains (items, property values, alternatives)
         self.oneof_ptr = {}      # oneOf choice node -> its pointer
+        self._approx_void = set()    # nodes whose object type a required disputed key dropped
         self._disjoint_memo = {}  # (node, node, type bit) -> _disjoint's answer
         self.str_sup = {}        # approximate string node -> automata whose intersection holds every
                                  # string its schema allows (patterns read "either"), see _disjoint
@@ -140,7 +141,7 @@ class Compiler:
                 del self._filling[nid]
                 self._value_depth = value_depth
             if self.p.types[nid] == 0:
-                if nid in self.approx:
+                if nid in self._approx_void:
                     # nothing is left only because of an approximation (a required key the
                     # regex engines read differently): the false schema here would make a
                     # oneOf beside it, or an object holding it, refuse what the schema allows,
@@ -1024,12 +1025,19 @@ class Compiler:
             return classes[key]
 
         name_labels = []
+        # declared names the key automaton refuses only because of an approximation: the
+        # engines read a pattern differently on them, or a narrowed propertyNames format
+        disputed = set()
         for i, k in enumerate(names):
-            name_labels.append(class_id(i, matched(k)))
+            m = matched(k)
+            if m is None or (name_dfas and nid in self.approx):
+                disputed.add(k)
+            name_labels.append(class_id(i, m))
         if not pattern_dfas and not name_dfas:
             key_dfa = literal_dfa([k.encode("utf-8") for k in names], labels=name_labels,
                                   other_label=class_id(-1, frozenset()))
-            return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps)
+            return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps,
+                                       disputed)
         # product DFA: names trie x patterns x propertyNames
         trie = literal_dfa([k.encode("utf-8") for k in names], labels=list(range(len(names)))) \
             if names else _dead_dfa()
@@ -1051,9 +1059,11 @@ class Compiler:
             return class_id(-1, pats)
 
         key_dfa = product_dfa(comps, combine, complete)
-        return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps)
+        return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps,
+                                       disputed)
 
-    def _finish_object(self, nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps=()):
+    def _finish_object(self, nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps=(),
+                       disputed=frozenset()):
         p = self.p
         # classes whose value schema is impossible are not valid keys
         acc_in = key_dfa.accept.tolist()
@@ -1075,6 +1085,8 @@ class Compiler:
             i = names.index(k)
             if cls_node[name_labels[i]] == NEVER_NODE:
                 p.types[nid] &= ~T_OBJ  # a required property can never be valid
+                if k in disputed:
+                    self._approx_void.add(nid)
             req_words[i // 64] |= 1 << (i % 64)
         p.obj_req_off[nid] = len(p.words)
         p.words.extend(req_words)
