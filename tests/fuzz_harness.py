@@ -247,9 +247,26 @@ def walk(src, grammar, max_len=60):
     return bytes(out)
 
 
+def _is_integral(checker, x):
+    """Draft 6 on: an integer is any number with an integral value, a Decimal too (jsonschema's
+    own checker knows int and float only: Decimal('1.0') would not be an integer, and a
+    grammar that reads 1.0 as the draft does would look wrong)."""
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, int):
+        return True
+    if isinstance(x, float):
+        return x.is_integer()
+    if isinstance(x, Decimal):
+        return x.is_finite() and (x.as_tuple().exponent >= 0 or x == x.to_integral_value())
+    return False
+
+
 def _oracle(schema):
     import jsonschema
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    if cls not in (jsonschema.Draft3Validator, jsonschema.Draft4Validator):
+        cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", _is_integral))
     exact = json.loads(json.dumps(schema), parse_float=Decimal)
     return cls(exact, format_checker=cls.FORMAT_CHECKER)
 

@@ -80,6 +80,16 @@ CASES = [
     ({"type": "object", "patternProperties": {"^a$": {"type": "integer"}}}, {"a": 1}, True),
     ({"type": "object", "patternProperties": {"^a$": {"type": "integer"}}}, {"b": "x"}, True),
     ({"type": "object", "properties": {"\r": {}}, "patternProperties": {".": False}}, {"\r": 1}, False),
+    # a top-level branch that is one group holds its own anchors: (^a$)|(^b$) is ^a$|^b$
+    ({"type": "string", "pattern": "(^$)|(^[a-f0-9]{2}-[a-f]$)"}, "", True),
+    ({"type": "string", "pattern": "(^$)|(^[a-f0-9]{2}-[a-f]$)"}, "ab-c", True),
+    ({"type": "string", "pattern": "(^$)|(^[a-f0-9]{2}-[a-f]$)"}, "xab-c", False),
+    ({"type": "string", "pattern": "^$|(^(?:[a-z]+ ){0,2}[a-z]+$)"}, "a b c", True),
+    ({"type": "string", "pattern": "^$|(^(?:[a-z]+ ){0,2}[a-z]+$)"}, "a b c d", False),
+    ({"type": "string", "pattern": "(?:^a|b$)"}, "xa", False),
+    ({"type": "string", "pattern": "(?:^a|b$)"}, "xb", True),
+    ({"not": {"pattern": "(^a$)|(^b$)"}}, "b", False),
+    ({"not": {"pattern": "(^a$)|(^b$)"}}, "ab", True),
     # internal keywords of the compiler are unknown keywords (annotations) in a user schema
     ({"__not_strings": ["a"]}, "a", True),
     ({"__not_pattern": "a"}, "a", True),
@@ -133,6 +143,49 @@ CASES = [
     ({"oneOf": [{}, {"type": "string"}, {}]}, 5, False),
     # ... and positively it is enforced, stricter than the annotation (jsonschema accepts)
     ({"$schema": D4, "format": "date"}, "yesterday", False, "strict"),
+    # from draft 6 on 1.0 is an integer: where a oneOf counts an integer alternative, integer
+    # reads every integral spelling (fuzz finding, seed 7: oneOf [integer, number] took 1.0)
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1.0, False),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1, False),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1.5, True),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, -0.0, False),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1e100, False),
+    ({"oneOf": [{"type": "integer", "enum": [1, 2]}, {"type": "number"}]}, 2.0, False),
+    ({"oneOf": [{"type": "integer", "enum": [1, 2]}, {"type": "number"}]}, 3, True),
+    ({"oneOf": [{"type": "integer", "minimum": 3, "multipleOf": 2}, {"type": "number", "maximum": 5}]}, 4.0, False),
+    ({"oneOf": [{"type": "integer", "minimum": 3, "multipleOf": 2}, {"type": "number", "maximum": 5}]}, 6.0, True),
+    # ... and the common oneOf of objects with integer properties stays compiled and exact
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                {"type": "object", "properties": {"b": {"type": "string"}}}]}, {"a": 1.0}, False),
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                {"type": "object", "properties": {"b": {"type": "string"}}}]}, {"a": 1.5}, True),
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}]}, {"a": 1}, True),
+    # oneOf alternatives of one type that no value can satisfy together (a required
+    # discriminator property, patterns read by either engine) may be approximate: at most one
+    # of them can hold a value
+    ({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "u": {"format": "email"}}, "required": ["kind"]},
+                {"type": "object", "properties": {"kind": {"const": "b"}, "u": {"type": "string"}}, "required": ["kind"]}]},
+     {"kind": "a", "u": "a@b.co"}, True),
+    ({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "u": {"format": "email"}}, "required": ["kind"]},
+                {"type": "object", "properties": {"kind": {"const": "b"}, "u": {"type": "string"}}, "required": ["kind"]}]},
+     {"kind": "b", "u": "x"}, True),
+    ({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "u": {"format": "email"}}, "required": ["kind"]},
+                {"type": "object", "properties": {"kind": {"const": "b"}, "u": {"type": "string"}}, "required": ["kind"]}]},
+     {"kind": "c"}, False),
+    ({"oneOf": [{"type": "object", "properties": {"u": {"format": "email"}}, "required": ["u"], "additionalProperties": False},
+                {"type": "object", "properties": {"v": {}}, "required": ["v"], "additionalProperties": False}]},
+     {"u": "a@b.co"}, True),
+    ({"oneOf": [{"type": "string", "pattern": "^https?://.+$"}, {"type": "string", "pattern": "^\\./.+$"}]}, "http://x", True),
+    ({"oneOf": [{"type": "string", "pattern": "^https?://.+$"}, {"type": "string", "pattern": "^\\./.+$"}]}, "./a", True),
+    ({"oneOf": [{"type": "string", "pattern": "^https?://.+$"}, {"type": "string", "pattern": "^\\./.+$"}]}, "x", False),
+    ({"oneOf": [{"type": "string", "format": "email", "maxLength": 5}, {"type": "string", "minLength": 6}]}, "a@b.c", True),
+    ({"oneOf": [{"type": "array", "prefixItems": [{"const": 1}, {"format": "email"}], "minItems": 1},
+                {"type": "array", "prefixItems": [{"const": 2}]}]}, [1, "a@b.co"], True),
+    ({"oneOf": [{"type": "array", "prefixItems": [{"const": 1}, {"format": "email"}], "minItems": 1},
+                {"type": "array", "prefixItems": [{"const": 2}]}]}, [], True),
+    # draft 4: only integer syntax is an integer, so number alone holds 1.0
+    ({"$schema": D4, "oneOf": [{"type": "integer"}, {"type": "number"}]}, 1.0, True),
     # a $ref/anyOf cycle that consumes nothing holds nothing (fuzz finding, seed 7: the
     # cycle's node was copied before it was filled, and `true` passed `type: array`)
     ({"allOf": [{"type": "array"}, {"$ref": "#/$defs/d"}], "$defs": {"d": {"anyOf": [{"$ref": "#/$defs/d"}]}}},
@@ -149,6 +202,36 @@ def test_exact_accept_or_refuse(case, backend):
     else:
         assert oracle(schema, value) == accepted, "expectation disagrees with jsonschema"
     assert compile_schema(schema, backend).accepts(text(value)) == accepted
+
+
+def test_integer_spellings_inside_a_counted_oneof():
+    """Inside a oneOf that counts an integer alternative every integral spelling is that
+    integer (1.0, 1e0, 10e-1, -0.0 ...), whatever JSON text holds it; outside, integer
+    keeps integer syntax only (refusing is safe, and tool arguments stay integers)."""
+    s = {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 100}]}
+    for backend in BACKENDS:
+        g = compile_schema(s, backend)
+        for t in ("1", "1.0", "1e0", "10e-1", "-0.0", "0.5e1", "150.5"):
+            assert g.accepts(t), t
+        for t in ("1.5", "1e-1", "100.0", "1e2", "150"):
+            assert not g.accepts(t), t
+        # types apart: no other alternative can hold a number, integer syntax stays
+        apart = compile_schema({"oneOf": [{"type": "integer"}, {"type": "string"}]}, backend)
+        assert apart.accepts("1") and not apart.accepts("1.0")
+        mixed = compile_schema({"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 2}]}, backend)
+        for t, ok in (("1", True), ("1.0", True), ("1.5", False), ("2", False), ("2.0", False),
+                      ("20e-1", False), ("2.5", True), ("25e-1", True)):
+            assert mixed.accepts(t) == ok, t
+        plain = compile_schema({"type": "integer"}, backend)
+        assert plain.accepts("1") and not plain.accepts("1.0")
+        # alternatives that a required property keeps apart: at most one can hold a value,
+        # integer syntax stays (an integer argument stays an integer)
+        tagged = compile_schema({"oneOf": [
+            {"type": "object", "properties": {"k": {"const": "a"}, "n": {"type": "integer"}}, "required": ["k"]},
+            {"type": "object", "properties": {"k": {"const": "b"}, "n": {"type": "number"}}, "required": ["k"]}]},
+            backend)
+        assert tagged.accepts('{"k":"a","n":1}') and not tagged.accepts('{"k":"a","n":1.0}')
+        assert tagged.accepts('{"k":"b","n":1.0}')
 
 
 def test_cycles_without_progress_are_the_least_fixed_point():
@@ -179,6 +262,19 @@ REFUSED = [
     ({"oneOf": [{"type": "string", "format": "email"}, {"type": "string", "pattern": "^a"}]}, "oneOf"),
     ({"oneOf": [{"type": "string", "format": "time"}, {"type": "string"}]}, "oneOf"),
     ({"oneOf": [{"properties": {"d": {"format": "email"}}}, {"type": "object"}]}, "oneOf"),
+    # ... but not when a value can satisfy both: an object without the discriminator
+    ({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "u": {"format": "email"}}},
+                {"type": "object", "properties": {"kind": {"const": "b"}}}]}, "oneOf"),
+    ({"oneOf": [{"type": "array", "prefixItems": [{"const": 1}, {"format": "email"}]},
+                {"type": "array", "prefixItems": [{"const": 2}]}]}, "oneOf"),
+    ({"oneOf": [{"type": "string", "pattern": "^a.$"}, {"type": "string", "pattern": "^.b$"}]}, "oneOf"),
+    # a required key the engines read differently leaves nothing only under the approximation:
+    # {"\r": 1} matches both alternatives for Python, so it must not pass the second alone
+    ({"oneOf": [{"type": "object", "patternProperties": {"^.$": {"type": "integer"}}, "required": ["\r"]},
+                {"type": "object"}]}, "required"),
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "object", "patternProperties": {"^.$": {}},
+                                                        "required": ["\r"]}}},
+                {"type": "object"}]}, "required"),
     # a pattern the two regex engines read differently inside an overlapping oneOf
     ({"oneOf": [{"type": "string", "pattern": "^.$"}, {"type": "string"}]}, "oneOf"),
     # '$' together with a construct read differently ('.') still refuses the oneOf
@@ -242,8 +338,44 @@ def test_oneof_with_dollar_patterns_cases():
 
 
 def test_format_sets_are_documented():
-    assert EXACT_FORMATS == {"date", "uuid", "ipv4"}
-    assert NARROWED_FORMATS == {"email", "time", "date-time", "uri"}
+    assert EXACT_FORMATS == {"date", "uuid", "ipv4", "json-pointer"}
+    assert NARROWED_FORMATS == {"email", "time", "date-time", "uri", "hostname", "idn-hostname", "ipv6",
+                                "idn-email", "uri-reference", "iri", "iri-reference", "uri-template",
+                                "relative-json-pointer", "duration", "regex"}
+
+
+# formats the grammar holds beside the first ones: what it accepts jsonschema's checker (where
+# it checks the format) accepts too, what it refuses is refused by the format's rule
+FORMAT_CASES = [
+    ("hostname", "example.com", True), ("hostname", "localhost", True), ("hostname", "a-b.c0", True),
+    ("hostname", "example.com:8080", False), ("hostname", "Invalid Hostname", False),
+    ("hostname", "-a.com", False), ("hostname", "a..b", False), ("hostname", "a" * 64, False),
+    ("hostname", ("a." * 126) + "ab", False),            # 254 characters
+    ("idn-hostname", "example.com", True), ("idn-hostname", "ab--cd.com", False),
+    ("ipv6", "::1", True), ("ipv6", "2001:db8::8a2e:370:7334", True), ("ipv6", "1:2:3:4:5:6:7:8", True),
+    ("ipv6", "1::2::3", False), ("ipv6", "1:2:3:4:5:6:7:8:9", False), ("ipv6", "12345::", False),
+    ("json-pointer", "", True), ("json-pointer", "/a~0b/c~1", True), ("json-pointer", "/a~2", False),
+    ("json-pointer", "a", False),
+    ("relative-json-pointer", "0#", True), ("relative-json-pointer", "1/a", True),
+    ("relative-json-pointer", "01/a", False), ("relative-json-pointer", "#", False),
+    ("regex", "^[a-zA-Z0-9_]{3,16}$", True), ("regex", "^(\\d+)(-\\d+)?$", True), ("regex", "*", False),
+    ("regex", "\\", False), ("regex", "(a", False), ("regex", "a{3,1}", False), ("regex", "[z-a]", False),
+    ("uri-reference", "https://example.com/a?b#c", True), ("uri-reference", "/etc/x", True),
+    ("uri-reference", "#frag", True), ("uri-reference", "invalid Id", False),
+    ("duration", "P1Y2M3DT4H5M6S", True), ("duration", "P1W", True), ("duration", "PT", False),
+    ("duration", "P1H", False), ("uri-template", "http://x/{id}{?q,r*}", True), ("uri-template", "{", False),
+]
+
+
+@pytest.mark.parametrize("fmt,value,accepted", FORMAT_CASES)
+def test_added_formats(fmt, value, accepted):
+    schema = {"type": "string", "format": fmt}
+    if accepted:
+        assert oracle(schema, value)
+    for backend in BACKENDS:
+        assert compile_schema(schema, backend).accepts(text(value)) == accepted
+    if fmt in EXACT_FORMATS:
+        assert compile_schema({"not": schema}).accepts(text(value)) != accepted
 
 
 def test_enum_under_narrowed_not_is_refused_conservatively():

@@ -11,14 +11,18 @@ What is enforced, exactly (never accepting what the schema forbids):
 * ``type`` (single or list), ``enum``, ``const``, boolean schemas.
 * strings: ``minLength``/``maxLength`` in code points; ``pattern`` (ECMA-262
   search semantics, subset below); ``format`` email, uuid, date, time,
-  date-time, ipv4, uri (rules in ``FORMAT_REGEX``: date, uuid and ipv4 are exact,
+  date-time, ipv4, uri, hostname, idn-hostname, ipv6, idn-email, uri-reference,
+  iri, iri-reference, uri-template, json-pointer, relative-json-pointer, duration,
+  regex (rules in ``FORMAT_REGEX``: date, uuid, ipv4 and json-pointer are exact,
   the others narrowed -- see ``EXACT_FORMATS``); JSON escapes incl.
   ``\\uXXXX`` surrogate pairs (lone surrogates refused); UTF-8 validated byte by
   byte; control characters refused.
 * numbers: JSON number syntax, ``minimum``/``maximum``/``exclusive*`` (draft-4
   boolean and numeric forms), ``multipleOf`` -- compared as exact decimals.
   ``integer`` accepts integer *syntax* only (``1.0`` is refused: exact, not
-  complete), with or without ``enum``/``const``.
+  complete), with or without ``enum``/``const`` -- except inside a ``oneOf``
+  whose alternatives share a type and can meet (draft 6 on): there it is any
+  number with an integral value (``1.0``, ``1e2``), as the draft reads it.
 * arrays: ``items`` (schema or draft-4 list), ``prefixItems``,
   ``additionalItems``, ``minItems``/``maxItems``, ``uniqueItems`` (a duplicate
   item is refused at the byte that completes it; equality is JSON equality,
@@ -33,8 +37,11 @@ What is enforced, exactly (never accepting what the schema forbids):
   (parallel threads; when two alternatives both complete the same value, it is
   refused, though a value can then be refused only at its last byte).  This is
   exact only when each alternative is: an alternative containing a narrowed
-  format or a dialect-sensitive pattern (below) is allowed only when no other
-  alternative shares a JSON type with it, else ``UnsupportedSchemaError``.
+  format or a dialect-sensitive pattern (below) is allowed beside another of a
+  shared JSON type only when, on that type, both are exact or no value can hold
+  both (lengths/counts, enum values, a required property whose values cannot
+  meet or that the other refuses, items at required positions, patterns read by
+  either engine), else ``UnsupportedSchemaError``.
 * ``not``: rewritten into positive keywords (De Morgan over keywords; type,
   enum/const, pattern and the exact formats (complemented automata; a narrowed
   format under ``not`` or ``if`` is refused), required, properties,
@@ -48,8 +55,8 @@ What is enforced, exactly (never accepting what the schema forbids):
 
 Not supported (``UnsupportedSchemaError`` naming keyword and pointer):
 ``contains``, ``unevaluated*``, dynamic refs, remote refs, ``$id``-based
-resources that contain ``$ref``s, ``not`` over ``multipleOf``/``items``/... and
-the standard formats not listed above.  Capacities (frames per thread, aux
+resources that contain ``$ref``s, ``not`` over ``multipleOf``/``items``/..., a
+narrowed format under ``not``/``if``, hostname in ``propertyNames``.  Capacities (frames per thread, aux
 words, threads, number length) refuse -- never accept -- what does not fit.
 
 Liveness: acceptance is exact, and violations are refused at the earliest
@@ -68,7 +75,8 @@ one (``not``) refuses what either engine matches; a ``patternProperties`` key th
 engines disagree on is refused.  Python's Unicode ``\\d``/``\\w`` are widened in
 the complemented direction (to every code point from their first non-ASCII
 member), which only refuses more.  ``{,n}`` and a class starting with ``]`` (the
-engines disagree) are refused.
+engines disagree) are refused.  ``^`` and ``$`` stand at the ends of top-level
+alternatives, or of a group that is a whole top-level alternative (``(^a$)|(^b$)``).
 
 Compiler keywords (``__ptr``, ``__not_pattern``, ``__not_strings``,
 ``__not_format``) exist only in the compiler's own synthetic schemas: in a user

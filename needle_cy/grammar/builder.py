@@ -14,7 +14,7 @@ from . import runtime
 from .automata import (NFA, _all_dfa, _dead_dfa, _reach_sets, complement_dfa, intersect_dfas, literal_dfa,
                        nfa_to_dfa, product_dfa, prune_dfa_keep)
 from .charset import MAX_CP, cs_norm
-from .formats import ENFORCED_FORMATS, FORMAT_REGEX, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format, format_defined
+from .formats import ENFORCED_FORMATS, FORMAT_MAX_LENGTH, FORMAT_REGEX, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format, format_defined
 from .keywords import ANNOTATIONS, SUPPORTED, _nonneg_int
 from .limits import (ANY_NODE, COMPILE_BUDGET_S, COUNT_CAP, MAX_NODES, MAX_NUM_EXP, NEVER_NODE, NODE_CHOICE,
                      NODE_VALUE, N_INT, N_MINUS, N_ZERO, T_ALL, T_ARR, T_FALSE, T_INT, T_NULL, T_NUM, T_OBJ,
@@ -43,6 +43,16 @@ class Compiler:
         self.nl_stripped = set()
         self.kids = {}           # node -> nodes it contains (items, property values, alternatives)
         self.oneof_ptr = {}      # oneOf choice node -> its pointer
+        self._approx_void = set()    # nodes whose object type a required disputed key dropped
+        self._disjoint_memo = {}  # (node, node, type bit) -> _disjoint's answer
+        self.str_sup = {}        # approximate string node -> automata whose intersection holds every
+                                 # string its schema allows (patterns read "either"), see _disjoint
+        self.enum_nums = {}      # enum node -> the numbers it holds (exact, whatever their spelling)
+        self.obj_keys = {}       # object node -> (key automaton labelled with global key classes,
+                                 # its required names): for the disjointness of oneOf alternatives
+        # an integer enum's number automaton (integer syntax only) -> the automaton of all its
+        # texts ("1" and "1.0"): from draft 6 on 1.0 is an integer, see _exact_integers
+        self._int_enum_full = {}
         self.t0 = time.monotonic()
         self.depth = 0
         # nodes being filled -> the value depth they describe (0 = the document, +1 per
@@ -131,6 +141,15 @@ class Compiler:
                 del self._filling[nid]
                 self._value_depth = value_depth
             if self.p.types[nid] == 0:
+                if nid in self._approx_void:
+                    # nothing is left only because of an approximation (a required key the
+                    # regex engines read differently): the false schema here would make a
+                    # oneOf beside it, or an object holding it, refuse what the schema allows,
+                    # and let the value through another alternative
+                    raise UnsupportedSchemaError(
+                        f"schema at {parts[-1].ptr} holds no value only under an approximation "
+                        "(a required property name the regex engines read differently)",
+                        keyword="required", pointer=parts[-1].ptr)
                 # no value can start: the false schema, so that an object refuses the key
                 # (and anyOf the alternative) instead of stranding after it
                 self.memo[key] = self.memo[fkey] = NEVER_NODE
@@ -346,9 +365,12 @@ class Compiler:
         self.approx_nl.add(nid)
 
     def _types_of(self, nid, seen=()):
+        """The JSON types a node's schema may hold: its types, and objects too where its keys
+        are approximate (a key the engines read differently is refused, and a required one
+        then drops the object type although the schema allows objects)."""
         p = self.p
         if p.kind[nid] != NODE_CHOICE:
-            return p.types[nid]
+            return p.types[nid] | (T_OBJ if nid in self.approx else 0)
         if nid in seen:
             return T_ALL
         t = 0
@@ -370,8 +392,9 @@ class Compiler:
             return
         p = self.p
         while True:
-            hot = hot_nl = None
+            hot = hot_nl = hot_int = None
             strip = set()
+            exact_int = set()
             for nid, ptr in self.oneof_ptr.items():
                 if p.kind[nid] != NODE_CHOICE or not p.oneof[nid]:
                     continue
@@ -379,30 +402,178 @@ class Compiler:
                 if hot is None:
                     hot = self.reaches_approx(self.approx)
                     hot_nl = self.reaches_approx(self.approx_nl)
-                if not any(a in hot or a in hot_nl for a in alts):
+                    int_nodes = self._integer_syntax_nodes()
+                    hot_int = self.reaches_approx(int_nodes)
+                if not any(a in hot or a in hot_nl or a in hot_int for a in alts):
                     continue
                 types = [self._types_of(a) for a in alts]
-                need = False
+                need = need_int = False
                 for i in range(len(alts)):
                     for j in range(i + 1, len(alts)):
                         if not types[i] & types[j]:
                             continue
-                        if alts[i] in hot or alts[j] in hot:
+                        # per shared JSON type: the worse of the two alternatives' approximations
+                        # there, unless no value of that type can satisfy both
+                        level = 0
+                        for t in _bits(types[i] & types[j]):
+                            lv = max(self._approx_level(alts[i], t, hot, hot_nl),
+                                     self._approx_level(alts[j], t, hot, hot_nl))
+                            if lv > level and not self._disjoint(alts[i], alts[j], t):
+                                level = lv
+                        if level == 2:
                             raise UnsupportedSchemaError(
                                 f"oneOf at {ptr}: an alternative uses a narrowed format, a pattern the "
                                 "regex engines read differently or a format/const its draft leaves an "
                                 "annotation, and another alternative can match a "
                                 "value of the same type; 'exactly one' cannot be enforced exactly",
                                 keyword="oneOf", pointer=ptr)
-                        if alts[i] in hot_nl or alts[j] in hot_nl:
+                        if level == 1:
                             need = True
+                        if (alts[i] in hot_int or alts[j] in hot_int) and not all(
+                                self._disjoint(alts[i], alts[j], t) for t in _bits(types[i] & types[j])):
+                            need_int = True
                 if need:
                     strip |= self._descendants(alts)
+                if need_int:
+                    exact_int |= self._descendants(alts) & int_nodes
             strip -= self.nl_stripped
-            if not strip:
+            if not strip and not exact_int:
                 return
             for n in sorted(strip):
                 self._strip_nl(n)
+            self._exact_integers(exact_int)
+
+    def _alts(self, n):
+        p = self.p
+        return p.alt_pool[p.alt_off[n]: p.alt_off[n] + p.alt_n[n]]
+
+    def _approx_level(self, n, t, hot, hot_nl, seen=()):
+        """How node n's verdict on values of JSON type bit t may differ from its schema's:
+        0 exact, 1 only for a string value ending in a newline (a '$' pattern), 2 otherwise."""
+        p = self.p
+        if p.kind[n] == NODE_CHOICE:
+            if n in seen:
+                return 2 if n in hot else (1 if n in hot_nl else 0)
+            return max([self._approx_level(a, t, hot, hot_nl, seen + (n,)) for a in self._alts(n)
+                        if self._types_of(a) & t], default=0)
+        if not p.types[n] & t:
+            return 0
+        if t == T_STR:
+            return 2 if n in self.approx else (1 if n in self.approx_nl else 0)
+        if t in (T_ARR, T_OBJ):
+            # through items and property values; an object's own keys (propertyNames,
+            # patternProperties the engines read differently) mark the node itself
+            level = 2 if t == T_OBJ and n in self.approx else 0
+            for c in self.kids.get(n, ()):
+                if c in hot:
+                    return 2
+                if c in hot_nl:
+                    level = max(level, 1)
+            return level
+        return 0
+
+    def _disjoint(self, a, b, t, depth=0):
+        """No value of JSON type bit t satisfies both nodes' schemas.  Read from facts that
+        hold for the schema, not only for its (maybe narrowed) node: types, length and count
+        ranges, required properties against the other side's value for that property (or its
+        refusal of the key), enum strings of exact nodes."""
+        key = (a, b, t) if a <= b else (b, a, t)
+        hit = self._disjoint_memo.get(key)
+        if hit is None:
+            hit = self._disjoint_memo[key] = self._disjoint_uncached(a, b, t, depth)
+        return hit
+
+    def _disjoint_uncached(self, a, b, t, depth):
+        p = self.p
+        if depth > 8:
+            return False
+        for x, y in ((a, b), (b, a)):
+            if p.kind[x] == NODE_CHOICE:
+                return all(self._disjoint(c, y, t, depth + 1) for c in self._alts(x) if self._types_of(c) & t)
+        if not self._types_of(a) & self._types_of(b) & t:
+            return True
+
+        def apart(lo1, hi1, lo2, hi2):
+            return (hi1 >= 0 and lo2 > hi1) or (hi2 >= 0 and lo1 > hi2)
+
+        if t == T_STR:
+            if apart(p.str_min[a], p.str_max[a], p.str_min[b], p.str_max[b]):
+                return True
+            da, db = self._string_superset(a), self._string_superset(b)
+            if da is not None and db is not None:
+                return not (intersect_dfas([da, db]).accept >= 0).any()
+            return False
+        if t == T_OBJ:
+            if apart(p.obj_min[a], p.obj_max[a], p.obj_min[b], p.obj_max[b]):
+                return True
+            for x, y in ((a, b), (b, a)):
+                if x not in self.obj_keys:
+                    continue
+                for name in sorted(self.obj_keys[x][1]):
+                    vy = self._value_node(y, name)
+                    if vy == NEVER_NODE or self._disjoint_all(self._value_node(x, name), vy, depth + 1):
+                        return True
+            return False
+        if t == T_ARR:
+            if apart(p.arr_min[a], p.arr_max[a], p.arr_min[b], p.arr_max[b]):
+                return True
+            for i in range(min(max(p.arr_min[a], p.arr_min[b]), 16)):
+                ia, ib = self._item_node(a, i), self._item_node(b, i)
+                if ib == NEVER_NODE or ia == NEVER_NODE or self._disjoint_all(ia, ib, depth + 1):
+                    return True
+            return False
+        if t & (T_INT | T_NUM) and a in self.enum_nums and b in self.enum_nums:
+            return not any(json_equal(u, v) for u in self.enum_nums[a] for v in self.enum_nums[b])
+        return False
+
+    def _disjoint_all(self, a, b, depth):
+        return all(self._disjoint(a, b, t, depth) for t in _bits(self._types_of(a) & self._types_of(b)))
+
+    def _value_node(self, n, name):
+        """The node a property's value must satisfy in object node n (NEVER: the key is refused);
+        ANY where n's keys are approximate (their refusals do not hold for the schema)."""
+        info = self.obj_keys.get(n)
+        if info is None or n in self.approx:
+            return ANY_NODE
+        d = info[0]
+        st = d.run(name.encode("utf-8"))
+        if st < 0 or d.accept[st] < 0:
+            return NEVER_NODE
+        return self.p.cls_node[int(d.accept[st])]
+
+    def _item_node(self, n, i):
+        p = self.p
+        if i < p.arr_prefix_n[n]:
+            return p.prefix_pool[p.arr_prefix_off[n] + i]
+        return p.arr_items[n]
+
+    def _integer_syntax_nodes(self):
+        """Nodes that read ``integer`` as integer syntax, refusing an integral value written
+        as a decimal (1.0, 1e2, -0.0) that is an integer from draft 6 on (in draft 4 only
+        integer syntax is: exact there): plain integer nodes and integer enums."""
+        if self.schema.draft < 6:
+            return set()
+        p = self.p
+        return {n for n in range(len(p.kind))
+                if p.kind[n] == NODE_VALUE and p.types[n] & T_INT and not p.types[n] & T_NUM
+                and (p.num_dfa[n] < 0 or p.num_dfa[n] in self._int_enum_full)}
+
+    def _exact_integers(self, nodes):
+        """Integer nodes that a oneOf counts (an alternative refusing 1.0 would let 1.0 pass
+        another alternative that also holds it, fuzz finding seed 7: oneOf [integer, number]
+        took 1.0) read integer as the draft does: any number whose value is integral
+        (multipleOf 1, whose liveness the number check already makes exact), an integer enum
+        its values' texts "1" and "1.0" as any number enum does."""
+        p = self.p
+        one = norm_decimal(1)
+        for n in sorted(nodes):
+            if p.num_dfa[n] >= 0:
+                p.num_dfa[n] = p.add_dfa(self._int_enum_full[p.num_dfa[n]])
+            else:
+                old = p.num_checks[p.num_check[n]] if p.num_check[n] >= 0 else {"lo": None, "hi": None, "mult": None}
+                p.num_check[n] = len(p.num_checks)
+                p.num_checks.append(dict(old, mult=_lcm_decimal([one] + ([old["mult"]] if old["mult"] else []))))
+            p.types[n] |= T_NUM
 
     def _make_never(self, nid):
         self.p.kind[nid] = NODE_VALUE
@@ -421,6 +592,17 @@ class Compiler:
             arr[nid] = arr[src]
         if src in self.str_dfa_obj:
             self.str_dfa_obj[nid] = self.str_dfa_obj[src]
+        if src in self.obj_keys:
+            self.obj_keys[nid] = self.obj_keys[src]
+        if src in self.enum_nums:
+            self.enum_nums[nid] = self.enum_nums[src]
+        if src in self.str_sup:
+            self.str_sup[nid] = self.str_sup[src]
+        # a copy is as approximate as its source (for the per-type levels of check_oneof)
+        if src in self.approx:
+            self.approx.add(nid)
+        if src in self.approx_nl:
+            self.approx_nl.add(nid)
         if src >= len(p.kind) or p.kind[src] is None:
             raise AssertionError
 
@@ -483,11 +665,15 @@ class Compiler:
             self.str_dfa_obj[nid] = d
         if nums:
             texts = sorted({t.encode() for v in nums for t in number_texts(v)})
+            all_texts = texts
             if int_only:
                 texts = [t for t in texts if t.lstrip(b"-").isdigit()]
             if texts:
                 types |= T_INT if int_only else T_INT | T_NUM
                 p.num_dfa[nid] = p.add_dfa(literal_dfa(texts))
+                self.enum_nums[nid] = [v for v in nums if not int_only or float(v).is_integer()]
+                if len(texts) < len(all_texts) and self.schema.draft >= 6:
+                    self._int_enum_full[p.num_dfa[nid]] = literal_dfa(all_texts)
         if not comps:
             p.types[nid] = types
             return
@@ -499,6 +685,8 @@ class Compiler:
                 getattr(p, name)[scalar] = getattr(p, name)[nid]
             if nid in self.str_dfa_obj:
                 self.str_dfa_obj[scalar] = self.str_dfa_obj[nid]
+            if nid in self.enum_nums:
+                self.enum_nums[scalar] = self.enum_nums[nid]
             p.types[scalar] = types
             alts.append(scalar)
         uniq = []
@@ -520,6 +708,7 @@ class Compiler:
     def _fill_string(self, nid, flat):
         p = self.p
         dfas = []
+        sup = []     # a superset of the schema's strings: what either engine matches, formats apart
         for part, sch in flat:
             ex = part.excl
             if "minLength" in sch and "minLength" not in ex:
@@ -532,6 +721,7 @@ class Compiler:
                 if not isinstance(pat, str):
                     raise SchemaError(f"pattern at {part.ptr} is not a string")
                 dfas.append(self._pattern(pat, part.ptr + "/pattern", nid=nid, value=True))
+                sup.append(("either", pat))
             if "__not_pattern" in sch:
                 # the complement of what either engine matches: refused by both
                 dfas.append(complement_dfa(self._pattern(sch["__not_pattern"], part.ptr + "/not/pattern",
@@ -540,12 +730,16 @@ class Compiler:
                 dfas.append(complement_dfa(self._format(sch["__not_format"], part.ptr + "/not/format")))
             if "__not_strings" in sch:
                 dfas.append(complement_dfa(literal_dfa(sorted({x.encode("utf-8") for x in sch["__not_strings"]}))))
+                sup.append(("dfa", dfas[-1]))
             if "format" in sch and "format" not in ex:
                 f = draft_format(sch["format"], self.schema.draft)
                 if f in ENFORCED_FORMATS:
                     dfas.append(self._format(f, part.ptr + "/format"))
                     if f in NARROWED_FORMATS or not format_defined(f, self.schema.draft):
                         self.approx.add(nid)
+                    if f in FORMAT_MAX_LENGTH:
+                        n = FORMAT_MAX_LENGTH[f]
+                        p.str_max[nid] = n if p.str_max[nid] < 0 else min(p.str_max[nid], n)
                 elif f in UNENFORCED_STANDARD_FORMATS:
                     raise UnsupportedSchemaError(f"format {f!r} is not enforced (at {part.ptr})",
                                                  keyword="format", pointer=part.ptr + "/format")
@@ -557,6 +751,19 @@ class Compiler:
             d = intersect_dfas(dfas)
             p.str_dfa[nid] = p.add_dfa(d)
             self.str_dfa_obj[nid] = d
+        if sup:
+            self.str_sup[nid] = sup
+
+    def _string_superset(self, n):
+        """An automaton holding every string value node n's schema allows (None: any string):
+        the node's own automaton where it is exact, else its patterns read by either engine."""
+        if n not in self.approx and n not in self.approx_nl:
+            return self.str_dfa_obj.get(n)
+        parts = self.str_sup.get(n)
+        if not parts:
+            return None
+        dfas = [d if kind == "dfa" else self._pattern(d, "#", mode="either") for kind, d in parts]
+        return intersect_dfas(dfas)
 
     _pattern_cache = {}
 
@@ -618,23 +825,7 @@ class Compiler:
                 else:
                     if hi is None or dec_cmp(d, hi[0]) < 0 or (dec_cmp(d, hi[0]) == 0 and excl):
                         hi = (d, excl)
-        mult = None
-        if mults:
-            fr = [dec_to_fraction(m) for m in mults]
-            # lcm of rationals: lcm(numerators) / gcd(denominators)
-            num = 1
-            den = 0
-            for f in fr:
-                num = num * f.numerator // math.gcd(num, f.numerator)
-                den = math.gcd(den, f.denominator)
-            mval = Fraction(num, den)
-            # back to a decimal (den divides a power of 10 since all were decimals)
-            e = 0
-            while (mval * 10 ** e).denominator != 1:
-                e += 1
-            mult = norm_decimal(str(int(mval * 10 ** e)) + ("e-%d" % e if e else ""))
-            if len(mult[1]) > 18:
-                raise GrammarLimitError("multipleOf combination with more than 18 digits")
+        mult = _lcm_decimal(mults) if mults else None
         if lo is None and hi is None and mult is None:
             return
         if lo is not None and hi is not None:
@@ -834,12 +1025,19 @@ class Compiler:
             return classes[key]
 
         name_labels = []
+        # declared names the key automaton refuses only because of an approximation: the
+        # engines read a pattern differently on them, or a narrowed propertyNames format
+        disputed = set()
         for i, k in enumerate(names):
-            name_labels.append(class_id(i, matched(k)))
+            m = matched(k)
+            if m is None or (name_dfas and nid in self.approx):
+                disputed.add(k)
+            name_labels.append(class_id(i, m))
         if not pattern_dfas and not name_dfas:
             key_dfa = literal_dfa([k.encode("utf-8") for k in names], labels=name_labels,
                                   other_label=class_id(-1, frozenset()))
-            return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps)
+            return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps,
+                                       disputed)
         # product DFA: names trie x patterns x propertyNames
         trie = literal_dfa([k.encode("utf-8") for k in names], labels=list(range(len(names)))) \
             if names else _dead_dfa()
@@ -861,9 +1059,11 @@ class Compiler:
             return class_id(-1, pats)
 
         key_dfa = product_dfa(comps, combine, complete)
-        return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps)
+        return self._finish_object(nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps,
+                                       disputed)
 
-    def _finish_object(self, nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps=()):
+    def _finish_object(self, nid, key_dfa, names, cls_prop, cls_node, required, name_labels, deps=(),
+                       disputed=frozenset()):
         p = self.p
         # classes whose value schema is impossible are not valid keys
         acc_in = key_dfa.accept.tolist()
@@ -878,12 +1078,15 @@ class Compiler:
         if cls_base:
             key_dfa = key_dfa.relabel([a + cls_base if a >= 0 else -1 for a in key_dfa.accept.tolist()])
         p.obj_key_dfa[nid] = p.add_dfa(key_dfa, reach, other)
+        self.obj_keys[nid] = (key_dfa, frozenset(required))
         p.obj_nwords[nid] = nwords
         req_words = [0] * nwords
         for k in required:
             i = names.index(k)
             if cls_node[name_labels[i]] == NEVER_NODE:
                 p.types[nid] &= ~T_OBJ  # a required property can never be valid
+                if k in disputed:
+                    self._approx_void.add(nid)
             req_words[i // 64] |= 1 << (i % 64)
         p.obj_req_off[nid] = len(p.words)
         p.words.extend(req_words)
@@ -929,6 +1132,9 @@ class Compiler:
                                 if any(isinstance(v, str) for v in vals) else _dead_dfa())
                 elif k == "format":
                     f = draft_format(s[k], self.schema.draft)
+                    if f in FORMAT_MAX_LENGTH:
+                        raise UnsupportedSchemaError(f"format {f!r} in propertyNames (its length bound needs "
+                                                     "a string node)", keyword="format", pointer=f"{part.ptr}/format")
                     if f in ENFORCED_FORMATS:
                         dfas.append(self._format(f, f"{part.ptr}/format"))
                         if f in NARROWED_FORMATS:
@@ -953,6 +1159,30 @@ class Compiler:
         if not dfas:
             return _all_dfa()
         return intersect_dfas(dfas)
+
+
+def _bits(mask):
+    return [1 << i for i in range(8) if mask >> i & 1]
+
+
+def _lcm_decimal(mults):
+    """The least common multiple of positive exact decimals (multipleOf values)."""
+    fr = [dec_to_fraction(m) for m in mults]
+    # lcm of rationals: lcm(numerators) / gcd(denominators)
+    num = 1
+    den = 0
+    for f in fr:
+        num = num * f.numerator // math.gcd(num, f.numerator)
+        den = math.gcd(den, f.denominator)
+    mval = Fraction(num, den)
+    # back to a decimal (den divides a power of 10 since all were decimals)
+    e = 0
+    while (mval * 10 ** e).denominator != 1:
+        e += 1
+    mult = norm_decimal(str(int(mval * 10 ** e)) + ("e-%d" % e if e else ""))
+    if len(mult[1]) > 18:
+        raise GrammarLimitError("multipleOf combination with more than 18 digits")
+    return mult
 
 
 def _const_schema(v):

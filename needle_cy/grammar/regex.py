@@ -46,6 +46,18 @@ class _RegexParser:
         """Returns a list of (anchored_start, ast, anchored_end) top-level alternatives."""
         alts = []
         while True:
+            inner = self._whole_group_branch()
+            if inner is not None:
+                # a branch that is one group, "(^a$)|...": the group's own alternatives are
+                # top-level ones (grouping changes nothing), anchors at their ends included
+                sub = _RegexParser(inner, self.mode)
+                alts.extend(sub.parse_top())
+                self.sensitive |= sub.sensitive
+                self.dollar |= sub.dollar
+                if self.peek() == "|":
+                    self.i += 1
+                    continue
+                return alts
             start = False
             if self.peek() == "^":
                 self.i += 1
@@ -63,6 +75,44 @@ class _RegexParser:
             if self.peek() is None:
                 return alts
             self.error(f"unexpected {self.peek()!r}")
+
+    def _whole_group_branch(self):
+        """The text inside a capturing or (?:...) group that makes up the whole top-level
+        branch starting here (the group is followed by "|" or the end), else None."""
+        s, i = self.s, self.i
+        if i >= len(s) or s[i] != "(":
+            return None
+        body = i + 1
+        if s.startswith("?:", body):
+            body += 2
+        elif s.startswith("?", body):
+            return None           # look-around, flags, named groups: left to the parser
+        depth, j, in_class = 0, i, False
+        while j < len(s):
+            c = s[j]
+            if c == "\\":
+                j += 2
+                continue
+            if in_class:
+                if c == "]":
+                    in_class = False
+            elif c == "[":
+                in_class = True
+                if s.startswith("]", j + 1) or s.startswith("^]", j + 1):
+                    return None
+            elif c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        if j >= len(s) or (j + 1 < len(s) and s[j + 1] != "|"):
+            return None
+        if "^" not in s[body:j] and "$" not in s[body:j]:
+            return None           # no anchor inside: the group parses as it is (a smaller automaton)
+        self.i = j + 1
+        return s[body:j]
 
     def parse_alt(self):
         alts = [("cat", self.parse_seq())]
