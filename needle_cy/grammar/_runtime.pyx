@@ -735,43 +735,6 @@ cdef bint number_byte(const Prog* p, Thread* th, Frame* top, int b) noexcept nog
     return True
 
 
-cdef bint number_too_large(const uint8_t* s, int n) noexcept nogil:
-    """Is the magnitude of the number text s[:n] 1e308 or more?  A double cannot hold
-    such a value (DBL_MAX ≈ 1.8e308): JSON readers turn it into inf, which no JSON text
-    can write back, so the grammar never writes one (``1e400`` is refused at its last
-    digit; zero with any exponent is not large).  Exponent digits only make it larger,
-    so once true it stays true."""
-    cdef int i = 0, int_digits = 0, k = 0, first = -1, c
-    cdef bint in_frac = False, eneg = False
-    cdef int64_t e = 0
-    if i < n and s[i] == 0x2D:
-        i += 1
-    while i < n:
-        c = s[i]
-        if c == 0x2E:
-            in_frac = True
-        elif c == 0x65 or c == 0x45:
-            break
-        else:
-            if first < 0 and c != 0x30:
-                first = k
-            k += 1
-            if not in_frac:
-                int_digits += 1
-        i += 1
-    if first < 0:
-        return False
-    i += 1
-    if i < n and (s[i] == 0x2B or s[i] == 0x2D):
-        eneg = s[i] == 0x2D
-        i += 1
-    while i < n:
-        if e < 1000000:
-            e = e * 10 + (s[i] - 0x30)
-        i += 1
-    return (int_digits - 1 - first) + (-e if eneg else e) >= 308
-
-
 cdef struct Dec:
     bint neg
     int nd
@@ -823,6 +786,17 @@ cdef void parse_dec(const uint8_t* s, int n, Dec* out) noexcept nogil:
         out.neg = False
         e = 0
     out.exp = e
+
+
+cdef bint number_too_large(const uint8_t* s, int n) noexcept nogil:
+    """Is the magnitude of the number text s[:n] 1e308 or more?  A double cannot hold
+    such a value (DBL_MAX ≈ 1.8e308): JSON readers turn it into inf, which no JSON text
+    can write back, so the grammar never writes one (``1e400`` is refused at its last
+    digit; zero with any exponent is not large).  Exponent digits only make it larger,
+    so once true it stays true.  (Twin: ``numbers.number_too_large``.)"""
+    cdef Dec v
+    parse_dec(s, n, &v)
+    return v.nd > 0 and v.nd - 1 + v.exp >= 308
 
 
 cdef int cmp_mag(const uint8_t* ad, int an, int64_t ae, const char* bd, int bn, int64_t be) noexcept nogil:

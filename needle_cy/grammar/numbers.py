@@ -122,6 +122,15 @@ def parse_dec(text):
     return (neg, digits.decode(), e)
 
 
+def number_too_large(text):
+    """Is the magnitude of the number text 1e308 or more?  A double cannot hold it
+    (DBL_MAX ≈ 1.8e308): JSON readers turn it into inf, which no JSON text can write
+    back, so the grammar never writes one; zero with any exponent is not large.
+    (Twin of the C runtime's ``number_too_large``.)"""
+    neg, digits, exp = parse_dec(text)
+    return bool(digits) and len(digits) - 1 + exp >= 308
+
+
 def cmp_dec(a, b):
     """Compare normalised decimals without building huge powers."""
     an, ad, ae = a

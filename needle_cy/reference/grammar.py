@@ -13,8 +13,6 @@ Frame = [kind, node, phase, count, dfa, aux, x, y, h, k]
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from ..errors import GrammarStateError
@@ -27,7 +25,7 @@ from ..grammar.limits import (
 )
 # number texts and number liveness are shared with the compiler (which asks whether a node's
 # number constraints leave any number): one copy, in the grammar package's leaf module
-from ..grammar.numbers import number_check, number_live, parse_dec  # noqa: F401  (number_live: twin of the C one)
+from ..grammar.numbers import number_check, number_live, number_too_large, parse_dec  # noqa: F401  (twins of the C ones)
 
 M64 = 0xFFFFFFFFFFFFFFFF
 EOF = 256
@@ -698,20 +696,6 @@ def string_end(p, th, top):
 
 
 # ---------------------------------------------------------------- numbers
-
-def number_too_large(text):
-    """Is the magnitude of the number text 1e308 or more?  A double cannot hold it
-    (DBL_MAX ≈ 1.8e308): JSON readers turn it into inf, which no JSON text can write
-    back, so the grammar never writes one; zero with any exponent is not large."""
-    m = re.fullmatch(rb"-?(\d*)(?:\.(\d*))?(?:[eE]([+-]?)(\d*))?", text)
-    int_part, frac, sign, exp = m.group(1), m.group(2) or b"", m.group(3), m.group(4) or b""
-    digits = int_part + frac
-    first = next((k for k, c in enumerate(digits) if c != ord("0")), None)
-    if first is None:
-        return False
-    e = min(int(exp or b"0"), 1000000)
-    return (len(int_part) - 1 - first) + (-e if sign == b"-" else e) >= 308
-
 
 def number_byte(p, th, top, b):
     ph = top[2]
