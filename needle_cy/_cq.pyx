@@ -65,8 +65,16 @@ Three inner loops:
   whole-model decode 4 bits 1.27–1.40×, 2 bits 1.07–1.19× (64 and 600 tokens of
   context).  ``set_kernel``/``kernel_name``/
   ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avx512bw,
-  avx2, scalar) choose and report; a NEON kernel would be another instantiation
-  of cq_int_kernel.h behind the same dispatch.
+  neon_dotprod, neon, avx2, scalar) choose and report.
+* Integer on aarch64, the same numerics bit for bit (cq_neon_kernel.h; the
+  reference's ``matmul_int`` is their executable specification and every integer
+  kernel is tested against it): ``neon`` on every ARMv8-A core (byte-plane
+  lookups with vqtbl1q, the int16 halves by a zip, vmlal_s16), ``neon_dotprod``
+  where the CPU reports asimddp (getauxval; the build stays -march=armv8-a, the
+  kernel has a function target attribute): both factors split into signed
+  bytes, ah = 65536·Σhh·zh + 256·(Σhh·zl + Σhl·zh) + Σhl·zl with sdot.  The
+  matmul shares each decoded step between 2 tokens.  Measured only under qemu
+  (correctness; no speed figures from emulation).
 * Portable scalar Cython (any CPU, any width, any group size ≥ 8): byte-wise
   decoding with codebook lookups, one group at a time; the matmul decodes a
   group's codewords once (a stack buffer) and reuses them for every token.
@@ -643,6 +651,67 @@ cdef extern from *:
     #else
     static int nc_cq_cpu_has_avx512bw(void) { return 0; }
     static int nc_cq_cpu_has_avx512vnni(void) { return 0; }
+    #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(NC_CQ_NO_SIMD)
+    /* Integer kernels on A8 codes for aarch64 (cq_neon_kernel.h): NEON is part of every
+       ARMv8-A core; the dot product extension (sdot) is detected at run time. */
+    #include <arm_neon.h>
+    #define NC_CQ_NEON 1
+    #if defined(__linux__)
+    #include <sys/auxv.h>
+    #ifndef HWCAP_ASIMDDP
+    #define HWCAP_ASIMDDP (1 << 20)
+    #endif
+    static int nc_cq_cpu_has_neon_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+    #else
+    static int nc_cq_cpu_has_neon_dotprod(void) { return 0; }  /* no detection here yet */
+    #endif
+    static int nc_cq_cpu_has_neon(void) { return 1; }
+    #define NC_NEON_SUF neon_dotprod
+    #define NC_NEON_TGT "arch=armv8.2-a+dotprod"  /* (GCC 12 arm_neon.h wraps vdotq_s32 in this target) */
+    #define NC_NEON_DOT 1
+    #include "cq_neon_kernel.h"
+    #undef NC_NEON_SUF
+    #undef NC_NEON_TGT
+    #undef NC_NEON_DOT
+    #define NC_NEON_SUF neon
+    #define NC_NEON_TGT "+simd"
+    #define NC_NEON_DOT 0
+    #include "cq_neon_kernel.h"
+    #undef NC_NEON_SUF
+    #undef NC_NEON_TGT
+    #undef NC_NEON_DOT
+    /* kernel: 4 neon_dotprod, 3 neon */
+    static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                               const float* norms, ptrdiff_t norm_stride, const int16_t* z,
+                               ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
+                               float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
+        if (kernel == 4)
+            nc_cqn_rows_neon_dotprod(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
+                                     table, base, scale, r0, r1, y);
+        else
+            nc_cqn_rows_neon(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
+                             table, base, scale, r0, r1, y);
+    }
+    static int nc_cq_int_a8_codes(int kernel, const float* x, ptrdiff_t n, float* kf, float* s) {
+        return nc_cqn_a8_codes_neon(x, n, kf, s);   /* (no dot products in it) */
+    }
+    static void nc_cq_int_pack_codes(int kernel, const float* kf, ptrdiff_t n_chunks, int fb, int16_t* z) {
+        if (kernel == 4) nc_cqn_pack_codes_neon_dotprod(kf, n_chunks, fb, z);
+        else nc_cqn_pack_codes_neon(kf, n_chunks, fb, z);
+    }
+    static void nc_cq_int_mm_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                                  const float* norms, ptrdiff_t norm_stride, const int16_t* z,
+                                  ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
+                                  const int16_t* table, float base, const float* s, float descale,
+                                  ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
+        if (kernel == 4)
+            nc_cqn_mm_rows_neon_dotprod(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
+                                        n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
+        else
+            nc_cqn_mm_rows_neon(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
+                                n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
+    }
+    #else
     static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
                                const float* norms, ptrdiff_t norm_stride, const int16_t* z,
                                ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
@@ -654,6 +723,7 @@ cdef extern from *:
                                   ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
                                   const int16_t* table, float base, const float* s, float descale,
                                   ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {}
+    #endif
     static int nc_cq_cpu_has_avx2(void) { return 0; }
     static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
                                       const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
@@ -673,15 +743,22 @@ cdef extern from *:
                                     ptrdiff_t C, ptrdiff_t n_chunks) {}
     #endif
 
+    #if !defined(NC_CQ_NEON)
+    static int nc_cq_cpu_has_neon(void) { return 0; }
+    static int nc_cq_cpu_has_neon_dotprod(void) { return 0; }
+    #endif
+
     /* Run-time switch for tests and comparisons (1 = use AVX2 where possible). */
     static int nc_cq_simd_enabled = -1;
     static int nc_cq_use_simd(int view_simd) {
         if (nc_cq_simd_enabled < 0) nc_cq_simd_enabled = nc_cq_cpu_has_avx2();
         return view_simd && nc_cq_simd_enabled;
     }
-    /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni. */
+    /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni,
+       3 neon, 4 neon_dotprod. */
     static int nc_cq_int_kernel = -1;
     static int nc_cq_best_int_kernel(void) {
+        if (nc_cq_cpu_has_neon()) return nc_cq_cpu_has_neon_dotprod() ? 4 : 3;
         return nc_cq_cpu_has_avx512vnni() ? 2 : (nc_cq_cpu_has_avx512bw() ? 1 : 0);
     }
     static int nc_cq_active_int_kernel(void) {
@@ -710,6 +787,8 @@ cdef extern from *:
                          int nt, Py_ssize_t n_vec, float* tile, Py_ssize_t ts) noexcept nogil
     int nc_cq_cpu_has_avx512bw() nogil
     int nc_cq_cpu_has_avx512vnni() nogil
+    int nc_cq_cpu_has_neon() nogil
+    int nc_cq_cpu_has_neon_dotprod() nogil
     int nc_cq_int_kernel
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
@@ -1473,18 +1552,24 @@ def simd_kernel():
     return "avx2" if nc_cq_use_simd(1) else "scalar"
 
 
-_INT_NAMES = {1: "avx512bw", 2: "avx512vnni"}
-KERNELS = ("avx512vnni", "avx512bw", "avx2", "scalar")  # best first
+_INT_NAMES = {1: "avx512bw", 2: "avx512vnni", 3: "neon", 4: "neon_dotprod"}
+_INT_IDS = {name: k for k, name in _INT_NAMES.items()}
+KERNELS = ("avx512vnni", "avx512bw", "neon_dotprod", "neon", "avx2", "scalar")  # best first
 
 
 def available_kernels():
     """Kernels this CPU can run, best first: 'avx512vnni' and 'avx512bw' (integer, A8
-    inputs; float inputs then take 'avx2'), 'avx2' (float), 'scalar' (portable)."""
+    inputs; float inputs then take 'avx2'), 'neon_dotprod' and 'neon' (integer, aarch64;
+    float inputs take 'scalar'), 'avx2' (float), 'scalar' (portable)."""
     found = []
     if nc_cq_cpu_has_avx512vnni():
         found.append("avx512vnni")
     if nc_cq_cpu_has_avx512bw():
         found.append("avx512bw")
+    if nc_cq_cpu_has_neon_dotprod():
+        found.append("neon_dotprod")
+    if nc_cq_cpu_has_neon():
+        found.append("neon")
     if nc_cq_cpu_has_avx2():
         found.append("avx2")
     return found + ["scalar"]
@@ -1501,8 +1586,8 @@ def kernel_name(a8=True):
 
 
 def set_kernel(name):
-    """Force a kernel ('avx512vnni', 'avx512bw', 'avx2' = float AVX2 only, 'scalar' =
-    the portable float loops) or go back to the best one ('auto').  Returns the
+    """Force a kernel ('avx512vnni', 'avx512bw', 'neon_dotprod', 'neon', 'avx2' = float
+    AVX2 only, 'scalar' = the portable float loops) or go back to the best one ('auto').  Returns the
     previous kernel_name().  For tests and comparisons; the environment variable
     NEEDLE_CY_CQ_KERNEL does the same at import."""
     global nc_cq_int_kernel, nc_cq_simd_enabled
@@ -1516,7 +1601,7 @@ def set_kernel(name):
     if name not in available_kernels():
         raise ValueError(f"CQ kernel {name!r} needs an instruction set this CPU lacks "
                          f"(available: {available_kernels()})")
-    nc_cq_int_kernel = {"avx512vnni": 2, "avx512bw": 1}.get(name, 0)
+    nc_cq_int_kernel = _INT_IDS.get(name, 0)
     nc_cq_simd_enabled = 0 if name == "scalar" else nc_cq_cpu_has_avx2()
     return previous
 

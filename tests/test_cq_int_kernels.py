@@ -1,4 +1,5 @@
-"""The integer CQ kernels (A8 inputs, needle_cy/cq_int_kernel.h) against the NumPy reference.
+"""The integer CQ kernels (A8 inputs, needle_cy/cq_int_kernel.h on x86-64,
+needle_cy/cq_neon_kernel.h on aarch64) against the NumPy reference.
 
 Every integer kernel this CPU has (each forced with set_kernel; the others skip
 with the instruction set they need), every width (1, 2, 3, 4, ternary), group
@@ -20,8 +21,9 @@ import pytest
 from needle_cy import _cq
 from needle_cy.reference import cq as ref
 
-INT_KERNELS = ["avx512vnni", "avx512bw"]
-NEEDS = {"avx512vnni": "AVX-512 F/BW/VL + VNNI", "avx512bw": "AVX-512 F/BW/VL"}
+INT_KERNELS = ["avx512vnni", "avx512bw", "neon_dotprod", "neon"]
+NEEDS = {"avx512vnni": "AVX-512 F/BW/VL + VNNI", "avx512bw": "AVX-512 F/BW/VL",
+         "neon_dotprod": "aarch64 NEON + the dot product extension (asimddp)", "neon": "aarch64 NEON"}
 
 
 @pytest.fixture(params=INT_KERNELS)
@@ -65,10 +67,13 @@ def test_int_matvec_matches_reference(int_kernel, bits, g):
         assert cw.int_tables and cw.kernel(a8=True) == int_kernel
         x = a8(rng.standard_normal(cols) * rng.uniform(0.01, 100))
         want = ref.matvec(W, x)
+        exact = ref.matmul_int(W, x[None])[0]
         for threads in (1, 2):
             got = _cq.matvec(W, x, threads=threads, a8=True)
             assert got.dtype == np.float32 and got.shape == (rows,)
             assert rel_err(got, want) <= 1e-5, (rows, cols, threads)
+            # the integer numerics of the reference, bit for bit (every kernel, every ISA)
+            np.testing.assert_array_equal(got, exact)
         # one token through matmul and multiply_shared takes the same kernel
         np.testing.assert_array_equal(_cq.matmul(W, x[None], a8=True)[0], got)
         np.testing.assert_array_equal(_cq.multiply_shared([W, W], x, a8=True)[1], got)
@@ -90,6 +95,7 @@ def test_int_matmul_matches_reference_and_matvec(int_kernel, bits, g):
             assert rel_err(got, want) <= 1e-5, (rows, cols, T, threads)
             # each token's row sums are the matvec's, bit for bit
             np.testing.assert_array_equal(got, per_token)
+        np.testing.assert_array_equal(per_token, ref.matmul_int(W, X))
         np.testing.assert_array_equal(_cq.multiply_shared([W, W], X, a8=True)[1], per_token)
 
 
@@ -191,3 +197,54 @@ def test_deploy_fixture_with_each_kernel(int_kernel):
     m.reset()
     last = m.prefill(ids[:37])      # a chunk that is not a multiple of the 6-token tile
     assert np.abs(last - want[36]).mean() <= 0.01
+
+
+def test_neon_kernels_match_the_integer_reference_bitwise():
+    """aarch64: neon (int16 halves, vmlal) and neon_dotprod (int8 planes, sdot) give the
+    reference's integer numerics bit for bit (so each other's and the x86 kernels'),
+    on random shapes: row counts that are odd and not multiples of the 32-row block,
+    column tails, token counts that are not multiples of the matmul's 2-token tile."""
+    kernels = [k for k in ("neon_dotprod", "neon") if k in _cq.available_kernels()]
+    if not kernels:
+        pytest.skip(f"CPU lacks {NEEDS['neon']}: the NEON kernels cannot run here")
+    rng = np.random.default_rng(77)
+    try:
+        for trial in range(40):
+            bits = int(rng.choice([1, 2, 3, 4, 5]))
+            g = int(rng.choice([16, 32, 64, 128, 256]))
+            rows = int(rng.integers(1, 80)) | 1
+            cols = int(rng.integers(1, 4 * g))
+            T = int(rng.integers(1, 12))
+            W = random_cq(rng, rows, cols, bits, g)
+            X = a8(rng.standard_normal((T, cols)) * rng.uniform(0.01, 100, size=(T, 1)))
+            want = ref.matmul_int(W, X)
+            for name in kernels:
+                _cq.set_kernel(name)
+                assert _cq.prepare(W).kernel(a8=True) == name
+                np.testing.assert_array_equal(_cq.matmul(W, X, a8=True), want, err_msg=f"{name} {trial}")
+                for t in range(min(T, 3)):
+                    np.testing.assert_array_equal(_cq.matvec(W, X[t], a8=True), want[t],
+                                                  err_msg=f"{name} matvec {trial}")
+    finally:
+        _cq.set_kernel("auto")
+
+
+def test_neon_dotprod_detection_and_override():
+    """aarch64: the automatic choice follows the CPU's asimddp flag (HWCAP); neon can be forced."""
+    if "neon" not in _cq.available_kernels():
+        pytest.skip(f"CPU lacks {NEEDS['neon']}: the NEON kernels cannot run here")
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        pass
+    has_dp = "neon_dotprod" in _cq.available_kernels()
+    if "Features" in flags:
+        assert has_dp == (" asimddp" in flags), flags[:400]
+    assert _cq.kernel_name() == ("neon_dotprod" if has_dp else "neon")
+    code = "from needle_cy import _cq; print(_cq.kernel_name(), _cq.kernel_name(a8=False))"
+    env = dict(os.environ, NEEDLE_CY_CQ_KERNEL="neon",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(_cq.__file__))] + sys.path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["neon", "scalar"]
