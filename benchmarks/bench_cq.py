@@ -18,7 +18,7 @@ For every projection shape of the full-size Needle 3 model, at 2 and 4 bits
   with threadpoolctl) on the same shape;
 * ``matmul64``: Cython ``matmul`` at 64 tokens vs dense ``X @ W.T``;
 * ``matvec_kernel``: every kernel this CPU has, forced one after the other
-  (``avx2`` float; ``avx512bw``/``avx512vnni`` integer on the A8 input), on the
+  (``avx2`` float; ``avx512bw``/``avx512vnni``/``neon``/``neon_dotprod`` integer on the A8 input), on the
   A8-quantized input the engine gives them in deploy numerics;
 * ``matmul_kernel``: the same for the matmul at 4 and 64 A8 tokens.
 
@@ -127,6 +127,7 @@ def a8(x):
 _kernels_only = os.environ.get("NEEDLE_CY_BENCH_KERNELS")
 KERNELS = [k for k in _cq.available_kernels() if k != "scalar"
            and (not _kernels_only or k in _kernels_only.split(","))]
+FLOAT_KERNELS = ("avx2", "scalar")   # the rest are integer kernels (A8 input): avx512*, neon*
 
 
 @contextlib.contextmanager
@@ -150,7 +151,7 @@ def test_matvec_kernel(benchmark, kernel, shape, bits, threads):
     _, cw = quantized(rows, cols, bits)
     x = a8(dense(rows, cols)[1])
     out = np.empty(rows, np.float32)
-    integer = kernel.startswith("avx512")
+    integer = kernel not in FLOAT_KERNELS
     benchmark.group = f"matvec {name} {bits} bits"
     with forced_kernel(kernel):
         benchmark(_cq.matvec, cw, x, out=out, threads=threads, a8=integer)
@@ -171,7 +172,7 @@ def test_matmul_kernel(benchmark, kernel, tokens, shape, bits, threads):
     _, cw = quantized(rows, cols, bits)
     X = np.stack([a8(x) for x in dense(rows, cols)[2][:tokens]])
     out = np.empty((tokens, rows), np.float32)
-    integer = kernel.startswith("avx512")
+    integer = kernel not in FLOAT_KERNELS
     benchmark.group = f"matmul{tokens} {name} {bits} bits"
     with forced_kernel(kernel):
         benchmark(_cq.matmul, cw, X, out=out, threads=threads, a8=integer)
@@ -302,7 +303,7 @@ def render_table(config=None):
                 for threads in THREADS:
                     secs = {k: by.get(("matvec-kernel", name, k, bits, threads)) for k in kernels_run}
                     cells = [f"{gmacs(rows, cols, 1, v):.1f}" if v else "–" for v in secs.values()]
-                    ints = [v for k, v in secs.items() if k.startswith("avx512") and v]
+                    ints = [v for k, v in secs.items() if k not in FLOAT_KERNELS and v]
                     ratio = (f"{secs['avx2'] / min(ints):.2f}×" if ints and secs.get("avx2") else "–")
                     out.append(f"| {name} | {bits} | {threads} | " + " | ".join(cells) + f" | {ratio} |")
     for tokens in KERNEL_TOKENS:
@@ -320,7 +321,7 @@ def render_table(config=None):
                 for threads in THREADS:
                     secs = {k: by.get((kind, name, k, bits, threads)) for k in run}
                     cells = [f"{gmacs(rows, cols, tokens, v):.1f}" if v else "–" for v in secs.values()]
-                    ints = [v for k, v in secs.items() if k.startswith("avx512") and v]
+                    ints = [v for k, v in secs.items() if k not in FLOAT_KERNELS and v]
                     ratio = (f"{secs['avx2'] / min(ints):.2f}×" if ints and secs.get("avx2") else "–")
                     out.append(f"| {name} | {bits} | {threads} | " + " | ".join(cells) + f" | {ratio} |")
     out.append("")
