@@ -65,8 +65,7 @@ Three inner loops:
   whole-model decode 4 bits 1.27–1.40×, 2 bits 1.07–1.19× (64 and 600 tokens of
   context).  ``set_kernel``/``kernel_name``/
   ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avxvnni,
-  avx512bw, avx2int, avx2, scalar) choose and report; a NEON kernel would be
-  another instantiation of cq_int_kernel.h behind the same dispatch.
+  avx512bw, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
 * Integer with 256-bit vectors (cq_int_avx2.h), for x86-64 CPUs without AVX-512:
   ``avx2int`` (AVX2+FMA: vpmaddwd + vpaddd) and ``avxvnni`` (VEX vpdpwssd; cpuid
   leaf 7 subleaf 1 EAX bit 4; compiled where the compiler knows AVX-VNNI).  The
@@ -84,6 +83,15 @@ Three inner loops:
   benchmarks/history/cq.md), so 'auto' does not take them (``AUTO_INT256``,
   ``pick_int_kernel``); forced by name they run.  avxvnni is compiled and its
   selection tested, but no CPU here has AVX-VNNI (Zen 4 has AVX-512 VNNI only).
+* Integer on aarch64, the same numerics bit for bit (cq_neon_kernel.h; the
+  reference's ``matmul_int`` is their executable specification and every integer
+  kernel is tested against it): ``neon`` on every ARMv8-A core (byte-plane
+  lookups with vqtbl1q, the int16 halves by a zip, vmlal_s16), ``neon_dotprod``
+  where the CPU reports asimddp (getauxval; the build stays -march=armv8-a, the
+  kernel has a function target attribute): both factors split into signed
+  bytes, ah = 65536·Σhh·zh + 256·(Σhh·zl + Σhl·zh) + Σhl·zl with sdot.  The
+  matmul shares each decoded step between 2 tokens.  Measured only under qemu
+  (correctness; no speed figures from emulation).
 * Portable scalar Cython (any CPU, any width, any group size ≥ 8): byte-wise
   decoding with codebook lookups, one group at a time; the matmul decodes a
   group's codewords once (a stack buffer) and reuses them for every token.
@@ -716,6 +724,67 @@ cdef extern from *:
     static int nc_cq_cpu_has_avx512bw(void) { return 0; }
     static int nc_cq_cpu_has_avx512vnni(void) { return 0; }
     static int nc_cq_cpu_has_avxvnni(void) { return 0; }
+    #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(NC_CQ_NO_SIMD)
+    /* Integer kernels on A8 codes for aarch64 (cq_neon_kernel.h): NEON is part of every
+       ARMv8-A core; the dot product extension (sdot) is detected at run time. */
+    #include <arm_neon.h>
+    #define NC_CQ_NEON 1
+    #if defined(__linux__)
+    #include <sys/auxv.h>
+    #ifndef HWCAP_ASIMDDP
+    #define HWCAP_ASIMDDP (1 << 20)
+    #endif
+    static int nc_cq_cpu_has_neon_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+    #else
+    static int nc_cq_cpu_has_neon_dotprod(void) { return 0; }  /* no detection here yet */
+    #endif
+    static int nc_cq_cpu_has_neon(void) { return 1; }
+    #define NC_NEON_SUF neon_dotprod
+    #define NC_NEON_TGT "arch=armv8.2-a+dotprod"  /* (GCC 12 arm_neon.h wraps vdotq_s32 in this target) */
+    #define NC_NEON_DOT 1
+    #include "cq_neon_kernel.h"
+    #undef NC_NEON_SUF
+    #undef NC_NEON_TGT
+    #undef NC_NEON_DOT
+    #define NC_NEON_SUF neon
+    #define NC_NEON_TGT "+simd"
+    #define NC_NEON_DOT 0
+    #include "cq_neon_kernel.h"
+    #undef NC_NEON_SUF
+    #undef NC_NEON_TGT
+    #undef NC_NEON_DOT
+    /* kernel: 6 neon_dotprod, 5 neon */
+    static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                               const float* norms, ptrdiff_t norm_stride, const int16_t* z,
+                               ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
+                               float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
+        if (kernel == 6)
+            nc_cqn_rows_neon_dotprod(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
+                                     table, base, scale, r0, r1, y);
+        else
+            nc_cqn_rows_neon(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
+                             table, base, scale, r0, r1, y);
+    }
+    static int nc_cq_int_a8_codes(int kernel, const float* x, ptrdiff_t n, float* kf, float* s) {
+        return nc_cqn_a8_codes_neon(x, n, kf, s);   /* (no dot products in it) */
+    }
+    static void nc_cq_int_pack_codes(int kernel, const float* kf, ptrdiff_t n_chunks, int fb, int16_t* z) {
+        if (kernel == 6) nc_cqn_pack_codes_neon_dotprod(kf, n_chunks, fb, z);
+        else nc_cqn_pack_codes_neon(kf, n_chunks, fb, z);
+    }
+    static void nc_cq_int_mm_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
+                                  const float* norms, ptrdiff_t norm_stride, const int16_t* z,
+                                  ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
+                                  const int16_t* table, float base, const float* s, float descale,
+                                  ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
+        if (kernel == 6)
+            nc_cqn_mm_rows_neon_dotprod(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
+                                        n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
+        else
+            nc_cqn_mm_rows_neon(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
+                                n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
+    }
+    #else
     static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
                                const float* norms, ptrdiff_t norm_stride, const int16_t* z,
                                ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
@@ -727,6 +796,7 @@ cdef extern from *:
                                   ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
                                   const int16_t* table, float base, const float* s, float descale,
                                   ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {}
+    #endif
     static int nc_cq_cpu_has_avx2(void) { return 0; }
     static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
                                       const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
@@ -746,6 +816,11 @@ cdef extern from *:
                                     ptrdiff_t C, ptrdiff_t n_chunks) {}
     #endif
 
+    #if !defined(NC_CQ_NEON)
+    static int nc_cq_cpu_has_neon(void) { return 0; }
+    static int nc_cq_cpu_has_neon_dotprod(void) { return 0; }
+    #endif
+
     /* Run-time switch for tests and comparisons (1 = use AVX2 where possible). */
     static int nc_cq_simd_enabled = -1;
     static int nc_cq_use_simd(int view_simd) {
@@ -753,7 +828,7 @@ cdef extern from *:
         return view_simd && nc_cq_simd_enabled;
     }
     /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni,
-       3 avx2int, 4 avxvnni. */
+       3 avx2int, 4 avxvnni, 5 neon, 6 neon_dotprod. */
     static int nc_cq_int_kernel = -1;
     /* The choice from CPU features (a pure function: the tests try feature sets this CPU lacks).
        With int256: AVX-VNNI where AVX-512 VNNI is not, AVX2 where AVX-512 BW is not. */
@@ -775,53 +850,13 @@ cdef extern from *:
     #define NC_CQ_AUTO_INT256 0
     #endif
     static int nc_cq_best_int_kernel(void) {
+        if (nc_cq_cpu_has_neon()) return nc_cq_cpu_has_neon_dotprod() ? 6 : 5;
         return nc_cq_pick_int_kernel(nc_cq_cpu_has_avx512bw(), nc_cq_cpu_has_avx512vnni(),
                                      nc_cq_cpu_has_avxvnni(), nc_cq_cpu_has_avx2(), NC_CQ_AUTO_INT256);
     }
     static int nc_cq_active_int_kernel(void) {
         if (nc_cq_int_kernel < 0) nc_cq_int_kernel = nc_cq_best_int_kernel();
         return nc_cq_int_kernel;
-    }
-
-    /* The integer matvec in plain C, one lane at a time: the numbers every integer
-       kernel gives bit for bit (tests only; no SIMD, any CPU).  kf: the rotated codes
-       of one token in field order (padded_len floats, small integers).  Lane l of a
-       chunk sums bytes 2l, 2l+1 of every step in int32 (wrapping, as vpaddd), one
-       conversion per group or chunk, fused multiply–adds, then the kernels' tree. */
-    static void nc_cq_int_rows_plain(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
-                                     const float* norms, ptrdiff_t norm_stride, const float* kf,
-                                     ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
-                                     float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
-        const int S = 8 / fb;
-        const ptrdiff_t C = 256 / fb;
-        const ptrdiff_t per = g >= C ? g / C : 1;
-        const unsigned mask = (1u << fb) - 1u;
-        for (ptrdiff_t r = r0; r < r1; r++) {
-            float total[16] = {0};
-            for (ptrdiff_t c0 = 0; c0 < n_chunks; c0 += per) {
-                uint32_t ah[16] = {0}, al[16] = {0};
-                for (ptrdiff_t c = c0; c < c0 + per; c++)
-                    for (int w = 0; w < 32; w++) {
-                        const uint8_t* p = packed + r * row_bytes + c * 32 + w;
-                        const unsigned byte = p < end ? *p : 0u;   /* the kernels' loads read zeros there */
-                        for (int st = 0; st < S; st++) {
-                            const unsigned idx = (byte >> (st * fb)) & mask;
-                            const int32_t code = (int32_t)kf[c * C + S * w + st];
-                            ah[w / 2] += (uint32_t)((int32_t)table[idx] * code);
-                            al[w / 2] += (uint32_t)((int32_t)table[32 + idx] * code);
-                        }
-                    }
-                const float* nr = norms + r * norm_stride + (c0 * C) / g;
-                for (int l = 0; l < 16; l++) {
-                    const float nv = g >= C ? nr[0] : nr[(16 * l / fb) / g];
-                    const float sum = fmaf((float)(int32_t)ah[l], base, (float)(int32_t)al[l]);
-                    total[l] = fmaf(sum, nv, total[l]);
-                }
-            }
-            float q[4];
-            for (int j = 0; j < 4; j++) q[j] = (total[j] + total[j + 8]) + (total[j + 4] + total[j + 12]);
-            y[r] = ((q[0] + q[2]) + (q[1] + q[3])) * scale;
-        }
     }
     """
     int nc_cq_cpu_has_avx2() nogil
@@ -848,13 +883,11 @@ cdef extern from *:
     int nc_cq_cpu_has_avxvnni() nogil
     int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma, int int256) noexcept nogil
     int NC_CQ_AUTO_INT256
+    int nc_cq_cpu_has_neon() nogil
+    int nc_cq_cpu_has_neon_dotprod() nogil
     int nc_cq_int_kernel
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
-    void nc_cq_int_rows_plain(const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
-                              const float* norms, Py_ssize_t norm_stride, const float* kf,
-                              Py_ssize_t n_chunks, int fb, int g, const int16_t* table, float base,
-                              float scale, Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
     void nc_cq_int_rows(int kernel, const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
                         const float* norms, Py_ssize_t norm_stride, const int16_t* z,
                         Py_ssize_t n_chunks, int fb, int g, const int16_t* table, float base,
@@ -1615,16 +1648,17 @@ def simd_kernel():
     return "avx2" if nc_cq_use_simd(1) else "scalar"
 
 
-_INT_NAMES = {1: "avx512bw", 2: "avx512vnni", 3: "avx2int", 4: "avxvnni"}
+_INT_NAMES = {1: "avx512bw", 2: "avx512vnni", 3: "avx2int", 4: "avxvnni", 5: "neon", 6: "neon_dotprod"}
 _INT_IDS = {name: k for k, name in _INT_NAMES.items()}
-KERNELS = ("avx512vnni", "avxvnni", "avx512bw", "avx2int", "avx2", "scalar")  # best first
+KERNELS = ("avx512vnni", "avxvnni", "avx512bw", "avx2int", "neon_dotprod", "neon", "avx2", "scalar")  # best first
 INT_KERNELS = tuple(k for k in KERNELS if k in _INT_IDS)   # the integer ones (A8 inputs)
 
 
 def available_kernels():
     """Kernels this CPU can run, best first: 'avx512vnni', 'avxvnni', 'avx512bw' and
-    'avx2int' (integer, A8 inputs; float inputs then take 'avx2'), 'avx2' (float),
-    'scalar' (portable)."""
+    'avx2int' (integer, A8 inputs; float inputs then take 'avx2'), 'neon_dotprod' and
+    'neon' (integer, aarch64; float inputs take 'scalar'), 'avx2' (float), 'scalar'
+    (portable)."""
     found = []
     if nc_cq_cpu_has_avx512vnni():
         found.append("avx512vnni")
@@ -1632,6 +1666,10 @@ def available_kernels():
         found.append("avxvnni")
     if nc_cq_cpu_has_avx512bw():
         found.append("avx512bw")
+    if nc_cq_cpu_has_neon_dotprod():
+        found.append("neon_dotprod")
+    if nc_cq_cpu_has_neon():
+        found.append("neon")
     if nc_cq_cpu_has_avx2():
         found += ["avx2int", "avx2"]
     return found + ["scalar"]
@@ -1664,9 +1702,10 @@ def kernel_name(a8=True):
 
 
 def set_kernel(name):
-    """Force a kernel ('avx512vnni', 'avxvnni', 'avx512bw', 'avx2int' = integer on A8
-    inputs, float AVX2 otherwise; 'avx2' = float AVX2 only, 'scalar' =
-    the portable float loops) or go back to the best one ('auto').  Returns the
+    """Force a kernel ('avx512vnni', 'avxvnni', 'avx512bw', 'avx2int', 'neon_dotprod',
+    'neon' = integer on A8 inputs, float AVX2 (x86) or scalar (aarch64) otherwise;
+    'avx2' = float AVX2 only, 'scalar' = the portable float loops) or go back to the
+    best one ('auto').  Returns the
     previous kernel_name().  For tests and comparisons; the environment variable
     NEEDLE_CY_CQ_KERNEL does the same at import."""
     global nc_cq_int_kernel, nc_cq_simd_enabled
@@ -1884,39 +1923,6 @@ def dequantize_rows(W, ids, out=None):
     finally:
         free(scratch)
     return rows_out
-
-
-def _int_matvec_plain(W, x):
-    """y = W · x by the integer path in plain C (nc_cq_int_rows_plain): the result every
-    integer kernel must give bit for bit, on any CPU.  For tests: x must be an A8
-    vector (float32 [cols]) and W have integer tables; the codes are rotated here."""
-    cdef CQWeight cw = prepare(W)
-    cdef CQView* v = &cw.view
-    if not v.int_ok:
-        raise ValueError("this matrix has no integer tables (group size outside 16/width .. 256)")
-    xs = _as_float32("x", x, (v.cols,))
-    amax = np.float32(np.abs(xs).max()) if v.cols else np.float32(0)
-    s = np.float32(amax / np.float32(127)) if amax > 0 else np.float32(1)
-    k = np.rint(xs / s).astype(np.float64)
-    if np.abs(k).max(initial=0) > 127 or not np.array_equal((k * s).astype(np.float32), xs):
-        raise ValueError("x is not an A8 vector (k·s with |k| <= 127)")
-    g = v.group_size
-    rot = np.zeros(v.padded_len, np.float64)
-    rot[:v.cols] = k
-    blocks = rot[:v.n_groups * g].reshape(v.n_groups, g)
-    h = 1
-    while h < g:   # unscaled Walsh–Hadamard butterflies, Sylvester order (exact on integers)
-        b = blocks.reshape(v.n_groups, -1, 2, h)
-        b[:, :, 0, :], b[:, :, 1, :] = b[:, :, 0, :] + b[:, :, 1, :], b[:, :, 0, :] - b[:, :, 1, :]
-        h *= 2
-    cdef float[::1] kf = rot.astype(np.float32)
-    y = np.empty(v.rows, np.float32)
-    cdef float[::1] yv = y
-    cdef float scale = <float>s * v.int_descale
-    nc_cq_int_rows_plain(v.int_packed, v.int_row_bytes, v.int_packed_end, v.norms, v.norm_stride, &kf[0],
-                         v.n_chunks, v.int_fb, v.group_size, v.int_table, v.int_base, scale, 0, v.rows,
-                         &yv[0] if v.rows else NULL)
-    return y
 
 
 def dequantize(W):

@@ -1,4 +1,5 @@
-"""The integer CQ kernels (A8 inputs, needle_cy/cq_int_kernel.h) against the NumPy reference.
+"""The integer CQ kernels (A8 inputs, needle_cy/cq_int_kernel.h on x86-64,
+needle_cy/cq_neon_kernel.h on aarch64) against the NumPy reference.
 
 Every integer kernel this CPU has (each forced with set_kernel; the others skip
 with the instruction set they need: avxvnni needs AVX-VNNI, which AVX-512 CPUs
@@ -9,10 +10,10 @@ threads; the matmul (several tokens, the prefill path) at token counts 2..64 tha
 are not multiples of its 6-token tile, bitwise equal to the matvec of each token.
 Inputs are A8 vectors as the engine makes them (deploy numerics); an input that
 is not one must take the float kernel and give its exact result (for the matmul:
-one such token sends the whole chunk to the float kernel).  The kernels of one
-CPU give the same bits (the 256-bit ones mirror the AVX-512 lanes and float
-steps) and the plain-C integer matvec (_cq._int_matvec_plain, one lane at a
-time, any CPU), and the run-time choice follows the rule of pick_int_kernel.
+one such token sends the whole chunk to the float kernel).  Every kernel gives
+the reference's integer numerics (reference.cq.matmul_int) bit for bit, so the
+kernels of one CPU agree with each other (the 256-bit ones mirror the AVX-512
+lanes and float steps), and the run-time choice follows pick_int_kernel.
 """
 import os
 import subprocess
@@ -26,7 +27,8 @@ from needle_cy.reference import cq as ref
 
 INT_KERNELS = list(_cq.INT_KERNELS)
 NEEDS = {"avx512vnni": "AVX-512 F/BW/VL + VNNI", "avx512bw": "AVX-512 F/BW/VL",
-         "avxvnni": "AVX2+FMA + AVX-VNNI", "avx2int": "AVX2+FMA"}
+         "avxvnni": "AVX2+FMA + AVX-VNNI", "avx2int": "AVX2+FMA",
+         "neon_dotprod": "aarch64 NEON + the dot product extension (asimddp)", "neon": "aarch64 NEON"}
 
 
 @pytest.fixture(params=INT_KERNELS)
@@ -70,10 +72,13 @@ def test_int_matvec_matches_reference(int_kernel, bits, g):
         assert cw.int_tables and cw.kernel(a8=True) == int_kernel
         x = a8(rng.standard_normal(cols) * rng.uniform(0.01, 100))
         want = ref.matvec(W, x)
+        exact = ref.matmul_int(W, x[None])[0]
         for threads in (1, 2):
             got = _cq.matvec(W, x, threads=threads, a8=True)
             assert got.dtype == np.float32 and got.shape == (rows,)
             assert rel_err(got, want) <= 1e-5, (rows, cols, threads)
+            # the integer numerics of the reference, bit for bit (every kernel, every ISA)
+            np.testing.assert_array_equal(got, exact)
         # one token through matmul and multiply_shared takes the same kernel
         np.testing.assert_array_equal(_cq.matmul(W, x[None], a8=True)[0], got)
         np.testing.assert_array_equal(_cq.multiply_shared([W, W], x, a8=True)[1], got)
@@ -95,6 +100,7 @@ def test_int_matmul_matches_reference_and_matvec(int_kernel, bits, g):
             assert rel_err(got, want) <= 1e-5, (rows, cols, T, threads)
             # each token's row sums are the matvec's, bit for bit
             np.testing.assert_array_equal(got, per_token)
+        np.testing.assert_array_equal(per_token, ref.matmul_int(W, X))
         np.testing.assert_array_equal(_cq.multiply_shared([W, W], X, a8=True)[1], per_token)
 
 
@@ -254,7 +260,11 @@ def test_int_kernel_selection_rule():
                  avxvnni="avxvnni" in have, avx2="avx2" in have)
     previous = _cq.set_kernel("auto")
     try:
-        assert _cq.kernel_name() == (_cq.pick_int_kernel(**flags) or _cq.simd_kernel())
+        if "neon" in have:      # aarch64: NEON, with dotprod where the CPU reports it
+            expected = "neon_dotprod" if "neon_dotprod" in have else "neon"
+        else:
+            expected = _cq.pick_int_kernel(**flags) or _cq.simd_kernel()
+        assert _cq.kernel_name() == expected
     finally:
         _cq.set_kernel(previous if previous in have else "auto")
     # the integer kernels a CPU can run are the ones its features allow
@@ -276,35 +286,52 @@ def test_environment_forces_a_256_bit_kernel(name):
         assert out.stdout.split() == [_cq.kernel_name(), _cq.kernel_name(a8=False)]
 
 
-@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
-def test_plain_c_integer_path_matches_reference(bits):
-    """The plain-C integer matvec (no SIMD: runs on every CPU) within the kernels' bar."""
-    rng = np.random.default_rng(70 + bits)
-    for g in (16, 64, 128, 256):
-        for rows, groups in AGREE_SHAPES[:4]:
-            cols = groups * g + (g // 2 + 3 if groups < 4 else 0)
+def test_neon_kernels_match_the_integer_reference_bitwise():
+    """aarch64: neon (int16 halves, vmlal) and neon_dotprod (int8 planes, sdot) give the
+    reference's integer numerics bit for bit (so each other's and the x86 kernels'),
+    on random shapes: row counts that are odd and not multiples of the 32-row block,
+    column tails, token counts that are not multiples of the matmul's 2-token tile."""
+    kernels = [k for k in ("neon_dotprod", "neon") if k in _cq.available_kernels()]
+    if not kernels:
+        pytest.skip(f"CPU lacks {NEEDS['neon']}: the NEON kernels cannot run here")
+    rng = np.random.default_rng(77)
+    try:
+        for trial in range(40):
+            bits = int(rng.choice([1, 2, 3, 4, 5]))
+            g = int(rng.choice([16, 32, 64, 128, 256]))
+            rows = int(rng.integers(1, 80)) | 1
+            cols = int(rng.integers(1, 4 * g))
+            T = int(rng.integers(1, 12))
             W = random_cq(rng, rows, cols, bits, g)
-            x = a8(rng.standard_normal(cols) * rng.uniform(0.01, 100))
-            got = _cq._int_matvec_plain(W, x)
-            assert got.dtype == np.float32 and got.shape == (rows,)
-            assert rel_err(got, ref.matvec(W, x)) <= 1e-5, (g, rows, cols)
-    with pytest.raises(ValueError, match="not an A8 vector"):
-        _cq._int_matvec_plain(W, rng.standard_normal(cols).astype(np.float32))
+            X = a8(rng.standard_normal((T, cols)) * rng.uniform(0.01, 100, size=(T, 1)))
+            want = ref.matmul_int(W, X)
+            for name in kernels:
+                _cq.set_kernel(name)
+                assert _cq.prepare(W).kernel(a8=True) == name
+                np.testing.assert_array_equal(_cq.matmul(W, X, a8=True), want, err_msg=f"{name} {trial}")
+                for t in range(min(T, 3)):
+                    np.testing.assert_array_equal(_cq.matvec(W, X[t], a8=True), want[t],
+                                                  err_msg=f"{name} matvec {trial}")
+    finally:
+        _cq.set_kernel("auto")
 
 
-@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
-def test_int_kernel_equals_plain_c(int_kernel, bits):
-    """The kernel's matvec and matmul, bit for bit the plain-C integer path."""
-    rng = np.random.default_rng(90 + bits)
-    for g in (16, 32, 64, 128, 256):
-        for rows, groups in AGREE_SHAPES:
-            cols = groups * g + (g // 2 + 3 if groups < 4 else 0)
-            W = random_cq(rng, rows, cols, bits, g)
-            X = a8(rng.standard_normal((5, cols)) * rng.uniform(0.01, 100, size=(5, 1)))
-            X[2] = a8(np.full(cols, 3.0, np.float32))
-            plain = np.stack([_cq._int_matvec_plain(W, x) for x in X])
-            for t in (0, 2):
-                np.testing.assert_array_equal(_cq.matvec(W, X[t], a8=True, threads=1), plain[t],
-                                              err_msg=f"{int_kernel} matvec, g={g}, {rows}x{cols}")
-            np.testing.assert_array_equal(_cq.matmul(W, X, a8=True, threads=2), plain,
-                                          err_msg=f"{int_kernel} matmul, g={g}, {rows}x{cols}")
+def test_neon_dotprod_detection_and_override():
+    """aarch64: the automatic choice follows the CPU's asimddp flag (HWCAP); neon can be forced."""
+    if "neon" not in _cq.available_kernels():
+        pytest.skip(f"CPU lacks {NEEDS['neon']}: the NEON kernels cannot run here")
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        pass
+    has_dp = "neon_dotprod" in _cq.available_kernels()
+    if "Features" in flags:
+        assert has_dp == (" asimddp" in flags), flags[:400]
+    assert _cq.kernel_name() == ("neon_dotprod" if has_dp else "neon")
+    code = "from needle_cy import _cq; print(_cq.kernel_name(), _cq.kernel_name(a8=False))"
+    env = dict(os.environ, NEEDLE_CY_CQ_KERNEL="neon",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(_cq.__file__))] + sys.path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["neon", "scalar"]

@@ -235,3 +235,115 @@ def matvec(W, x):
     if x.ndim != 1 or x.shape[0] != W.cols:
         raise ValueError(f"matvec expects x of shape [{W.cols}], got {x.shape}")
     return matmul(W, x[None, :])[0]
+
+
+# ---------------------------------------------------------------------------
+# the integer kernels' numerics (A8 inputs; _cq's cq_int_kernel.h / cq_neon_kernel.h)
+# ---------------------------------------------------------------------------
+
+def int_tables(W):
+    """The integer kernels' codebook as exact integers C_k = hi_k·B + lo_k ≈ cb_k·2^E.
+
+    Returns (hi, lo, B, E) as _cq.CQWeight sizes them, or None for a group size
+    without tables (outside 16/width … 256; 3-bit fields count as 4-bit nibbles).
+    B and E are the largest that keep every lane's int32 sum between two
+    conversions to float (a group, or a chunk of 256/width fields) from overflowing
+    with |z| ≤ 127·g."""
+    fb = field_bits_of(W.bits)
+    int_fb = 4 if fb == 3 else fb
+    g = W.group_size
+    if not 16 // int_fb <= g <= 256:
+        return None
+    C, steps = 256 // int_fb, 8 // int_fb
+    per = g // C if g >= C else 1
+    products = 2 * steps * per            # int32 products a lane sums between conversions
+    M = min(16384, (2 ** 31 - 1) // (products * 127 * g))
+    B = 1 << M.bit_length()
+    cb = np.asarray(W.codebook, np.float64)
+    top = float(np.abs(cb).max())
+    E = 0 if top == 0 else int(math.floor(math.log2((M - 1) * B / top)))
+    code = np.rint(np.ldexp(cb, E))
+    hi = np.rint(code / B)
+    return hi.astype(np.int64), (code - hi * B).astype(np.int64), B, E
+
+
+def a8_codes(x):
+    """(k, s) with x = k·s, k integers |k| ≤ 127, s = max|x|/127 (float32, as the kernels
+    recover them), or None when x is not such a vector (within max|x|·2⁻²⁰; NaN/inf)."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        amax = np.float32(np.abs(x).max()) if x.size else np.float32(0)
+        s = amax / np.float32(127) if amax > 0 else np.float32(1)
+        k = np.rint(x / s)
+        ok = (np.abs(k) <= 127) & (np.abs(x - k * s) <= amax * np.float32(2.0 ** -20))
+    return (k.astype(np.int64), np.float32(s)) if ok.all() else None
+
+
+def _fma32(a, b, c):
+    """float32 fma(a, b, c) = a·b + c rounded once: the float64 product is exact (48
+    bits); the float64 sum is rounded to odd (TwoSum gives its error), after which the
+    rounding to float32 is the correct one."""
+    p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+    c = np.asarray(c, np.float64)
+    s = p + c
+    bp = s - p
+    err = (p - (s - bp)) + (c - bp)
+    even = (s.view(np.int64) & 1) == 0
+    s = np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def matmul_int(W, X):
+    """Y = X · Wᵀ as the integer kernels compute it for A8 rows of X, bit for bit (float32 [T, rows]).
+
+    Every token x = s·k (a8_codes) is rotated exactly, z = k·(Hg·√g) per group
+    (integers, |z| ≤ 127·g).  A chunk of C = 256/w fields (w the field width; 3-bit
+    fields as 4-bit nibbles) has 16 lanes of 16/w consecutive fields.  Per lane and
+    per flush (a group, or a chunk where a chunk spans several groups) the exact sums
+    ah = Σ hi[i]·z and al = Σ lo[i]·z become float32 once:
+        sum = fma(ah, B, al),  total_lane = fma(sum, ν_lane, total_lane);
+    the 16 totals are added in the kernels' tree,
+        (q0 + q2) + (q1 + q3),  q_i = (t_i + t_{i+8}) + (t_{i+4} + t_{i+12}),
+    and times s·(2^−E/√g).  Raises ValueError for a row of X that is not an A8 vector
+    or a matrix without integer tables."""
+    X = np.asarray(X, np.float32)
+    if X.ndim != 2 or X.shape[1] != W.cols:
+        raise ValueError(f"matmul_int expects X of shape [T, {W.cols}], got {X.shape}")
+    tables = int_tables(W)
+    if tables is None:
+        raise ValueError(f"group size {W.group_size} at {W.bits} bits has no integer tables")
+    hi, lo, B, E = tables
+    int_fb = 4 if field_bits_of(W.bits) == 3 else field_bits_of(W.bits)
+    g, C = W.group_size, 256 // int_fb
+    per = g // C if g >= C else 1
+    n_chunks = -(-W.cols_padded // C)
+    P = n_chunks * C
+    n_flush = n_chunks // per
+    lane_fields = 16 // int_fb
+    codes = [a8_codes(x) for x in X]
+    if any(c is None for c in codes):
+        raise ValueError("matmul_int: a row of X is not an A8 vector")
+    k = np.zeros((len(X), W.cols_padded), np.int64)
+    k[:, : W.cols] = np.stack([c[0] for c in codes]) if len(codes) else k[:, : W.cols]
+    z = np.zeros((len(X), P), np.int64)
+    z[:, : W.cols_padded] = (k.reshape(len(X), W.n_groups, g) @ _sylvester_signs(g).astype(np.int64)).reshape(len(X), -1)
+    fields = np.zeros((W.rows, P), np.int64)
+    fields[:, : W.cols_padded] = unpack_indices(W.packed, W.bits, W.cols_padded)
+    shape = (n_flush, per, C // lane_fields, lane_fields)   # flush, chunk of it, lane, field of lane
+    ah = np.einsum("rfclj,tfclj->trfl", hi[fields].reshape((W.rows,) + shape), z.reshape((len(X),) + shape))
+    al = np.einsum("rfclj,tfclj->trfl", lo[fields].reshape((W.rows,) + shape), z.reshape((len(X),) + shape))
+    # each lane's norm: the group of its first field
+    first = (np.arange(n_flush)[:, None] * per * C + np.arange(16)[None, :] * lane_fields) // g
+    norms = np.zeros((W.rows, P // g + 1), np.float32)
+    norms[:, : W.n_groups] = W.norms
+    nu = norms[:, first]                                    # [rows, flush, lane]
+    total = np.zeros((len(X), W.rows, 16), np.float32)
+    for f in range(n_flush):
+        # ah·B is exact in float32 (B a power of two): fma(ah, B, al) is one rounded sum
+        s = ah[:, :, f].astype(np.float32) * np.float32(B) + al[:, :, f].astype(np.float32)
+        total = _fma32(s, nu[None, :, f], total)
+    q = (total[..., 0:4] + total[..., 8:12]) + (total[..., 4:8] + total[..., 12:16])
+    dot = (q[..., 0] + q[..., 2]) + (q[..., 1] + q[..., 3])
+    descale = np.float32(math.ldexp(1.0, -E) / math.sqrt(g))
+    scale = np.array([c[1] for c in codes], np.float32) * descale
+    return (dot * scale[:, None]).astype(np.float32)
