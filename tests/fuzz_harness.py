@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
+from grammar_helpers import oracle_validator_class  # noqa: E402  (tests/ is this script's folder)
 from needle_cy import NeedleError  # noqa: E402
 from needle_cy.errors import (  # noqa: E402
     CactFormatError, ContextOverflowError, GrammarLimitError, SchemaError, TokenizerError,
@@ -247,26 +248,8 @@ def walk(src, grammar, max_len=60):
     return bytes(out)
 
 
-def _is_integral(checker, x):
-    """Draft 6 on: an integer is any number with an integral value, a Decimal too (jsonschema's
-    own checker knows int and float only: Decimal('1.0') would not be an integer, and a
-    grammar that reads 1.0 as the draft does would look wrong)."""
-    if isinstance(x, bool):
-        return False
-    if isinstance(x, int):
-        return True
-    if isinstance(x, float):
-        return x.is_integer()
-    if isinstance(x, Decimal):
-        return x.is_finite() and (x.as_tuple().exponent >= 0 or x == x.to_integral_value())
-    return False
-
-
 def _oracle(schema):
-    import jsonschema
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    if cls not in (jsonschema.Draft3Validator, jsonschema.Draft4Validator):
-        cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", _is_integral))
+    cls = oracle_validator_class(schema)
     exact = json.loads(json.dumps(schema), parse_float=Decimal)
     return cls(exact, format_checker=cls.FORMAT_CHECKER)
 

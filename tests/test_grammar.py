@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import fixture_path
-from grammar_helpers import random_walk
+from grammar_helpers import oracle_validator_class, random_walk
 from needle_cy.testing.sentencepiece_pieces import sentencepiece_piece_table
 from needle_cy.errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
 from needle_cy.grammar import compile_schema, compile_tools
@@ -42,20 +42,6 @@ def text_of(v):
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _is_integral(checker, x):
-    """Draft 6 on: an integer is any number with an integral value -- a Decimal too (jsonschema's
-    own checker knows int and float only, so Decimal('-9.0') would not be an integer)."""
-    if isinstance(x, bool):
-        return False
-    if isinstance(x, int):
-        return True
-    if isinstance(x, float):
-        return x.is_integer()
-    if isinstance(x, Decimal):
-        return x.is_finite() and (x.as_tuple().exponent >= 0 or x == x.to_integral_value())
-    return False
-
-
 def oracle(schema, v):
     """jsonschema's verdict (format checking on) for a Python value; None for raw texts it can't see."""
     if isinstance(v, Raw):
@@ -63,9 +49,7 @@ def oracle(schema, v):
             v = json.loads(v.text)
         except (ValueError, TypeError):
             return False
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    if cls not in (jsonschema.Draft3Validator, jsonschema.Draft4Validator):
-        cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", _is_integral))
+    cls = oracle_validator_class(schema)
     return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(v)
 
 
