@@ -19,7 +19,7 @@ from .keywords import ANNOTATIONS, SUPPORTED, _nonneg_int
 from .limits import (ANY_NODE, COMPILE_BUDGET_S, COUNT_CAP, MAX_NODES, MAX_NUM_EXP, NEVER_NODE, NODE_CHOICE,
                      NODE_VALUE, N_INT, N_MINUS, N_ZERO, T_ALL, T_ARR, T_FALSE, T_INT, T_NULL, T_NUM, T_OBJ,
                      T_STR, T_TRUE, TYPE_BITS)
-from .numbers import dec_cmp, dec_to_fraction, norm_decimal, number_live, number_texts
+from .numbers import dec_cmp, dec_to_fraction, norm_decimal, number_check, number_live, number_texts
 from .program import Program
 from .regex import _regex, regex_dfa, regex_sensitive
 from .schema import SchemaResolver, _Part, _escape_ptr, compact, json_equal
@@ -400,7 +400,10 @@ class Compiler:
                     continue
                 alts = p.alt_pool[p.alt_off[nid]: p.alt_off[nid] + p.alt_n[nid]]
                 if hot is None:
-                    hot = self.reaches_approx(self.approx)
+                    # an enum or const number takes a few spellings of its values only
+                    # ("1.5", not "1.50" or "15e-1", number_texts): beside an alternative
+                    # that takes every spelling, "exactly one" would let "1.50" through
+                    hot = self.reaches_approx(self.approx | set(self.enum_nums))
                     hot_nl = self.reaches_approx(self.approx_nl)
                     int_nodes = self._integer_syntax_nodes()
                     hot_int = self.reaches_approx(int_nodes)
@@ -416,6 +419,8 @@ class Compiler:
                         # there, unless no value of that type can satisfy both
                         level = 0
                         for t in _bits(types[i] & types[j]):
+                            if t in (T_INT, T_NUM) and alts[i] in self.enum_nums and alts[j] in self.enum_nums:
+                                continue   # two enums take the same spellings of a value
                             lv = max(self._approx_level(alts[i], t, hot, hot_nl),
                                      self._approx_level(alts[j], t, hot, hot_nl))
                             if lv > level and not self._disjoint(alts[i], alts[j], t):
@@ -460,6 +465,8 @@ class Compiler:
             return 0
         if t == T_STR:
             return 2 if n in self.approx else (1 if n in self.approx_nl else 0)
+        if t in (T_INT, T_NUM):
+            return 2 if n in self.enum_nums else 0   # (see check_oneof: enum number spellings)
         if t in (T_ARR, T_OBJ):
             # through items and property values; an object's own keys (propertyNames,
             # patternProperties the engines read differently) mark the node itself
@@ -524,6 +531,14 @@ class Compiler:
             return False
         if t & (T_INT | T_NUM) and a in self.enum_nums and b in self.enum_nums:
             return not any(json_equal(u, v) for u in self.enum_nums[a] for v in self.enum_nums[b])
+        if t & (T_INT | T_NUM):
+            # an enum's numbers against the other node's exact bounds and multipleOf
+            for x, y in ((a, b), (b, a)):
+                if x in self.enum_nums and y not in self.enum_nums and p.num_check[y] >= 0 and p.num_dfa[y] < 0:
+                    check = p.num_checks[p.num_check[y]]
+                    if not any(number_check(check, repr(float(v)) if isinstance(v, float) else str(v))
+                               for v in self.enum_nums[x]):
+                        return True
         return False
 
     def _disjoint_all(self, a, b, depth):
