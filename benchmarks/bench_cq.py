@@ -292,28 +292,17 @@ def render_table(config=None):
                     f((mv * TOKENS) / mm if (mv and mm) else None, "{:.1f}×"),
                 ]
                 out.append("| " + " | ".join(cells) + " |")
-    kernels_run = [k for k in KERNELS if any(r[0] == "matvec-kernel" and r[2] == k for r in RESULTS)]
-    if kernels_run:
-        out.append("")
-        out.append("Matvec by kernel (A8 input; GMAC/s; forced with `_cq.set_kernel`):")
-        out.append("")
-        out.append("| shape | bits | thr | " + " | ".join(kernels_run) + " | best integer / avx2 |")
-        out.append("|---|---|---|" + "---|" * (len(kernels_run) + 1))
-        for name, rows, cols in SHAPES:
-            for bits in WIDTHS:
-                for threads in THREADS:
-                    secs = {k: by.get(("matvec-kernel", name, k, bits, threads)) for k in kernels_run}
-                    cells = [f"{gmacs(rows, cols, 1, v):.1f}" if v else "–" for v in secs.values()]
-                    ints = [v for k, v in secs.items() if k in _cq.INT_KERNELS and v]
-                    ratio = (f"{secs['avx2'] / min(ints):.2f}×" if ints and secs.get("avx2") else "–")
-                    out.append(f"| {name} | {bits} | {threads} | " + " | ".join(cells) + f" | {ratio} |")
-    for tokens in KERNEL_TOKENS:
-        kind = f"matmul{tokens}-kernel"
+    # one table per kernel benchmark: the matvec, then the matmul at each token count
+    tables = [("matvec-kernel", 1, "Matvec by kernel (A8 input; GMAC/s; forced with `_cq.set_kernel`):")]
+    tables += [(f"matmul{tokens}-kernel", tokens,
+                f"Matmul of {tokens} tokens by kernel (A8 inputs; GMAC/s; forced with `_cq.set_kernel`):")
+               for tokens in KERNEL_TOKENS]
+    for kind, tokens, title in tables:
         run = [k for k in KERNELS if any(r[0] == kind and r[2] == k for r in RESULTS)]
         if not run:
             continue
         out.append("")
-        out.append(f"Matmul of {tokens} tokens by kernel (A8 inputs; GMAC/s; forced with `_cq.set_kernel`):")
+        out.append(title)
         out.append("")
         out.append("| shape | bits | thr | " + " | ".join(run) + " | best integer / avx2 |")
         out.append("|---|---|---|" + "---|" * (len(run) + 1))
