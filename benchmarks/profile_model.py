@@ -53,7 +53,8 @@ def main(argv):
     kind, bits, n, reps = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     print(f"needle_cy from {Path(needle_cy.__file__).parent}")
     path = argv[4] if len(argv) > 4 else archive_path(bits)
-    m = Model.load(path, backend="cython", threads=1)
+    # one thread unless NEEDLE_CY_THREADS names more (a 2-thread profile of the one-region step)
+    m = Model.load(path, backend="cython", threads=int(os.environ.get("NEEDLE_CY_THREADS", "1")))
     ids = np.random.default_rng(0).integers(4, min(16000, m.vocab_size), size=n + (reps if kind == "decode" else 0))
     if kind == "decode":
         m.prefill(ids[:n])

@@ -95,6 +95,8 @@ cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
                     float* work, int threads) noexcept nogil
 cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
                             int threads) noexcept nogil
+cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
+                                 Py_ssize_t r0, Py_ssize_t r1) noexcept nogil
 cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
                             float* Y, Py_ssize_t y_stride, int threads) noexcept nogil
 cdef void cq_dequantize_row(const CQView* w, Py_ssize_t row, float* out,

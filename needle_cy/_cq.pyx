@@ -1151,56 +1151,46 @@ cdef inline void _matmul_int_block(const CQView* w, int kernel, const int16_t* z
                       r0, r1, Y, y_stride)
 
 
-cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
-                            int threads) noexcept nogil:
-    """y[rows] = W · x from a workspace that cq_rotate filled for one token."""
-    cdef bint simd = nc_cq_use_simd(w.simd)
+cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
+                                 Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """Rows [r0, r1) of y = W · x from a workspace that cq_rotate filled for one token,
+    on the calling thread.  A row's value does not depend on the range it is computed
+    in, so any split of the rows gives cq_matvec_rotated's result bit for bit (the
+    engine's one-region decode step hands out blocks of rows to its threads)."""
     cdef const float* xt = work + WORK_HEADER
     cdef const float* xp = xt + w.padded_len
-    cdef int n = cq_effective_threads(w, 1, threads)
     cdef Py_ssize_t r
-    cdef Py_ssize_t rb, r0, r1, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
-    cdef int kernel = nc_cq_active_int_kernel()
-    cdef const int16_t* z = _int_codes(<float*>work)
     cdef float scale
+    if r0 >= r1:
+        return
     if (<const int*>work)[0] == 1:
         # the integer form (cq_rotate took it for this view's rotation family)
         scale = _int_scales(w, <float*>work, 1)[0] * w.int_descale
-        if n == 1:
-            nc_cq_int_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
-                           w.norm_stride, z, w.n_chunks, w.int_fb, w.group_size, w.int_table,
-                           w.int_base, scale, 0, w.rows, y)
-        else:
-            for rb in prange(n_blocks, num_threads=n, schedule="static"):
-                r0 = rb * MATVEC_ROW_BLOCK
-                r1 = r0 + MATVEC_ROW_BLOCK
-                if r1 > w.rows:
-                    r1 = w.rows
-                nc_cq_int_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
-                               w.norm_stride, z, w.n_chunks, w.int_fb, w.group_size, w.int_table,
-                               w.int_base, scale, r0, r1, y)
-        return
-    if simd:
-        if n == 1:
-            nc_cq_avx2_rows_dot(w.packed, w.row_bytes, w.packed_end, w.norms, w.norm_stride, xp,
-                                w.n_chunks, w.field_bits, w.group_size, w.simd_table,
-                                0, w.rows, y)
-        else:
-            for rb in prange(n_blocks, num_threads=n, schedule="static"):
-                r0 = rb * MATVEC_ROW_BLOCK
-                r1 = r0 + MATVEC_ROW_BLOCK
-                if r1 > w.rows:
-                    r1 = w.rows
-                nc_cq_avx2_rows_dot(w.packed, w.row_bytes, w.packed_end, w.norms, w.norm_stride,
-                                    xp, w.n_chunks, w.field_bits, w.group_size, w.simd_table,
-                                    r0, r1, y)
+        nc_cq_int_rows(nc_cq_active_int_kernel(), w.int_packed, w.int_row_bytes, w.int_packed_end,
+                       w.norms, w.norm_stride, _int_codes(<float*>work), w.n_chunks, w.int_fb,
+                       w.group_size, w.int_table, w.int_base, scale, r0, r1, y)
+    elif nc_cq_use_simd(w.simd):
+        nc_cq_avx2_rows_dot(w.packed, w.row_bytes, w.packed_end, w.norms, w.norm_stride, xp,
+                            w.n_chunks, w.field_bits, w.group_size, w.simd_table, r0, r1, y)
     else:
-        if n == 1:
-            for r in range(w.rows):
-                y[r] = _row_dot_scalar(w, r, xt)
-        else:
-            for r in prange(w.rows, num_threads=n, schedule="static"):
-                y[r] = _row_dot_scalar(w, r, xt)
+        for r in range(r0, r1):
+            y[r] = _row_dot_scalar(w, r, xt)
+
+
+cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
+                            int threads) noexcept nogil:
+    """y[rows] = W · x from a workspace that cq_rotate filled for one token."""
+    cdef int n = cq_effective_threads(w, 1, threads)
+    cdef Py_ssize_t rb, r0, r1, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
+    if n == 1:
+        cq_matvec_rotated_rows(w, work, y, 0, w.rows)
+    else:
+        for rb in prange(n_blocks, num_threads=n, schedule="static"):
+            r0 = rb * MATVEC_ROW_BLOCK
+            r1 = r0 + MATVEC_ROW_BLOCK
+            if r1 > w.rows:
+                r1 = w.rows
+            cq_matvec_rotated_rows(w, work, y, r0, r1)
 
 
 cdef void cq_matvec(const CQView* w, const float* x, float* y, float* work,

@@ -63,16 +63,18 @@ context actually used.
 """
 import numpy as np
 cimport numpy as cnp
-from cython.parallel cimport prange, threadid
+from cython.parallel cimport prange, threadid, parallel
 from libc.math cimport sqrtf, expf, INFINITY
 from libc.stdint cimport int64_t, uint32_t, int8_t, uint8_t
 from libc.string cimport memcpy, memset, memmove
 
 from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row,
-                            cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated)
+                            cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated,
+                            cq_matvec_rotated_rows)
+from needle_cy._parallel cimport nc_team_barrier, nc_team_size, nc_ticket
 from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
                              conv_step_c, attend_group_c, attend_group_i8_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
-                             sinkhorn_c, monarch_mlp_c, pool_update_c, dot_c)
+                             sinkhorn_c, monarch_mlp_c, monarch_mlp_team_c, pool_update_c, dot_c)
 
 from needle_cy._cq import prepare
 from needle_cy import _ops as ops
@@ -89,6 +91,7 @@ CHUNK = CHUNK_MAX            # the same, for Python callers that feed chunk by c
 DEF MAX_TAPS = 16
 DEF MAX_LANES = 16
 DEF MAX_HEADS = 4            # probe heads
+DEF STEP_BLOCK_ROWS = 32     # rows per ticket of a decode step's products (_step_blocks)
 cdef float A8_QMAX = 127.0
 cdef int SINKHORN_ITERS = 20
 
@@ -131,6 +134,8 @@ ctypedef struct LayerC:
     const float* cond_v
     const float* cond_u
     int lane
+    bint phi_shared              # the three Φ take one rotation of their input (cq_same_rotation)
+    bint qkvg_shared             # so do q, k, v and gate
     Py_ssize_t band              # sliding band, -1 for global layers
     int site                     # engram site index or -1
 
@@ -308,6 +313,8 @@ cdef class CythonEngine:
     cdef cnp.ndarray _scratch_i8
     cdef float* s_row        # [threads, group]
     cdef float* s_cq_work    # CQ kernel workspace
+    cdef int64_t* s_tickets  # [3·L + 1] work counters of a decode step's products (_step_blocks)
+    cdef cnp.ndarray _tickets
     cdef Py_ssize_t mlp_work_len, row_len
     cdef int64_t* s_ctx      # [n_tok_hist + CH] token context
     cdef cnp.ndarray _ctx_arr
@@ -460,6 +467,9 @@ cdef class CythonEngine:
             self._check_view(lc.phi_pre, self.n, self.n * self.d, f"layer {i} phi_pre")
             self._check_view(lc.phi_post, self.n, self.n * self.d, f"layer {i} phi_post")
             self._check_view(lc.phi_res, self.n * self.n, self.n * self.d, f"layer {i} phi_res")
+            lc.phi_shared = cq_same_rotation(&lc.phi_pre, &lc.phi_post) and cq_same_rotation(&lc.phi_pre, &lc.phi_res)
+            lc.qkvg_shared = (cq_same_rotation(&lc.q_proj, &lc.k_proj) and cq_same_rotation(&lc.q_proj, &lc.v_proj)
+                              and cq_same_rotation(&lc.q_proj, &lc.gate_proj))
             lc.norm_in = self._f32(layer.norm_in)
             lc.post_norm = self._f32(layer.post_norm)
             lc.pre_hada = self._f32(layer.pre_hada)
@@ -534,6 +544,8 @@ cdef class CythonEngine:
 
     cdef _alloc_scratch(self):
         cdef Py_ssize_t CH = CHUNK_MAX, d = self.d, n = self.n, T = self.threads
+        self._tickets = np.zeros(3 * self.L + 1, np.int64)
+        self.s_tickets = <int64_t*>cnp.PyArray_DATA(self._tickets)
         cdef Py_ssize_t nd = n * d, work = 0, i
         sizes = [("lanes", CH * nd), ("nx", CH * nd), ("phi", CH * (2 * n + n * n)),
                  ("u", CH * d), ("x", CH * d), ("a", CH * d),
@@ -728,7 +740,14 @@ cdef class CythonEngine:
 
     def step(self, token):
         """Append one token; its logits [out_vocab]."""
-        return self.prefill(np.array([token], np.int64))
+        cdef int64_t tok = token
+        if tok < 0 or tok >= self.V:
+            raise ValueError(f"token ids must lie in [0, {self.V})")
+        ids = np.empty(1, np.int64)
+        (<int64_t*>cnp.PyArray_DATA(ids))[0] = tok
+        logits = np.empty((1, self.V_out), np.float32)
+        self._run(self.state, ids, logits, None, False, True)
+        return logits[0]
 
     def head_outputs(self):
         return self._heads_from_pools(self.state)
@@ -883,6 +902,7 @@ cdef class CythonEngine:
         cdef int64_t row_id
         cdef float* hid = self.s_hid
         cdef Py_ssize_t first
+        cdef bint stepped
 
         memset(&kv, 0, sizeof(KVCache))
         if self.kv_int8:
@@ -955,7 +975,14 @@ cdef class CythonEngine:
                         tokhist[i] = self.s_ctx[T + i]
 
             # ---- the blocks
-            for l in range(L):
+            stepped = T == 1 and self._run_threads > 1 and cells == NULL and L > 0
+            if stepped:
+                # a decode step: one parallel region for all blocks (_step_blocks)
+                memset(self.s_tickets, 0, (3 * L + 1) * sizeof(int64_t))
+                with parallel(num_threads=self._run_threads):
+                    self._step_blocks(threadid(), nc_team_size(), pos0, ids, conv_q, conv_k, conv_v,
+                                      &kv, n_heads, pmax, pden, psum, logits)
+            for l in range(0 if stepped else L):
                 lc = &self.layers[l]
                 band = lc.band
                 # mHC router input nx = A8(RMSunit(flatten X))                        (spec §4.5)
@@ -1035,7 +1062,7 @@ cdef class CythonEngine:
                     self._pool_row(hd, l + 1, self.s_cell, ids, T, pmax[hd], pden[hd], psum[hd])
 
             # ---- output: final norm, A8, tied head (spec §4.9); only the rows asked for
-            if logits != NULL:
+            if logits != NULL and not stepped:
                 if L == 0:
                     memcpy(self.s_cell, self.s_x0, T * d * sizeof(float))
                 first = 0 if all_rows else T - 1
@@ -1045,6 +1072,145 @@ cdef class CythonEngine:
                         a8_inplace(hid + (t - first) * d, d, A8_QMAX)
                 _project(&self.emb_out, hid, T - first, d, logits, self.V_out, cqw, cq_threads)
         st.position += T
+
+    cdef void _step_blocks(self, int tid, int nt, Py_ssize_t pos0, const int64_t* ids,
+                           float* conv_q, float* conv_k, float* conv_v, KVCache* kv,
+                           Py_ssize_t n_heads, float** pmax, float** pden, float** psum,
+                           float* logits) noexcept nogil:
+        """Every block of a one-token step and the output head, run by each of the nt
+        threads of the caller's parallel region (thread tid): the operations of
+        _run_chunk's block loop, in one region instead of one per product.
+
+        Threads meet at a barrier between dependent steps.  The CQ products hand out
+        blocks of STEP_BLOCK_ROWS rows by ticket (_products: a thread that is ahead, or
+        not descheduled, takes more), the KV heads of the attention go to thread
+        kh mod nt, and the per-token operations run on thread 0; every value is
+        computed as on one thread, so the logits are the same bits at any thread count.
+        The probe pools of block l's cell run on the last thread beside thread 0's start
+        of block l + 1 (the cell is next written by block l + 1's _block_out, several
+        barriers later)."""
+        cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, K = self.K
+        cdef Py_ssize_t qw = self.H * self.dq, kw = K * self.dq, vw = K * self.dv, gw = self.H * self.dv
+        cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
+        cdef Py_ssize_t l, kh, hd
+        cdef Py_ssize_t rng[12]
+        cdef int n_rng = 0
+        cdef float* cqw = self.s_cq_work
+        cdef float* phi = self.s_phi
+        cdef int64_t* tickets = self.s_tickets
+        cdef LayerC* lc
+        cdef const CQView* ws[4]
+        cdef float* ys[4]
+        for l in range(self.L):
+            lc = &self.layers[l]
+            # mHC router input and its rotation (spec §4.5)
+            if tid == 0:
+                self._router_input(0)
+                cq_rotate(&lc.phi_pre, self.s_nx, 1, nd, cqw, 1)
+            nc_team_barrier()
+            if lc.phi_shared:
+                ws[0] = &lc.phi_pre
+                ws[1] = &lc.phi_post
+                ws[2] = &lc.phi_res
+                ys[0] = phi
+                ys[1] = phi + n
+                ys[2] = phi + 2 * n
+                self._products(ws, ys, 3, &tickets[3 * l])
+            elif tid == 0:
+                _project_shared(&lc.phi_pre, &lc.phi_pre, self.s_nx, 1, nd, phi, 0, cqw, 1)
+                _project(&lc.phi_post, self.s_nx, 1, nd, phi + n, 0, cqw, 1)
+                _project(&lc.phi_res, self.s_nx, 1, nd, phi + 2 * n, 0, cqw, 1)
+            nc_team_barrier()
+            # router weights, block input, a = A8(ZCRMS(x)) and its rotation
+            if tid == 0:
+                self._mhc_in(lc, 0)
+                self._block_in(lc, 0)
+                cq_rotate(&lc.q_proj, self.s_a, 1, d, cqw, 1)
+            nc_team_barrier()
+            if lc.qkvg_shared:
+                ws[0] = &lc.q_proj
+                ws[1] = &lc.k_proj
+                ws[2] = &lc.v_proj
+                ws[3] = &lc.gate_proj
+                ys[0] = self.s_q
+                ys[1] = self.s_k
+                ys[2] = self.s_v
+                ys[3] = self.s_g
+                self._products(ws, ys, 4, &tickets[3 * l + 1])
+            elif tid == 0:
+                _project_shared(&lc.q_proj, &lc.q_proj, self.s_a, 1, d, self.s_q, 0, cqw, 1)
+                _project(&lc.k_proj, self.s_a, 1, d, self.s_k, 0, cqw, 1)
+                _project(&lc.v_proj, self.s_a, 1, d, self.s_v, 0, cqw, 1)
+                _project(&lc.gate_proj, self.s_a, 1, d, self.s_g, 0, cqw, 1)
+            nc_team_barrier()
+            # conv, QK norm, RoPE, quantizers, the cache write; the conv histories
+            if tid == 0:
+                self._qkv_token(lc, l, 0, pos0, conv_q, conv_k, conv_v, kv)
+                if hist > 0:
+                    self._shift_history(conv_q + l * hist * qw, hist, self.s_q, 1, qw)
+                    self._shift_history(conv_k + l * hist * kw, hist, self.s_k, 1, kw)
+                    self._shift_history(conv_v + l * hist * vw, hist, self.s_v, 1, vw)
+            nc_team_barrier()
+            # attention, KV heads split between the threads
+            self._slot_ranges(pos0, lc.band, rng, &n_rng)
+            kh = tid
+            while kh < K:
+                self._attend_head(l, 0, kh, rng, n_rng, kv)
+                kh = kh + nt
+            nc_team_barrier()
+            if tid == 0:
+                self._attend_gate(0)
+                cq_rotate(&lc.out_proj, self.s_o, 1, gw, cqw, 1)
+            nc_team_barrier()
+            ws[0] = &lc.out_proj
+            ys[0] = self.s_ao
+            self._products(ws, ys, 1, &tickets[3 * l + 2])
+            nc_team_barrier()
+            # rest of the block: the Monarch MLP split between the threads; lanes, cell
+            if tid == 0:
+                self._mlp_input(lc, 0)
+            nc_team_barrier()
+            monarch_mlp_team_c(self.s_a, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
+                               lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
+                               lc.cond_v, lc.cond_u, self.p1, self.p2, self.s_mlp_work, self.s_ao, tid, nt)
+            if tid == 0:
+                self._lane_update(lc, 0)
+            nc_team_barrier()
+            if tid == nt - 1:
+                for hd in range(n_heads):
+                    self._pool_row(hd, l + 1, self.s_cell, ids, 1, pmax[hd], pden[hd], psum[hd])
+        # output: final norm, A8, tied head (spec §4.9)
+        if logits != NULL:
+            if tid == 0:
+                zc_rmsnorm_c(self.s_cell, self.final_norm, self.s_hid, d)
+                if self.quant:
+                    a8_inplace(self.s_hid, d, A8_QMAX)
+                cq_rotate(&self.emb_out, self.s_hid, 1, d, cqw, 1)
+            nc_team_barrier()
+            ws[0] = &self.emb_out
+            ys[0] = logits
+            self._products(ws, ys, 1, &tickets[3 * self.L])
+
+    cdef void _products(self, const CQView** ws, float** ys, int count, int64_t* counter) noexcept nogil:
+        """This thread's part of y_i = W_i·x for `count` matrices whose input cq_rotate left
+        in the CQ workspace: blocks of STEP_BLOCK_ROWS rows, the matrices' blocks numbered
+        one after another, each taken by the thread that draws its ticket."""
+        cdef int64_t b
+        cdef Py_ssize_t nb, r0
+        cdef int i
+        while True:
+            b = nc_ticket(counter)
+            i = 0
+            while i < count:
+                nb = (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
+                if b < nb:
+                    break
+                b -= nb
+                i += 1
+            if i == count:
+                return
+            r0 = b * STEP_BLOCK_ROWS
+            cq_matvec_rotated_rows(ws[i], self.s_cq_work, ys[i], r0, min(r0 + STEP_BLOCK_ROWS, ws[i].rows))
 
     cdef void _shift_history(self, float* hist, Py_ssize_t nh, const float* chunk, Py_ssize_t T,
                              Py_ssize_t width) noexcept nogil:
@@ -1236,10 +1402,27 @@ cdef class CythonEngine:
     cdef void _block_out(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
         """Rest of Block_l for token t (post-norm, gated residual, Monarch MLP), then
         y = Block(u) − u, lanes' = P·lanes + hpost·y and the cell (lane mean)."""
+        cdef float* work = self.s_mlp_work + threadid() * self.mlp_work_len
+        self._mlp_input(lc, t)
+        monarch_mlp_c(self.s_a + t * self.d, self.d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3,
+                      lc.d4, lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
+                      lc.cond_v, lc.cond_u, self.p1, self.p2, work, self.s_ao + t * self.d)
+        self._lane_update(lc, t)
+
+    cdef void _mlp_input(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
+        """Post-norm of the attention output, the gated residual x += g·a, and the MLP
+        input m = ZCRMS(x; pre_hada) (into s_a) for token t."""
+        cdef Py_ssize_t d = self.d, c
+        cdef float* x = self.s_x + t * d
+        cdef float* a = self.s_ao + t * d
+        zc_rmsnorm_c(a, lc.post_norm, a, d)
+        for c in range(d):
+            x[c] = x[c] + lc.attn_gate * a[c]
+        zc_rmsnorm_c(x, lc.pre_hada, self.s_a + t * d, d)
+
+    cdef void _lane_update(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
+        """y = x + MLP − u (= Block(u) − u), lanes' = P·lanes + hpost·y, cell = lane mean."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, c, i, j
-        cdef int tid = threadid()
-        cdef float* work = self.s_mlp_work + tid * self.mlp_work_len
-        cdef float* mlp_out = work + 4 * self.N + self.R_cond + 8
         cdef float* x = self.s_x + t * d
         cdef float* a = self.s_ao + t * d
         cdef float* u = self.s_u + t * d
@@ -1247,16 +1430,7 @@ cdef class CythonEngine:
         cdef float* Xn = self.s_nx + t * nd
         cdef float* ph = self.s_phi + t * (2 * n + n * n)
         cdef float* P = ph + 2 * n
-        cdef float* m = self.s_a + t * d
         cdef float* cell = self.s_cell + t * d
-        cdef float acc
-        zc_rmsnorm_c(a, lc.post_norm, a, d)
-        for c in range(d):
-            x[c] = x[c] + lc.attn_gate * a[c]
-        zc_rmsnorm_c(x, lc.pre_hada, m, d)
-        monarch_mlp_c(m, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
-                      lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
-                      lc.cond_v, lc.cond_u, self.p1, self.p2, work, a)
         for c in range(d):
             x[c] = (x[c] + a[c]) - u[c]          # y = Block(u) − u
         for i in range(n):

@@ -50,6 +50,18 @@ cdef void sinkhorn_c(float* M, int n, int iters) noexcept nogil
 # Monarch MLP
 cdef void kron_apply_c(const float* z, const float* A, const float* B,
                        Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) noexcept nogil
+cdef void kron_apply_rows_c(const float* z, const float* A, const float* B, Py_ssize_t ba,
+                            Py_ssize_t bb, float* tmp, float* out, Py_ssize_t k0,
+                            Py_ssize_t k1) noexcept nogil
+cdef void monarch_mlp_team_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
+                             const float* d1, const float* d2, const float* b2,
+                             const float* d3, const float* d4,
+                             const float* w1a, const float* w1b, const float* w2a,
+                             const float* w2b, const float* w3a, const float* w3b,
+                             Py_ssize_t ba, Py_ssize_t bb,
+                             const float* cond_v, const float* cond_u,
+                             const int64_t* p1, const int64_t* p2,
+                             float* work, float* out, int tid, int nt) noexcept nogil
 cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
                         const float* d1, const float* d2, const float* b2,
                         const float* d3, const float* d4,

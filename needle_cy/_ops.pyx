@@ -14,6 +14,7 @@ cimport numpy as cnp
 from libc.math cimport sqrtf, expf, logf, fabsf, rintf, cosf, sinf, INFINITY
 from libc.stdint cimport uint32_t, int64_t, int8_t, uint8_t
 from libc.string cimport memcpy, memset
+from needle_cy._parallel cimport nc_team_barrier
 
 cnp.import_array()
 
@@ -121,26 +122,29 @@ cdef extern from *:
         for (kk = 0; kk < KB; kk++)
             for (v = 0; v < NV; v++) _mm256_storeu_ps(out + (k0 + kk) * bb + 8 * v, acc[kk][v]);
     }
+    /* Output rows [k0, k1) (each row's sums do not depend on how the rows are grouped) */
     static inline void nc_kron_half(const float* M, Py_ssize_t m_stride, Py_ssize_t m_step,
-                                    const float* R, Py_ssize_t n_in, Py_ssize_t n_out,
+                                    const float* R, Py_ssize_t n_in, Py_ssize_t k0, Py_ssize_t k1,
                                     Py_ssize_t bb, float* out) {
-        Py_ssize_t k = 0;
+        Py_ssize_t k = k0;
         if (bb == 16) {             /* the shipped geometry: 4 rows × 2 vectors = 8 chains */
-            for (; k + 4 <= n_out; k += 4) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 4, 2, out);
-            for (; k < n_out; k++) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 1, 2, out);
+            for (; k + 4 <= k1; k += 4) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 4, 2, out);
+            for (; k < k1; k++) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 1, 2, out);
             return;
         }
         switch (bb / 8) {
-    #define NC_KR(NN) case NN: for (; k < n_out; k++) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 1, NN, out); break;
+    #define NC_KR(NN) case NN: for (; k < k1; k++) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 1, NN, out); break;
         NC_KR(1) NC_KR(2) NC_KR(3) NC_KR(4) NC_KR(5) NC_KR(6) NC_KR(7) NC_KR(8)
     #undef NC_KR
         }
     }
+    /* Rows [k0, k1) of out = flatten(Aᵀ·Z·B): row k of out needs only row k of tmp */
     static inline int nc_kron_avx2(const float* z, const float* A, const float* B,
-                                   Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) {
+                                   Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out,
+                                   Py_ssize_t k0, Py_ssize_t k1) {
         if (bb % 8 || bb > 64) return 0;
-        nc_kron_half(A, ba, 1, z, ba, ba, bb, tmp);     /* tmp[k,:] = Σ_i A[i,k]·z[i,:] */
-        nc_kron_half(tmp, 1, bb, B, bb, ba, bb, out);   /* out[k,:] = Σ_j tmp[k,j]·B[j,:] */
+        nc_kron_half(A, ba, 1, z, ba, k0, k1, bb, tmp);     /* tmp[k,:] = Σ_i A[i,k]·z[i,:] */
+        nc_kron_half(tmp, 1, bb, B, bb, k0, k1, bb, out);   /* out[k,:] = Σ_j tmp[k,j]·B[j,:] */
         return 1;
     }
     /* logit[r] = Σ_i m[i]·cond_v[i·R + r] for R a multiple of 8 up to 32, the R sums in
@@ -319,7 +323,8 @@ cdef extern from *:
         return s;
     }
     static inline int nc_kron_avx2(const float* z, const float* A, const float* B,
-                                   Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) {
+                                   Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out,
+                                   Py_ssize_t k0, Py_ssize_t k1) {
         return 0;
     }
     static inline int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v,
@@ -576,7 +581,8 @@ cdef extern from *:
     void nc_mul_sigmoid(float* o, const float* g, Py_ssize_t n) noexcept nogil
     void nc_silu(float* x, Py_ssize_t n) noexcept nogil
     int nc_kron_avx2(const float* z, const float* A, const float* B,
-                     Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out) noexcept nogil
+                     Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out,
+                     Py_ssize_t k0, Py_ssize_t k1) noexcept nogil
     int nc_attend_avx2(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
                        const float* kt, Py_ssize_t k_stride, const float* vc,
                        Py_ssize_t dq, Py_ssize_t dv, float scale,
@@ -995,26 +1001,35 @@ cdef void kron_apply_c(const float* z, const float* A, const float* B,
 
     Two small matmuls whose inner loops run along contiguous rows (they
     vectorise): tmp = Aᵀ·Z, then out = tmp·B."""
+    kron_apply_rows_c(z, A, B, ba, bb, tmp, out, 0, ba)
+
+
+cdef void kron_apply_rows_c(const float* z, const float* A, const float* B, Py_ssize_t ba,
+                            Py_ssize_t bb, float* tmp, float* out, Py_ssize_t k0,
+                            Py_ssize_t k1) noexcept nogil:
+    """Rows [k0, k1) of kron_apply_c's out (bb floats each) and of its tmp.  Row k of
+    out reads only row k of tmp (which reads all of z), and each row sums in the same
+    order whatever the range, so any split of the rows gives the same bits."""
     cdef Py_ssize_t i, j, k, l
     cdef float a
     cdef const float* zrow
     cdef float* trow
     cdef const float* brow
     cdef float* orow
-    if nc_kron_avx2(z, A, B, ba, bb, tmp, out):
+    if nc_kron_avx2(z, A, B, ba, bb, tmp, out, k0, k1):
         return
-    for k in range(ba * bb):
+    for k in range(k0 * bb, k1 * bb):
         tmp[k] = 0.0
     for i in range(ba):
         zrow = z + i * bb
-        for k in range(ba):
+        for k in range(k0, k1):
             a = A[i * ba + k]
             trow = tmp + k * bb
             for j in range(bb):
                 trow[j] = trow[j] + a * zrow[j]
-    for k in range(ba * bb):
+    for k in range(k0 * bb, k1 * bb):
         out[k] = 0.0
-    for k in range(ba):
+    for k in range(k0, k1):
         trow = tmp + k * bb
         orow = out + k * bb
         for j in range(bb):
@@ -1024,24 +1039,12 @@ cdef void kron_apply_c(const float* z, const float* A, const float* B,
                 orow[l] = orow[l] + a * brow[l]
 
 
-cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
-                        const float* d1, const float* d2, const float* b2,
-                        const float* d3, const float* d4,
-                        const float* w1a, const float* w1b, const float* w2a,
-                        const float* w2b, const float* w3a, const float* w3b,
-                        Py_ssize_t ba, Py_ssize_t bb,
-                        const float* cond_v, const float* cond_u,
-                        const int64_t* p1, const int64_t* p2,
-                        float* work, float* out) noexcept nogil:
-    """MLP(m) → out[d].  ``work`` holds 4·N + R floats."""
-    cdef float* z = work
-    cdef float* c = work + N
-    cdef float* k = work + 2 * N
-    cdef float* tmp = work + 3 * N
-    cdef float* logit = work + 4 * N
+cdef void _monarch_condition(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
+                             const float* cond_v, const float* cond_u, float* logit,
+                             float* c) noexcept nogil:
+    """The MLP's conditioning: c = 1 + softmax(m · cond_v) · cond_u."""
     cdef Py_ssize_t i, r
     cdef float mx, den, v, w
-    # conditioning: c = 1 + softmax(m · cond_v) · cond_u
     if not nc_cond_logits(m, d, cond_v, R, logit):
         for r in range(R):
             logit[r] = 0.0
@@ -1067,27 +1070,89 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
             c[i] = c[i] + w * cond_u[r * N + i]
     for i in range(N):
         c[i] = <float>1.0 + c[i]
-    # z = K(d1 ⊙ [m, 0…]; A1, B1)[p1]
-    for i in range(d):
-        z[i] = d1[i] * m[i]
-    for i in range(d, N):
-        z[i] = 0.0
-    kron_apply_c(z, w1a, w1b, ba, bb, tmp, k)
-    for i in range(N):
-        z[i] = k[p1[i]]
+
+
+cdef inline void _monarch_mid(float* z, const float* k, const int64_t* p1, const float* d2,
+                              const float* c, const float* b2, Py_ssize_t i0,
+                              Py_ssize_t i1) noexcept nogil:
+    """z[i] = silu(d2 ⊙ c ⊙ k[p1] + b2)[i] for i in [i0, i1) (i0 a multiple of 8, so
+    nc_silu's vector/tail split of the range is the whole vector's)."""
+    cdef Py_ssize_t i
+    for i in range(i0, i1):
+        z[i] = d2[i] * c[i] * k[p1[i]] + b2[i]
+    nc_silu(z + i0, i1 - i0)
+
+
+cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
+                        const float* d1, const float* d2, const float* b2,
+                        const float* d3, const float* d4,
+                        const float* w1a, const float* w1b, const float* w2a,
+                        const float* w2b, const float* w3a, const float* w3b,
+                        Py_ssize_t ba, Py_ssize_t bb,
+                        const float* cond_v, const float* cond_u,
+                        const int64_t* p1, const int64_t* p2,
+                        float* work, float* out) noexcept nogil:
+    """MLP(m) → out[d].  ``work`` holds 4·N + R floats."""
+    monarch_mlp_team_c(m, d, N, R, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b, ba, bb,
+                       cond_v, cond_u, p1, p2, work, out, 0, 1)
+
+
+cdef void monarch_mlp_team_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
+                             const float* d1, const float* d2, const float* b2,
+                             const float* d3, const float* d4,
+                             const float* w1a, const float* w1b, const float* w2a,
+                             const float* w2b, const float* w3a, const float* w3b,
+                             Py_ssize_t ba, Py_ssize_t bb,
+                             const float* cond_v, const float* cond_u,
+                             const int64_t* p1, const int64_t* p2,
+                             float* work, float* out, int tid, int nt) noexcept nogil:
+    """monarch_mlp_c run by every thread tid of an nt-thread team (one shared ``work``,
+    ``m`` and ``out``); with nt = 1 it is monarch_mlp_c.
+
+    Thread 0 computes the conditioning and the first input; each Kronecker product is
+    split by rows (kron_apply_rows_c) and each elementwise stage by ranges that are
+    multiples of 8, with a team barrier between dependent stages, so every value is the
+    one-thread value bit for bit.  Thread 0 alone writes ``out``, after the last
+    barrier (so only it may read ``out`` on return)."""
+    cdef float* z = work
+    cdef float* c = work + N
+    cdef float* k = work + 2 * N
+    cdef float* tmp = work + 3 * N
+    cdef float* logit = work + 4 * N
+    cdef Py_ssize_t i
+    cdef Py_ssize_t k0 = ba * tid // nt, k1 = ba * (tid + 1) // nt
+    cdef Py_ssize_t i0 = (N * tid // nt) // 8 * 8
+    cdef Py_ssize_t i1 = N if tid == nt - 1 else (N * (tid + 1) // nt) // 8 * 8
+    if tid == 0:
+        _monarch_condition(m, d, N, R, cond_v, cond_u, logit, c)
+        # z = K(d1 ⊙ [m, 0…]; A1, B1)[p1]
+        for i in range(d):
+            z[i] = d1[i] * m[i]
+        for i in range(d, N):
+            z[i] = 0.0
+    if nt > 1:
+        nc_team_barrier()
+    kron_apply_rows_c(z, w1a, w1b, ba, bb, tmp, k, k0, k1)
+    if nt > 1:
+        nc_team_barrier()
     # z = K(silu(d2 ⊙ c ⊙ z + b2); A2, B2)[p2]
-    for i in range(N):
-        z[i] = d2[i] * c[i] * z[i] + b2[i]
-    nc_silu(z, N)
-    kron_apply_c(z, w2a, w2b, ba, bb, tmp, k)
-    for i in range(N):
-        z[i] = k[p2[i]]
+    _monarch_mid(z, k, p1, d2, c, b2, i0, i1)
+    if nt > 1:
+        nc_team_barrier()
+    kron_apply_rows_c(z, w2a, w2b, ba, bb, tmp, k, k0, k1)
+    if nt > 1:
+        nc_team_barrier()
     # z = K(d3 ⊙ z; A3, B3); out = (d4 ⊙ z)[:d]
-    for i in range(N):
-        z[i] = d3[i] * z[i]
-    kron_apply_c(z, w3a, w3b, ba, bb, tmp, k)
-    for i in range(d):
-        out[i] = d4[i] * k[i]
+    for i in range(i0, i1):
+        z[i] = d3[i] * k[p2[i]]
+    if nt > 1:
+        nc_team_barrier()
+    kron_apply_rows_c(z, w3a, w3b, ba, bb, tmp, k, k0, k1)
+    if nt > 1:
+        nc_team_barrier()
+    if tid == 0:
+        for i in range(d):
+            out[i] = d4[i] * k[i]
 
 
 # ---------------------------------------------------------------------------

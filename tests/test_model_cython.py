@@ -253,22 +253,31 @@ def test_kv_storage_choice(archive_dir):
         CythonEngine(w8, "deploy", kv_storage="int4")
 
 
-@pytest.mark.parametrize("key,numerics", [("w4_kv8", "deploy"), ("gqa6_kv8_dv64", "deploy"),
-                                          ("gqa6_kv8_dv64", "float"), ("w2_kv2", "deploy")])
-def test_decode_is_bit_identical_across_thread_counts(archive_dir, key, numerics):
-    """Steps split attention over the KV heads; prefill splits tokens: neither may change a bit."""
-    path = archive(archive_dir, key, **GEOMETRIES[key][0])
+@pytest.mark.parametrize("key", list(GEOMETRIES))
+def test_decode_is_bit_identical_across_thread_counts(archive_dir, key):
+    """A step on several threads is one parallel region (CythonEngine._step_blocks: row
+    blocks of every product by ticket, KV heads split, the Monarch MLP split by rows,
+    the probe pools on the last thread); prefill splits tokens.  None of it may change
+    a bit of the logits or of the pooled head outputs, in every geometry (shared and
+    unshared rotations, float and integer kernels) and at more threads than KV heads."""
+    kw, numerics = GEOMETRIES[key]
+    path = archive(archive_dir, key, **kw)
     ids = ids_for(300, 110, seed=4)
-    out = {}
-    for threads in (1, 2):
+    out, heads = {}, {}
+    for threads in (1, 2, 3):
         m = Model.load(path, backend="cython", numerics=numerics, threads=threads, kv_window=40, sink_tokens=3)
         rows = [m.prefill(ids[:70])]
         snap = m.snapshot()
         rows += [m.step(int(t)) for t in ids[70:]]
+        heads[threads] = m.head_outputs()
         m.restore(snap)
         rows.append(m.step(int(ids[70])))
         out[threads] = np.stack(rows)
-    np.testing.assert_array_equal(out[1], out[2])
+    for threads in (2, 3):
+        np.testing.assert_array_equal(out[threads], out[1])
+        assert heads[threads].keys() == heads[1].keys()
+        for name in heads[1]:
+            np.testing.assert_array_equal(np.asarray(heads[threads][name]), np.asarray(heads[1][name]))
     np.testing.assert_array_equal(out[1][-1], out[1][1])     # restore replays the same step
 
 
