@@ -61,7 +61,7 @@ cdef void monarch_mlp_team_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssiz
                              Py_ssize_t ba, Py_ssize_t bb,
                              const float* cond_v, const float* cond_u,
                              const int64_t* p1, const int64_t* p2,
-                             float* work, float* out, int tid, int nt) noexcept nogil
+                             float* work, float* logit, float* out, int tid, int nt) noexcept nogil
 cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
                         const float* d1, const float* d2, const float* b2,
                         const float* d3, const float* d4,

@@ -1041,8 +1041,9 @@ cdef void kron_apply_rows_c(const float* z, const float* A, const float* B, Py_s
 
 cdef void _monarch_condition(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
                              const float* cond_v, const float* cond_u, float* logit,
-                             float* c) noexcept nogil:
-    """The MLP's conditioning: c = 1 + softmax(m · cond_v) · cond_u."""
+                             float* c, Py_ssize_t i0, Py_ssize_t i1) noexcept nogil:
+    """The MLP's conditioning, c = 1 + softmax(m · cond_v) · cond_u, for c[i0:i1]
+    (logit: R floats of the caller's own; every element sums over r in order)."""
     cdef Py_ssize_t i, r
     cdef float mx, den, v, w
     if not nc_cond_logits(m, d, cond_v, R, logit):
@@ -1062,13 +1063,13 @@ cdef void _monarch_condition(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssiz
         den = den + logit[r]
     for r in range(R):
         logit[r] = logit[r] / den
-    for i in range(N):
+    for i in range(i0, i1):
         c[i] = 0.0
     for r in range(R):
         w = logit[r]
-        for i in range(N):
+        for i in range(i0, i1):
             c[i] = c[i] + w * cond_u[r * N + i]
-    for i in range(N):
+    for i in range(i0, i1):
         c[i] = <float>1.0 + c[i]
 
 
@@ -1094,7 +1095,7 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
                         float* work, float* out) noexcept nogil:
     """MLP(m) → out[d].  ``work`` holds 4·N + R floats."""
     monarch_mlp_team_c(m, d, N, R, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b, ba, bb,
-                       cond_v, cond_u, p1, p2, work, out, 0, 1)
+                       cond_v, cond_u, p1, p2, work, work + 4 * N, out, 0, 1)
 
 
 cdef void monarch_mlp_team_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
@@ -1105,31 +1106,29 @@ cdef void monarch_mlp_team_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssiz
                              Py_ssize_t ba, Py_ssize_t bb,
                              const float* cond_v, const float* cond_u,
                              const int64_t* p1, const int64_t* p2,
-                             float* work, float* out, int tid, int nt) noexcept nogil:
-    """monarch_mlp_c run by every thread tid of an nt-thread team (one shared ``work``,
-    ``m`` and ``out``); with nt = 1 it is monarch_mlp_c.
+                             float* work, float* logit, float* out, int tid, int nt) noexcept nogil:
+    """monarch_mlp_c run by every thread tid of an nt-thread team (one shared ``work``
+    of 4·N floats, ``m`` and ``out``; ``logit``: R floats of this thread's own); with
+    nt = 1 it is monarch_mlp_c.
 
-    Thread 0 computes the conditioning and the first input; each Kronecker product is
-    split by rows (kron_apply_rows_c) and each elementwise stage by ranges that are
-    multiples of 8, with a team barrier between dependent stages, so every value is the
-    one-thread value bit for bit.  Thread 0 alone writes ``out``, after the last
-    barrier (so only it may read ``out`` on return)."""
+    Each thread computes the conditioning's R logits itself (d·R multiply-adds) and
+    then its range of every elementwise stage (ranges that are multiples of 8); each
+    Kronecker product is split by rows (kron_apply_rows_c); a team barrier separates
+    dependent stages, so every value is the one-thread value bit for bit.  Thread 0
+    alone writes ``out``, after the last barrier (so only it may read ``out`` on
+    return)."""
     cdef float* z = work
     cdef float* c = work + N
     cdef float* k = work + 2 * N
     cdef float* tmp = work + 3 * N
-    cdef float* logit = work + 4 * N
     cdef Py_ssize_t i
     cdef Py_ssize_t k0 = ba * tid // nt, k1 = ba * (tid + 1) // nt
     cdef Py_ssize_t i0 = (N * tid // nt) // 8 * 8
     cdef Py_ssize_t i1 = N if tid == nt - 1 else (N * (tid + 1) // nt) // 8 * 8
-    if tid == 0:
-        _monarch_condition(m, d, N, R, cond_v, cond_u, logit, c)
-        # z = K(d1 ⊙ [m, 0…]; A1, B1)[p1]
-        for i in range(d):
-            z[i] = d1[i] * m[i]
-        for i in range(d, N):
-            z[i] = 0.0
+    _monarch_condition(m, d, N, R, cond_v, cond_u, logit, c, i0, i1)
+    # z = K(d1 ⊙ [m, 0…]; A1, B1)[p1]
+    for i in range(i0, i1):
+        z[i] = d1[i] * m[i] if i < d else <float>0.0
     if nt > 1:
         nc_team_barrier()
     kron_apply_rows_c(z, w1a, w1b, ba, bb, tmp, k, k0, k1)

@@ -3,11 +3,8 @@
 # thread alone: the size is 1 and a barrier does nothing, so code written for a
 # team runs serially, unchanged.
 
-from libc.stdint cimport int64_t
-
 cdef extern from *:
     """
-    #include <stdint.h>
     #ifdef _OPENMP
     #include <omp.h>
     /* An orphaned barrier: it binds to the innermost enclosing parallel region at run
@@ -20,12 +17,6 @@ cdef extern from *:
     static inline void nc_team_barrier(void) {}
     static inline int nc_team_size(void) { return 1; }
     #endif
-    /* The next ticket of a counter shared by a team (its old value; relaxed order: a
-       ticket only hands out work, the barriers around a phase order the data). */
-    static inline int64_t nc_ticket(int64_t* counter) {
-        return __atomic_fetch_add(counter, (int64_t)1, __ATOMIC_RELAXED);
-    }
     """
     void nc_team_barrier() noexcept nogil
     int nc_team_size() noexcept nogil
-    int64_t nc_ticket(int64_t* counter) noexcept nogil
