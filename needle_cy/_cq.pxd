@@ -97,6 +97,11 @@ cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
                             int threads) noexcept nogil
 cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
                                  Py_ssize_t r0, Py_ssize_t r1) noexcept nogil
+cdef void cq_matmul_rotated_rows(const CQView* w, float* work, Py_ssize_t n_tokens,
+                                 Py_ssize_t t0, Py_ssize_t t1, float* Y, Py_ssize_t y_stride,
+                                 Py_ssize_t r0, Py_ssize_t r1, float* wdec) noexcept nogil
+cdef float* cq_decode_scratch() noexcept nogil
+cdef void cq_free_decode_scratch(float* scratch) noexcept nogil
 cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
                             float* Y, Py_ssize_t y_stride, int threads) noexcept nogil
 cdef void cq_dequantize_row(const CQView* w, Py_ssize_t row, float* out,

@@ -112,13 +112,14 @@ import weakref
 
 import numpy as np
 cimport numpy as cnp
-from cython.parallel cimport prange, parallel
+from cython.parallel cimport prange, parallel, threadid
 from libc.stdint cimport uint8_t, uint32_t, int16_t, int64_t, uintptr_t
 from libc.math cimport rintf, fabsf
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
 from .threads import get_num_threads
+from needle_cy._parallel cimport nc_team_size
 
 cnp.import_array()
 
@@ -1076,7 +1077,7 @@ cdef inline float* _int_scales(const CQView* w, float* work, Py_ssize_t n_tokens
 
 
 cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
-                      float* work) noexcept nogil:
+                      float* work, int threads) noexcept nogil:
     """The integer form of T tokens, if every one is an A8 vector (x_j = k_j·s, |k_j| ≤ 127).
 
     s is recovered as max|x|/127 (as the quantizer computed it, to the last bit or
@@ -1084,21 +1085,53 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
     (or a NaN/inf) refuses the whole chunk, and the caller rotates the floats as
     usual.  The codes are rotated exactly (an unscaled FWHT of small integers in
     float32) and stored as int16 in the integer kernels' lane order (AVX-512:
-    nc_cqi_a8_codes and nc_cqi_pack_codes in cq_int_kernel.h)."""
+    nc_cqi_a8_codes and nc_cqi_pack_codes in cq_int_kernel.h).  Several tokens are
+    split between up to `threads` threads, each with its own float scratch (the
+    rotation was 4 % of a 2-thread prefill, on one thread while the other waited);
+    a refused token marks its scale -1."""
+    cdef Py_ssize_t t, t0, t1, P = w.padded_len
+    cdef float* scales = _int_scales(w, work, n_tokens)
+    cdef float* kf
+    cdef int tid, nt
+    if threads <= 1 or n_tokens < 2:
+        _rotate_int_tokens(w, X, 0, n_tokens, x_stride, work, n_tokens,
+                           scales + (n_tokens + 15) // 16 * 16)
+    else:
+        with parallel(num_threads=threads if threads < n_tokens else <int>n_tokens):
+            tid = threadid()
+            nt = nc_team_size()
+            t0 = n_tokens * tid // nt
+            t1 = n_tokens * (tid + 1) // nt
+            kf = <float*>malloc(P * sizeof(float))
+            if kf == NULL:
+                for t in range(t0, t1):
+                    scales[t] = -1.0
+            else:
+                _rotate_int_tokens(w, X, t0, t1, x_stride, work, n_tokens, kf)
+                free(kf)
+    for t in range(n_tokens):
+        if scales[t] < 0:
+            return False
+    (<int*>work)[0] = 1
+    return True
+
+
+cdef void _rotate_int_tokens(const CQView* w, const float* X, Py_ssize_t t0, Py_ssize_t t1,
+                             Py_ssize_t x_stride, float* work, Py_ssize_t n_tokens,
+                             float* kf) noexcept nogil:
+    """Tokens [t0, t1) of _rotate_int; kf: P floats of scratch."""
     cdef Py_ssize_t t, c, P = w.padded_len, g = w.group_size
     cdef int kernel = nc_cq_active_int_kernel()
     cdef int16_t* z = _int_codes(work)
     cdef float* scales = _int_scales(w, work, n_tokens)
-    cdef float* kf = scales + (n_tokens + 15) // 16 * 16
-    for t in range(n_tokens):
+    for t in range(t0, t1):
         if not nc_cq_int_a8_codes(kernel, X + t * x_stride, w.cols, kf, &scales[t]):
-            return False
+            scales[t] = -1.0
+            continue
         memset(kf + w.cols, 0, (P - w.cols) * sizeof(float))
         for c in range(w.n_groups):
             cq_fwht_scaled(kf + c * g, g, <float>1.0)
         nc_cq_int_pack_codes(kernel, kf, w.n_chunks, w.int_fb, z + t * P)
-    (<int*>work)[0] = 1
-    return True
 
 
 cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
@@ -1110,7 +1143,7 @@ cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
     cdef float* xt = work + WORK_HEADER
     cdef float* xp = xt + n_tokens * P
     cdef int n = cq_effective_threads(w, n_tokens, threads)
-    if _int_path(w, n_tokens) and _rotate_int(w, X, n_tokens, x_stride, work):
+    if _int_path(w, n_tokens) and _rotate_int(w, X, n_tokens, x_stride, work, n):
         return
     (<int*>work)[0] = 0
     if n == 1 or n_tokens == 1:
@@ -1379,6 +1412,68 @@ cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
         else:
             for r in prange(w.rows, num_threads=n, schedule="static"):
                 _matmul_row_scalar(w, r, xt, n_tokens, Y, y_stride)
+
+
+cdef void cq_matmul_rotated_rows(const CQView* w, float* work, Py_ssize_t n_tokens,
+                                 Py_ssize_t t0, Py_ssize_t t1, float* Y, Py_ssize_t y_stride,
+                                 Py_ssize_t r0, Py_ssize_t r1, float* wdec) noexcept nogil:
+    """Rows [r0, r1) of tokens [t0, t1) of cq_matmul_rotated's Y (work: the rotation of
+    n_tokens inputs; Y: token 0's row), on the calling thread, for a caller that splits
+    one or several products between the threads of its own parallel region.  Each
+    (row, token) sums exactly as in cq_matmul_rotated (the integer kernels: as the
+    matvec; the float ones: the same FMAs per token whatever the tile), so any split
+    of rows or tokens gives its result bit for bit.  r0 should be a multiple of
+    ROW_BLOCK, as the float kernel's blocks are.  wdec: this thread's decode scratch
+    for the float kernel (DECODE_FLOATS floats, 64-byte aligned), or NULL."""
+    cdef Py_ssize_t P = w.padded_len, b0, b1, r, nt = t1 - t0
+    cdef const float* xt = work + WORK_HEADER
+    cdef int kernel
+    if nt < 1 or r0 >= r1:
+        return
+    if (<const int*>work)[0] == 1:
+        kernel = nc_cq_active_int_kernel()
+        b0 = r0
+        while b0 < r1:      # blocks of rows that stay in cache across the token tiles
+            b1 = min(b0 + MATVEC_ROW_BLOCK, r1)
+            if nt == 1:
+                nc_cq_int_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
+                               w.norm_stride, _int_codes(work) + t0 * P, w.n_chunks, w.int_fb,
+                               w.group_size, w.int_table, w.int_base,
+                               _int_scales(w, work, n_tokens)[t0] * w.int_descale, b0, b1, Y + t0 * y_stride)
+            else:
+                nc_cq_int_mm_rows(kernel, w.int_packed, w.int_row_bytes, w.int_packed_end, w.norms,
+                                  w.norm_stride, _int_codes(work) + t0 * P, P, nt, w.n_chunks, w.int_fb,
+                                  w.group_size, w.int_table, w.int_base,
+                                  _int_scales(w, work, n_tokens) + t0, w.int_descale, b0, b1,
+                                  Y + t0 * y_stride, y_stride)
+            b0 = b1
+    elif nc_cq_use_simd(w.simd):
+        b0 = r0
+        while b0 < r1:
+            b1 = min(b0 + ROW_BLOCK, r1)
+            _matmul_rows_simd(w, b0, b1, xt + n_tokens * P + t0 * P, nt, Y + t0 * y_stride, y_stride, wdec)
+            b0 = b1
+    else:
+        for r in range(r0, r1):
+            _matmul_row_scalar(w, r, xt + t0 * P, nt, Y + t0 * y_stride, y_stride)
+
+
+cdef float* cq_decode_scratch() noexcept nogil:
+    """A thread's decode scratch for cq_matmul_rotated_rows (free it with
+    cq_free_decode_scratch); NULL if malloc fails (the float kernel then reads the
+    packed rows directly)."""
+    cdef void* raw = malloc(DECODE_FLOATS * sizeof(float) + 64 + sizeof(void*))
+    cdef float* aligned
+    if raw == NULL:
+        return NULL
+    aligned = _align64(<char*>raw + sizeof(void*))
+    (<void**>aligned - 1)[0] = raw
+    return aligned
+
+
+cdef void cq_free_decode_scratch(float* scratch) noexcept nogil:
+    if scratch != NULL:
+        free((<void**>scratch - 1)[0])
 
 
 cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
@@ -1830,6 +1925,62 @@ def matmul(W, X, out=None, threads=None, a8=False):
     finally:
         free(work)
     return Y
+
+
+def _matmul_pieces(W, X, row_cut, token_cut, a8=False):
+    """matmul computed in four pieces on one thread, rows [0, row_cut) / [row_cut, rows)
+    × tokens [0, token_cut) / [token_cut, T), by cq_matmul_rotated_rows (the split the
+    engine's parallel regions make; for tests: it must equal matmul bit for bit).
+    row_cut: a multiple of 16 (the float kernel's row block)."""
+    cdef CQWeight cw = prepare(W)
+    cdef CQView va = cw.view
+    va.a8_input = 1 if a8 else 0
+    cdef const CQView* v = &va
+    Xa = _as_float32("matmul X", np.asarray(X), (np.asarray(X).shape[0], v.cols))
+    cdef Py_ssize_t T = Xa.shape[0], rc = row_cut, tc = token_cut
+    if not (0 <= rc <= v.rows and rc % 16 == 0 and 0 <= tc <= T and T > 0):
+        raise ValueError("row_cut must be a multiple of 16 in [0, rows], token_cut in [0, T]")
+    Y = np.full((T, v.rows), np.nan, np.float32)
+    cdef const float[:, ::1] xv = Xa
+    cdef float[:, ::1] yv = Y
+    cdef float* work = <float*>malloc(cq_work_floats(v, T, 1) * sizeof(float))
+    cdef float* wdec = cq_decode_scratch()
+    try:
+        with nogil:
+            cq_rotate(v, &xv[0, 0], T, v.cols, work, 1)
+            cq_matmul_rotated_rows(v, work, T, 0, tc, &yv[0, 0], v.rows, 0, rc, wdec)
+            cq_matmul_rotated_rows(v, work, T, 0, tc, &yv[0, 0], v.rows, rc, v.rows, wdec)
+            cq_matmul_rotated_rows(v, work, T, tc, T, &yv[0, 0], v.rows, 0, rc, wdec)
+            cq_matmul_rotated_rows(v, work, T, tc, T, &yv[0, 0], v.rows, rc, v.rows, wdec)
+    finally:
+        free(work)
+        cq_free_decode_scratch(wdec)
+    return Y
+
+
+def _matvec_pieces(W, x, row_cut, a8=False):
+    """matvec computed as rows [0, row_cut) and [row_cut, rows) by cq_matvec_rotated_rows
+    (the decode step's split; for tests: it must equal matvec bit for bit)."""
+    cdef CQWeight cw = prepare(W)
+    cdef CQView va = cw.view
+    va.a8_input = 1 if a8 else 0
+    cdef const CQView* v = &va
+    xa = _as_float32("matvec x", np.asarray(x), (v.cols,))
+    cdef Py_ssize_t rc = row_cut
+    if not 0 <= rc <= v.rows:
+        raise ValueError("row_cut must lie in [0, rows]")
+    y = np.full(v.rows, np.nan, np.float32)
+    cdef const float[::1] xv = xa
+    cdef float[::1] yv = y
+    cdef float* work = <float*>malloc(cq_work_floats(v, 1, 1) * sizeof(float))
+    try:
+        with nogil:
+            cq_rotate(v, &xv[0], 1, v.cols, work, 1)
+            cq_matvec_rotated_rows(v, work, &yv[0], 0, rc)
+            cq_matvec_rotated_rows(v, work, &yv[0], rc, v.rows)
+    finally:
+        free(work)
+    return y
 
 
 def multiply_shared(weights, x, threads=None, a8=False):

@@ -70,7 +70,8 @@ from libc.string cimport memcpy, memset, memmove
 
 from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row,
                             cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated,
-                            cq_matvec_rotated_rows)
+                            cq_matvec_rotated_rows, cq_matmul_rotated_rows, cq_decode_scratch,
+                            cq_free_decode_scratch)
 from needle_cy._parallel cimport nc_team_barrier, nc_team_size
 from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
                              conv_step_c, attend_group_c, attend_group_i8_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
@@ -899,6 +900,9 @@ cdef class CythonEngine:
         cdef float* hid = self.s_hid
         cdef Py_ssize_t first
         cdef bint stepped
+        cdef const CQView* ws[4]
+        cdef float* ys[4]
+        cdef Py_ssize_t ystr[4]
 
         memset(&kv, 0, sizeof(KVCache))
         if self.kv_int8:
@@ -988,13 +992,22 @@ cdef class CythonEngine:
                     for t in range(T):
                         self._router_input(t)
                 cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
-                _project_shared(&lc.phi_pre, &lc.phi_pre, nx, T, nd, phi, nphi, cqw, cq_threads)
-                if not cq_same_rotation(&lc.phi_pre, &lc.phi_post):
-                    cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
-                _project_shared(&lc.phi_pre, &lc.phi_post, nx, T, nd, phi + n, nphi, cqw, cq_threads)
-                if not cq_same_rotation(&lc.phi_pre, &lc.phi_post):
-                    cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
-                _project_shared(&lc.phi_pre, &lc.phi_res, nx, T, nd, phi + 2 * n, nphi, cqw, cq_threads)
+                if lc.phi_shared and T > 1:
+                    ws[0] = &lc.phi_pre
+                    ws[1] = &lc.phi_post
+                    ws[2] = &lc.phi_res
+                    ys[0] = phi
+                    ys[1] = phi + n
+                    ys[2] = phi + 2 * n
+                    self._group_products(ws, ys, nphi, 3, T)
+                else:
+                    _project_shared(&lc.phi_pre, &lc.phi_pre, nx, T, nd, phi, nphi, cqw, cq_threads)
+                    if not cq_same_rotation(&lc.phi_pre, &lc.phi_post):
+                        cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
+                    _project_shared(&lc.phi_pre, &lc.phi_post, nx, T, nd, phi + n, nphi, cqw, cq_threads)
+                    if not cq_same_rotation(&lc.phi_pre, &lc.phi_post):
+                        cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
+                    _project_shared(&lc.phi_pre, &lc.phi_res, nx, T, nd, phi + 2 * n, nphi, cqw, cq_threads)
                 if ntok > 1:
                     for t in prange(T, num_threads=ntok, schedule="static"):
                         self._mhc_in(lc, t)
@@ -1011,16 +1024,32 @@ cdef class CythonEngine:
                 # attention projections (spec §4.7 step 1)
                 # (one rotation of a shared by the four products when their CQ layouts agree)
                 cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
-                _project_shared(&lc.q_proj, &lc.q_proj, self.s_a, T, d, self.s_q, qw, cqw, cq_threads)
-                if not cq_same_rotation(&lc.q_proj, &lc.k_proj):
-                    cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
-                _project_shared(&lc.q_proj, &lc.k_proj, self.s_a, T, d, self.s_k, kw, cqw, cq_threads)
-                if not cq_same_rotation(&lc.q_proj, &lc.k_proj):
-                    cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
-                _project_shared(&lc.q_proj, &lc.v_proj, self.s_a, T, d, self.s_v, vw, cqw, cq_threads)
-                if not cq_same_rotation(&lc.q_proj, &lc.v_proj):
-                    cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
-                _project_shared(&lc.q_proj, &lc.gate_proj, self.s_a, T, d, self.s_g, gw, cqw, cq_threads)
+                if lc.qkvg_shared and T > 1:
+                    # the four products as one list of rows, cut into one share per thread
+                    ws[0] = &lc.q_proj
+                    ws[1] = &lc.k_proj
+                    ws[2] = &lc.v_proj
+                    ws[3] = &lc.gate_proj
+                    ys[0] = self.s_q
+                    ys[1] = self.s_k
+                    ys[2] = self.s_v
+                    ys[3] = self.s_g
+                    ystr[0] = qw
+                    ystr[1] = kw
+                    ystr[2] = vw
+                    ystr[3] = gw
+                    self._group_products_strided(ws, ys, ystr, 4, T)
+                else:
+                    _project_shared(&lc.q_proj, &lc.q_proj, self.s_a, T, d, self.s_q, qw, cqw, cq_threads)
+                    if not cq_same_rotation(&lc.q_proj, &lc.k_proj):
+                        cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
+                    _project_shared(&lc.q_proj, &lc.k_proj, self.s_a, T, d, self.s_k, kw, cqw, cq_threads)
+                    if not cq_same_rotation(&lc.q_proj, &lc.k_proj):
+                        cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
+                    _project_shared(&lc.q_proj, &lc.v_proj, self.s_a, T, d, self.s_v, vw, cqw, cq_threads)
+                    if not cq_same_rotation(&lc.q_proj, &lc.v_proj):
+                        cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
+                    _project_shared(&lc.q_proj, &lc.gate_proj, self.s_a, T, d, self.s_g, gw, cqw, cq_threads)
                 # conv, QK norm, RoPE, quantizers; k and v go into the cache (steps 2–6)
                 if ntok > 1:
                     for t in prange(T, num_threads=ntok, schedule="static"):
@@ -1208,6 +1237,55 @@ cdef class CythonEngine:
                 cq_matvec_rotated_rows(ws[i], self.s_cq_work, ys[i], a * STEP_BLOCK_ROWS,
                                        min(b * STEP_BLOCK_ROWS, ws[i].rows))
             first += nb
+
+    cdef void _group_products(self, const CQView** ws, float** ys, Py_ssize_t y_stride, int count,
+                              Py_ssize_t T) noexcept nogil:
+        """_group_products_strided with one output row stride for every matrix."""
+        cdef Py_ssize_t ystr[4]
+        cdef int i
+        for i in range(count):
+            ystr[i] = y_stride
+        self._group_products_strided(ws, ys, ystr, count, T)
+
+    cdef void _group_products_strided(self, const CQView** ws, float** ys, const Py_ssize_t* ystr,
+                                      int count, Py_ssize_t T) noexcept nogil:
+        """Y_i = X·W_iᵀ for T tokens and count ≤ 4 matrices whose input cq_rotate left in
+        the CQ workspace, in one parallel region: the matrices' rows as one list cut into
+        contiguous shares (blocks of STEP_BLOCK_ROWS rows), or, when the list is too
+        short to share (the three mHC Φ: 24 rows), the tokens cut instead.  Per matrix,
+        k (96 rows) and v (128) made 3 and 4 blocks of 32 for 2 threads and Φ one, which
+        one thread ran while the other waited.  Same bits at any split (cq_matmul_rotated_rows)."""
+        cdef int nthr = self._run_threads, tid, nt, i
+        cdef float* wdec
+        cdef Py_ssize_t total = 0, lo, hi, first, nb, a, b, t0, t1
+        if nthr == 1:
+            for i in range(count):
+                cq_matmul_rotated(ws[i], self.s_cq_work, T, ys[i], ystr[i], 1)
+            return
+        for i in range(count):
+            total += (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
+        with parallel(num_threads=nthr):
+            tid = threadid()
+            nt = nc_team_size()
+            wdec = cq_decode_scratch()
+            if total >= 4 * nt:
+                lo = total * tid // nt
+                hi = total * (tid + 1) // nt
+                first = 0
+                for i in range(count):
+                    nb = (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
+                    a = max(lo, first) - first
+                    b = min(hi, first + nb) - first
+                    if a < b:
+                        cq_matmul_rotated_rows(ws[i], self.s_cq_work, T, 0, T, ys[i], ystr[i],
+                                               a * STEP_BLOCK_ROWS, min(b * STEP_BLOCK_ROWS, ws[i].rows), wdec)
+                    first = first + nb
+            else:
+                t0 = T * tid // nt
+                t1 = T * (tid + 1) // nt
+                for i in range(count):
+                    cq_matmul_rotated_rows(ws[i], self.s_cq_work, T, t0, t1, ys[i], ystr[i], 0, ws[i].rows, wdec)
+            cq_free_decode_scratch(wdec)
 
     cdef void _shift_history(self, float* hist, Py_ssize_t nh, const float* chunk, Py_ssize_t T,
                              Py_ssize_t width) noexcept nogil:

@@ -280,3 +280,25 @@ def test_matmul_token_tiles_wide_rows_and_huge_groups(kernel, bits):
     W = random_cq(rng, 3, 20000, bits, 16384)
     X = rng.standard_normal((9, 20000)).astype(np.float32)
     assert rel_err(_cq.matmul(W, X), ref.matmul(W, X)) <= 1e-5
+
+
+@pytest.mark.parametrize("a8_input", [False, True])
+@pytest.mark.parametrize("bits", WIDTHS)
+def test_row_and_token_pieces_equal_the_whole_product(kernel, bits, a8_input):
+    """The engine's parallel regions split a product by rows (decode step, prefill) and
+    by tokens (the mHC Φ in prefill), each piece on its own thread: every piece must be
+    the whole product's values bit for bit, on the float and the integer kernels."""
+    rng = np.random.default_rng(77 + bits)
+    W = random_cq(rng, 80, 200, bits, 64)
+    X = rng.standard_normal((13, 200)).astype(np.float32)
+    if a8_input:   # A8 vectors (deploy inputs): the integer kernel where the CPU has one
+        s = np.abs(X).max(axis=1, keepdims=True) / 127
+        X = (np.clip(np.rint(X / s), -127, 127) * s).astype(np.float32)
+    whole = _cq.matmul(W, X, threads=1, a8=a8_input)
+    for row_cut, token_cut in [(0, 0), (16, 5), (32, 1), (64, 12), (80, 13)]:
+        np.testing.assert_array_equal(_cq._matmul_pieces(W, X, row_cut, token_cut, a8=a8_input), whole)
+    one = _cq.matvec(W, X[3], threads=1, a8=a8_input)
+    for row_cut in (0, 5, 32, 79, 80):
+        np.testing.assert_array_equal(_cq._matvec_pieces(W, X[3], row_cut, a8=a8_input), one)
+    with pytest.raises(ValueError):
+        _cq._matmul_pieces(W, X, 8, 0)
