@@ -928,8 +928,7 @@ cdef class CythonEngine:
                     memcpy(lanes + t * nd + m * d, self.s_x0 + t * d, d * sizeof(float))
                 if cells != NULL:
                     memcpy(cells + t * R_cells * d, self.s_x0 + t * d, d * sizeof(float))
-            for hd in range(n_heads):
-                self._pool_row(hd, 0, self.s_x0, ids, T, pmax[hd], pden[hd], psum[hd])
+            self._pool_chunk(0, self.s_x0, ids, T, n_heads, pmax, pden, psum, ntok)
 
             # ---- engram memory of every site (spec §4.4): keys and conv'd values of the chunk
             if self.n_sites > 0:
@@ -1064,7 +1063,8 @@ cdef class CythonEngine:
                 # GQA attention over the visible cache slots (steps 7–8), gate, A8 (step 9):
                 # a chunk's tokens in parallel, or one token's KV heads in parallel
                 if ntok > 1:
-                    for t in prange(T, num_threads=ntok, schedule="static"):
+                    # (dynamic: a token's cost grows with the slots it sees)
+                    for t in prange(T, num_threads=ntok, schedule="dynamic", chunksize=4):
                         self._attend_token(lc, l, t, pos0, &kv)
                 elif T == 1 and self._run_threads > 1 and K > 1:
                     self._attend_step_heads(lc, l, pos0, &kv)
@@ -1082,8 +1082,7 @@ cdef class CythonEngine:
                 if cells != NULL:
                     for t in range(T):
                         memcpy(cells + (t * R_cells + l + 1) * d, self.s_cell + t * d, d * sizeof(float))
-                for hd in range(n_heads):
-                    self._pool_row(hd, l + 1, self.s_cell, ids, T, pmax[hd], pden[hd], psum[hd])
+                self._pool_chunk(l + 1, self.s_cell, ids, T, n_heads, pmax, pden, psum, ntok)
 
             # ---- output: final norm, A8, tied head (spec §4.9); only the rows asked for
             if logits != NULL and not stepped:
@@ -1528,15 +1527,40 @@ cdef class CythonEngine:
                         Py_ssize_t T, float* pmax, float* pden, float* psum) noexcept nogil:
         """Fold cell row r of the chunk's tokens into head hd's online pools (spec §5.5);
         PAD tokens are left out (spec §5.1)."""
-        cdef Py_ssize_t k = self.heads_c[hd].k, d = self.d, t, j, i
-        cdef const float* probes = self.heads_c[hd].probes + r * k * d
-        cdef const float* cell
+        cdef Py_ssize_t j
+        for j in range(self.heads_c[hd].k):
+            self._pool_probe(hd, r, j, rows, ids, T, pmax, pden, psum)
+
+    cdef void _pool_probe(self, Py_ssize_t hd, Py_ssize_t r, Py_ssize_t j, const float* rows,
+                          const int64_t* ids, Py_ssize_t T, float* pmax, float* pden,
+                          float* psum) noexcept nogil:
+        """_pool_row for probe j alone: each probe's pool is its own online softmax over
+        the tokens, so the probes of a chunk can run on different threads."""
+        cdef Py_ssize_t k = self.heads_c[hd].k, d = self.d, t
+        cdef const float* probe = self.heads_c[hd].probes + (r * k + j) * d
         cdef float s, sqrt_d = sqrtf(<float>d)
         for t in range(T):
             if ids[t] == PAD_ID_C:
                 continue
-            cell = rows + t * d
-            for j in range(k):
-                s = dot_c(cell, probes + j * d, d)
-                pool_update_c(cell, d, s / sqrt_d, pmax + r * k + j, pden + r * k + j,
-                              psum + (r * k + j) * d)
+            s = dot_c(rows + t * d, probe, d)
+            pool_update_c(rows + t * d, d, s / sqrt_d, pmax + r * k + j, pden + r * k + j,
+                          psum + (r * k + j) * d)
+
+    cdef void _pool_chunk(self, Py_ssize_t r, const float* rows, const int64_t* ids, Py_ssize_t T,
+                          Py_ssize_t n_heads, float** pmax, float** pden, float** psum,
+                          int nthr) noexcept nogil:
+        """_pool_row of every head, the (head, probe) pools split between nthr threads
+        (in prefill they ran on one thread while the other waited)."""
+        cdef Py_ssize_t task, hd, j, kmax = 0
+        for hd in range(n_heads):
+            if self.heads_c[hd].k > kmax:
+                kmax = self.heads_c[hd].k
+        if nthr <= 1 or n_heads * kmax < 2:
+            for hd in range(n_heads):
+                self._pool_row(hd, r, rows, ids, T, pmax[hd], pden[hd], psum[hd])
+            return
+        for task in prange(n_heads * kmax, num_threads=nthr, schedule="dynamic"):
+            hd = task // kmax
+            j = task % kmax
+            if j < self.heads_c[hd].k:
+                self._pool_probe(hd, r, j, rows, ids, T, pmax[hd], pden[hd], psum[hd])
