@@ -24,11 +24,18 @@ tokens against the state, top to bottom in one function, llama2.c style:
 projection), ``step`` is a chunk of one (CQ *matvec*), ``forward`` runs chunks
 on a throw-away state.  Every buffer is allocated once per engine (scratch)
 or per state (KV cache, histories, pools): nothing is allocated per token.
-Threads: the CQ kernels split rows across ``threads`` OpenMP threads; the
-per-token work of a chunk (norms, conv, RoPE, attention, MLP, mHC mixing) is
-split across tokens.  A chunk of one token (``step``) has nothing to split that
-way, so its attention runs the KV heads in parallel instead (each head's G query
-heads on one thread, the same arithmetic whatever the thread count).
+Threads: in a chunk the CQ products split rows across ``threads`` OpenMP threads
+(the products that share a rotated input, q/k/v/gate and the three Φ, as one list
+of rows, or by tokens where the list is too short), and the per-token work
+(norms, conv, RoPE, attention, MLP, mHC mixing, the probe pools) is split across
+tokens.  A step (a chunk of one token) runs every block and the head in one
+parallel region (``_step_blocks``): the threads meet at a barrier between
+dependent operations, each product is cut into one contiguous share of rows per
+thread, the KV heads of the attention and the rows of the Monarch MLP's Kronecker
+factors are split, the probe pools run on the last thread beside thread 0's start
+of the next block, and the small per-token operations run on thread 0.  Every
+value is computed as on one thread, so the results are the same bits at any
+thread count (tested).
 
 KV cache layout
 ---------------

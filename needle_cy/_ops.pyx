@@ -434,6 +434,61 @@ cdef extern from *:
         _mm256_storeu_ps(scores + j, sf);
     }
     #endif
+    #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(NC_OPS_NO_NEON)
+    /* aarch64 cores with the dot product extension (asimddp: Cortex-A76 in the Pi 5,
+       not the Pi 3/4's A53/A72), detected at run time: the build stays -march=armv8-a
+       and this kernel has a function target attribute, as the CQ kernels do.  sdot
+       multiplies signed bytes, so each key code goes back from offset binary to the
+       A8 code (kk ^ 0x80 = kk − 128) and the exact int32 sum Σ q·k needs no
+       correction term: the same integer as Σ q·(k + 128) − 128·Σ q, so the same bits. */
+    #include <arm_neon.h>
+    #include <sys/auxv.h>
+    #ifndef HWCAP_ASIMDDP
+    #define HWCAP_ASIMDDP (1 << 20)
+    #endif
+    #define NC_I8_NEON 1
+    static int nc_i8_dot_enabled = 0;     /* set once at import (nc_i8_detect), or by tests */
+    static inline void nc_i8_detect(void) { nc_i8_dot_enabled = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+    static inline int nc_i8_dot_available(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+    /* scores of the 16 slots j … j + 15 for one head */
+    static __attribute__((target("arch=armv8.2-a+dotprod"))) void nc_i8_scores16_dot(
+            const signed char* q, float qs, const unsigned char* kq, Py_ssize_t k_stride,
+            const float* ks, Py_ssize_t nq4, Py_ssize_t j, float* scores) {
+        int32x4_t acc[4];
+        const uint8x16_t flip = vdupq_n_u8(0x80);
+        for (int m = 0; m < 4; m++) acc[m] = vdupq_n_s32(0);
+        for (Py_ssize_t i4 = 0; i4 < nq4; i4++) {
+            int32_t quad;
+            memcpy(&quad, q + 4 * i4, 4);
+            const int8x16_t qv = vreinterpretq_s8_s32(vdupq_n_s32(quad));   /* 4 dims, 4 times */
+            const unsigned char* base = kq + (i4 * k_stride + j) * 4;        /* 4 dims of 16 slots */
+            for (int m = 0; m < 4; m++)
+                acc[m] = vdotq_s32(acc[m], vreinterpretq_s8_u8(veorq_u8(vld1q_u8(base + 16 * m), flip)), qv);
+        }
+        int32_t sums[16];
+        for (int m = 0; m < 4; m++) vst1q_s32(sums + 4 * m, acc[m]);
+        for (int l = 0; l < 16; l++) scores[j + l] = (float)sums[l] * (qs * ks[j + l]);
+    }
+    #else
+    static int nc_i8_dot_enabled = 0;
+    static inline void nc_i8_detect(void) {}
+    static inline int nc_i8_dot_available(void) { return 0; }
+    #endif
+    /* which scores kernel runs: 2 VNNI, 3 AVX2, 4 NEON dot product, 0 portable */
+    static inline int nc_i8_kernel(void) {
+    #if defined(NC_I8_VNNI)
+        return 2;
+    #elif defined(NC_I8_AVX2)
+        return 3;
+    #else
+        return nc_i8_dot_enabled ? 4 : 0;
+    #endif
+    }
+    static inline int nc_i8_set_dot(int on) {
+        int was = nc_i8_dot_enabled;
+        nc_i8_dot_enabled = on && nc_i8_dot_available();
+        return was;
+    }
     /* scores of slots [a, b) for G heads */
     static inline void nc_i8_scores(const signed char* q, Py_ssize_t q_stride, const float* qs,
                                     const int* qcorr, Py_ssize_t G, const unsigned char* kq,
@@ -458,6 +513,11 @@ cdef extern from *:
     #ifdef NC_I8_AVX2
             for (; j + 8 <= b; j += 8)
                 nc_i8_scores8_avx2(qg, qs[g0], qcorr[g0], kq, k_stride, ks, nq4, j, scores + g0 * score_stride);
+    #endif
+    #ifdef NC_I8_NEON
+            if (nc_i8_dot_enabled)
+                for (; j + 16 <= b; j += 16)
+                    nc_i8_scores16_dot(qg, qs[g0], kq, k_stride, ks, nq4, j, scores + g0 * score_stride);
     #endif
             for (; j < b; j++) {
                 int acc = 0;
@@ -598,6 +658,9 @@ cdef extern from *:
                   const float* vs, Py_ssize_t dv, const Py_ssize_t* ranges, int n_ranges,
                   const float* inv, float* out, Py_ssize_t out_stride) noexcept nogil
     float nc_max_from(const float* x, Py_ssize_t n, float mx) noexcept nogil
+    void nc_i8_detect() noexcept nogil
+    int nc_i8_kernel() noexcept nogil
+    int nc_i8_set_dot(int on) noexcept nogil
 
 cdef float dot_c(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
     """Σ a·b (vectorised; the summation order differs from a plain loop in the last bits)."""
@@ -1667,6 +1730,23 @@ def gqa_attention_int8(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, 
             attend_group_i8_c(&qv[t, kh * G, 0], 4 * nq4, &qsv[t, kh * G], G, &kb[0, 0, 0], n, &ksv[0],
                               &vb[0, 0], &vsv[0], dq, dv, scale, rng, 1, &sv[0], n, &ov[t, kh * G, 0], dv)
     return out
+
+
+I8_KERNELS = {2: "avx512vnni", 3: "avx2", 4: "neon_dotprod", 0: "portable"}
+nc_i8_detect()
+
+
+def i8_attention_kernel():
+    """The kernel of the int8-KV attention scores on this CPU: ``avx512vnni`` or ``avx2``
+    (chosen when the module is compiled), ``neon_dotprod`` (aarch64 with asimddp,
+    detected at import), or ``portable`` (the exact scalar loop)."""
+    return I8_KERNELS[nc_i8_kernel()]
+
+
+def _set_i8_dot(enabled):
+    """Turn the aarch64 dot-product scores kernel on (where the CPU has it) or off;
+    returns whether it was on.  For tests: both paths must give the same bits."""
+    return bool(nc_i8_set_dot(1 if enabled else 0))
 
 
 def output_gate(o, g):

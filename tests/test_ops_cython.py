@@ -189,6 +189,39 @@ def test_gqa_attention_int8(rng, H, K, dq, dv):
         cy.gqa_attention_int8(qc, qs, kc, ks[:, :1] if K > 1 else ks[:-1], vc, vs, mask)
 
 
+def test_i8_attention_kernel_reported():
+    import platform
+    name = cy.i8_attention_kernel()
+    assert name in ("avx512vnni", "avx2", "neon_dotprod", "portable")
+    if platform.machine() not in ("aarch64", "arm64"):
+        assert name != "neon_dotprod"
+        assert cy._set_i8_dot(True) is False and cy.i8_attention_kernel() == name   # no such kernel here
+
+
+@pytest.mark.parametrize("H,K,dq,dv", [(4, 2, 18, 24), (6, 3, 48, 64), (12, 2, 48, 64)])
+def test_gqa_attention_int8_dot_kernel_is_the_portable_one_bitwise(rng, H, K, dq, dv):
+    """aarch64 with the dot product extension: the sdot scores kernel (16 slots at a time)
+    and the portable loop give the same bits (both are the exact int32 sum)."""
+    was = cy._set_i8_dot(True)
+    try:
+        if cy.i8_attention_kernel() != "neon_dotprod":
+            pytest.skip(f"CPU lacks aarch64 NEON + the dot product extension (asimddp): "
+                        f"the attention scores run on {cy.i8_attention_kernel()}")
+        T = 45                                 # two full blocks of 16 slots and a tail
+        qc, qs = ref.a8_codes(rng.normal(size=(T, H, dq)).astype(np.float32))
+        kc, ks = ref.a8_codes(rng.normal(size=(T, K, dq)).astype(np.float32) * 3)
+        vc, vs = ref.a8_codes(rng.normal(size=(T, K, dv)).astype(np.float32))
+        kc[5, 0, :] = -128
+        kc[6, 0, :] = 127
+        mask = ref.attention_mask(np.arange(T), np.arange(T), recent=20, sinks=2)
+        dot = cy.gqa_attention_int8(qc, qs, kc, ks, vc, vs, mask)
+        cy._set_i8_dot(False)
+        assert cy.i8_attention_kernel() == "portable"
+        np.testing.assert_array_equal(dot, cy.gqa_attention_int8(qc, qs, kc, ks, vc, vs, mask))
+    finally:
+        cy._set_i8_dot(was)
+
+
 @pytest.mark.parametrize("H,K,dq,dv", [(4, 2, 16, 24), (6, 3, 48, 64), (12, 2, 48, 64)])
 def test_gqa_attention(rng, H, K, dq, dv):
     T = 23
