@@ -224,6 +224,18 @@ cdef inline void _project(const CQView* w, const float* X, Py_ssize_t T, Py_ssiz
         cq_matmul(w, X, T, xs, Y, ys, work, threads)
 
 
+cdef inline void _shift_history_cols(float* hist, Py_ssize_t nh, const float* row, Py_ssize_t width,
+                                     Py_ssize_t c0, Py_ssize_t c1) noexcept nogil:
+    """Columns [c0, c1) of hist ← the last nh rows of [hist; row] (one new row, oldest
+    first): the per-channel share of _shift_history for a one-token chunk."""
+    cdef Py_ssize_t r
+    if nh <= 0:
+        return
+    for r in range(nh - 1):
+        memcpy(hist + r * width + c0, hist + (r + 1) * width + c0, (c1 - c0) * sizeof(float))
+    memcpy(hist + (nh - 1) * width + c0, row + c0, (c1 - c0) * sizeof(float))
+
+
 cdef class EngineState:
     """Everything the next token depends on (spec §4.10); copied by snapshot()."""
     cdef public Py_ssize_t position
@@ -974,7 +986,7 @@ cdef class CythonEngine:
                                 hptr[j] = self.s_evraw + src * d
                             else:
                                 hptr[j] = vhist + (s * vh + vh + src) * d
-                        conv_step_c(sc.taps, e_taps, d, hptr, self.s_eval + (s * CHUNK_MAX + t) * d)
+                        conv_step_c(sc.taps, e_taps, d, d, hptr, self.s_eval + (s * CHUNK_MAX + t) * d)
                     self._shift_history(vhist + s * vh * d, vh, self.s_evraw, T, d)
                 if nth > 0:
                     for i in range(nth):
@@ -1172,19 +1184,12 @@ cdef class CythonEngine:
                 _project(&lc.v_proj, self.s_a, 1, d, self.s_v, 0, cqw, 1)
                 _project(&lc.gate_proj, self.s_a, 1, d, self.s_g, 0, cqw, 1)
             nc_team_barrier()
-            # conv, QK norm, RoPE, quantizers, the cache write; the conv histories
-            if tid == 0:
-                self._qkv_token(lc, l, 0, pos0, conv_q, conv_k, conv_v, kv)
-                if hist > 0:
-                    self._shift_history(conv_q + l * hist * qw, hist, self.s_q, 1, qw)
-                    self._shift_history(conv_k + l * hist * kw, hist, self.s_k, 1, kw)
-                    self._shift_history(conv_v + l * hist * vw, hist, self.s_v, 1, vw)
-            nc_team_barrier()
-            # attention, KV heads split between the threads
+            # per KV head (split between the threads): conv, QK norm, RoPE, quantizers,
+            # the cache write, the conv histories, the attention
             self._slot_ranges(pos0, lc.band, rng, &n_rng)
             kh = tid
             while kh < K:
-                self._attend_head(l, 0, kh, rng, n_rng, kv)
+                self._group_step(lc, l, kh, pos0, conv_q, conv_k, conv_v, kv, rng, n_rng)
                 kh = kh + nt
             nc_team_barrier()
             if tid == 0:
@@ -1357,65 +1362,106 @@ cdef class CythonEngine:
         """Token t of the chunk: causal conv of the raw q/k/v, QK norm, RoPE, quantizers;
         writes k̂, v̂ into the cache slot of its position (spec §4.7 steps 2–6).  The int8
         storage keeps the A8 codes and scales (of q too, in s_qcode/s_qscale) instead."""
-        cdef Py_ssize_t H = self.H, K = self.K, dq = self.dq, dv = self.dv
-        cdef Py_ssize_t qw = H * dq, kw = K * dq, vw = K * dv, h, i, p = pos0 + t, slot
-        cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
-        cdef float* q = self.s_qc + t * qw
-        cdef float* k = self.s_kc + t * kw
-        cdef float* v = self.s_vc + t * vw
-        cdef const float* cos_row = self.rope_cos + p * (dq // 2)
-        cdef const float* sin_row = self.rope_sin + p * (dq // 2)
-        cdef float* dst
-        cdef int8_t* qcode = self.s_qcode + t * H * 4 * self.nq4
-        cdef int8_t* kcode = self.s_kcode + t * kw
-        cdef uint8_t* kdst
-        cdef Py_ssize_t kv_row, cap = self.cap
-        if self.C > 0:
-            self._conv_token(lc.q_taps, self.s_q, conv_q + l * hist * qw, qw, t, pos0, lc.band, q)
-            self._conv_token(lc.k_taps, self.s_k, conv_k + l * hist * kw, kw, t, pos0, lc.band, k)
-            self._conv_token(lc.v_taps, self.s_v, conv_v + l * hist * vw, vw, t, pos0, lc.band, v)
-        else:
-            memcpy(q, self.s_q + t * qw, qw * sizeof(float))
-            memcpy(k, self.s_k + t * kw, kw * sizeof(float))
-            memcpy(v, self.s_v + t * vw, vw * sizeof(float))
+        cdef Py_ssize_t H = self.H, K = self.K, qw = H * self.dq, kw = K * self.dq, vw = K * self.dv, h
+        self._qkv_conv(lc, l, t, pos0, conv_q, conv_k, conv_v, 0, qw, 0, kw, 0, vw)
         for h in range(H):
-            zc_rmsnorm_c(q + h * dq, lc.q_norm, q + h * dq, dq)
-            rope_c(q + h * dq, dq, cos_row, sin_row)
-            if self.kv_int8:
-                self.s_qscale[t * H + h] = a8_codes_c(q + h * dq, dq, A8_QMAX, qcode + h * 4 * self.nq4)
-            elif self.quant:
-                a8_inplace(q + h * dq, dq, A8_QMAX)
-        slot = self._slot(p)
+            self._q_head(lc, t, pos0, h)
         for h in range(K):
-            zc_rmsnorm_c(k + h * dq, lc.k_norm, k + h * dq, dq)
-            rope_c(k + h * dq, dq, cos_row, sin_row)
-            kv_row = (l * K + h) * cap + slot
-            if self.kv_int8:
-                # codes + 128 into the quads of dimensions (the pad of the last quad: code 0)
-                kv.k_scale[kv_row] = a8_codes_c(k + h * dq, dq, A8_QMAX, kcode + h * dq)
-                kdst = kv.k_codes + (l * K + h) * self.nq4 * cap * 4 + slot * 4
-                for i in range(4 * self.nq4):
-                    kdst[(i >> 2) * cap * 4 + (i & 3)] = <uint8_t>(<int>kcode[h * dq + i] + 128) if i < dq else 128
-                kv.v_scale[kv_row] = a8_codes_c(v + h * dv, dv, A8_QMAX, kv.v_codes + kv_row * dv)
-                continue
-            if self.quant:
-                if self.kv_bits >= 8:
-                    a8_inplace(k + h * dq, dq, A8_QMAX)
-                    a8_inplace(v + h * dv, dv, A8_QMAX)
-                else:
-                    kv_cq_inplace(k + h * dq, dq, self.kv_levels, self.n_kv_levels)
-                    kv_cq_inplace(v + h * dv, dv, self.kv_levels, self.n_kv_levels)
-            dst = kv.k + (l * K + h) * dq * self.cap + slot      # keys stored transposed
-            for i in range(dq):
-                dst[i * self.cap] = k[h * dq + i]
-            dst = kv.v + kv_row * dv
-            memcpy(dst, v + h * dv, dv * sizeof(float))
+            self._kv_head(lc, l, t, pos0, h, kv)
+
+    cdef void _qkv_conv(self, LayerC* lc, Py_ssize_t l, Py_ssize_t t, Py_ssize_t pos0,
+                        float* conv_q, float* conv_k, float* conv_v, Py_ssize_t q0, Py_ssize_t q1,
+                        Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t v0, Py_ssize_t v1) noexcept nogil:
+        """The causal conv (or the copy, without taps) of channels [q0, q1) of q, [k0, k1)
+        of k and [v0, v1) of v for chunk token t (a depthwise conv: channels apart)."""
+        cdef Py_ssize_t qw = self.H * self.dq, kw = self.K * self.dq, vw = self.K * self.dv
+        cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
+        if self.C > 0:
+            self._conv_token(lc.q_taps, self.s_q, conv_q + l * hist * qw, qw, t, pos0, lc.band,
+                             self.s_qc + t * qw, q0, q1)
+            self._conv_token(lc.k_taps, self.s_k, conv_k + l * hist * kw, kw, t, pos0, lc.band,
+                             self.s_kc + t * kw, k0, k1)
+            self._conv_token(lc.v_taps, self.s_v, conv_v + l * hist * vw, vw, t, pos0, lc.band,
+                             self.s_vc + t * vw, v0, v1)
+        else:
+            memcpy(self.s_qc + t * qw + q0, self.s_q + t * qw + q0, (q1 - q0) * sizeof(float))
+            memcpy(self.s_kc + t * kw + k0, self.s_k + t * kw + k0, (k1 - k0) * sizeof(float))
+            memcpy(self.s_vc + t * vw + v0, self.s_v + t * vw + v0, (v1 - v0) * sizeof(float))
+
+    cdef void _q_head(self, LayerC* lc, Py_ssize_t t, Py_ssize_t pos0, Py_ssize_t h) noexcept nogil:
+        """Query head h of chunk token t after the conv: QK norm, RoPE, A8 (or its codes)."""
+        cdef Py_ssize_t dq = self.dq, p = pos0 + t
+        cdef float* q = self.s_qc + t * self.H * dq + h * dq
+        zc_rmsnorm_c(q, lc.q_norm, q, dq)
+        rope_c(q, dq, self.rope_cos + p * (dq // 2), self.rope_sin + p * (dq // 2))
+        if self.kv_int8:
+            self.s_qscale[t * self.H + h] = a8_codes_c(q, dq, A8_QMAX,
+                                                       self.s_qcode + t * self.H * 4 * self.nq4 + h * 4 * self.nq4)
+        elif self.quant:
+            a8_inplace(q, dq, A8_QMAX)
+
+    cdef void _kv_head(self, LayerC* lc, Py_ssize_t l, Py_ssize_t t, Py_ssize_t pos0, Py_ssize_t h,
+                       KVCache* kv) noexcept nogil:
+        """KV head h of chunk token t after the conv: key norm, RoPE, quantizers, and both
+        into the cache slot of its position."""
+        cdef Py_ssize_t K = self.K, dq = self.dq, dv = self.dv, i, p = pos0 + t
+        cdef Py_ssize_t cap = self.cap, slot = self._slot(p), kv_row = (l * K + h) * cap + slot
+        cdef float* k = self.s_kc + t * K * dq + h * dq
+        cdef float* v = self.s_vc + t * K * dv + h * dv
+        cdef int8_t* kcode = self.s_kcode + t * K * dq + h * dq
+        cdef uint8_t* kdst
+        cdef float* dst
+        zc_rmsnorm_c(k, lc.k_norm, k, dq)
+        rope_c(k, dq, self.rope_cos + p * (dq // 2), self.rope_sin + p * (dq // 2))
+        if self.kv_int8:
+            # codes + 128 into the quads of dimensions (the pad of the last quad: code 0)
+            kv.k_scale[kv_row] = a8_codes_c(k, dq, A8_QMAX, kcode)
+            kdst = kv.k_codes + (l * K + h) * self.nq4 * cap * 4 + slot * 4
+            for i in range(4 * self.nq4):
+                kdst[(i >> 2) * cap * 4 + (i & 3)] = <uint8_t>(<int>kcode[i] + 128) if i < dq else 128
+            kv.v_scale[kv_row] = a8_codes_c(v, dv, A8_QMAX, kv.v_codes + kv_row * dv)
+            return
+        if self.quant:
+            if self.kv_bits >= 8:
+                a8_inplace(k, dq, A8_QMAX)
+                a8_inplace(v, dv, A8_QMAX)
+            else:
+                kv_cq_inplace(k, dq, self.kv_levels, self.n_kv_levels)
+                kv_cq_inplace(v, dv, self.kv_levels, self.n_kv_levels)
+        dst = kv.k + (l * K + h) * dq * cap + slot      # keys stored transposed
+        for i in range(dq):
+            dst[i * cap] = k[i]
+        memcpy(kv.v + kv_row * dv, v, dv * sizeof(float))
+
+    cdef void _group_step(self, LayerC* lc, Py_ssize_t l, Py_ssize_t kh, Py_ssize_t pos0,
+                          float* conv_q, float* conv_k, float* conv_v, KVCache* kv,
+                          const Py_ssize_t* rng, int n_rng) noexcept nogil:
+        """A step's whole attention work for KV head kh on the calling thread: the conv
+        and history of its channels (its G query heads', its key's and value's), the
+        query heads' norm/RoPE/codes, the key and value into the cache, then its
+        attention.  The KV heads are independent here, so a step runs them on
+        different threads with no barrier between the cache write and the attention."""
+        cdef Py_ssize_t G = self.H // self.K, dq = self.dq, dv = self.dv, h
+        cdef Py_ssize_t qw = self.H * dq, kw = self.K * dq, vw = self.K * dv
+        cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
+        cdef Py_ssize_t q0 = kh * G * dq, q1 = (kh + 1) * G * dq
+        self._qkv_conv(lc, l, 0, pos0, conv_q, conv_k, conv_v, q0, q1, kh * dq, (kh + 1) * dq,
+                       kh * dv, (kh + 1) * dv)
+        for h in range(kh * G, (kh + 1) * G):
+            self._q_head(lc, 0, pos0, h)
+        self._kv_head(lc, l, 0, pos0, kh, kv)
+        if hist > 0:
+            _shift_history_cols(conv_q + l * hist * qw, hist, self.s_q, qw, q0, q1)
+            _shift_history_cols(conv_k + l * hist * kw, hist, self.s_k, kw, kh * dq, (kh + 1) * dq)
+            _shift_history_cols(conv_v + l * hist * vw, hist, self.s_v, vw, kh * dv, (kh + 1) * dv)
+        self._attend_head(l, 0, kh, rng, n_rng, kv)
 
     cdef void _conv_token(self, const float* taps, const float* raw, const float* hist,
                           Py_ssize_t width, Py_ssize_t t, Py_ssize_t pos0, Py_ssize_t band,
-                          float* out) noexcept nogil:
-        """Causal depthwise conv at chunk token t: taps j read position t − j from the
-        chunk's raw rows or the history (oldest first), dropped when not visible."""
+                          float* out, Py_ssize_t c0, Py_ssize_t c1) noexcept nogil:
+        """Causal depthwise conv of channels [c0, c1) at chunk token t: taps j read
+        position t − j from the chunk's raw rows or the history (oldest first), dropped
+        when not visible."""
         cdef const float* hptr[MAX_TAPS]
         cdef Py_ssize_t j, src, C = self.C, hist_n = self.C - 1
         for j in range(C):
@@ -1423,10 +1469,10 @@ cdef class CythonEngine:
             if not _visible(pos0 + t, pos0 + src, self.recent, self.sinks, band):
                 hptr[j] = NULL
             elif src >= 0:
-                hptr[j] = raw + src * width
+                hptr[j] = raw + src * width + c0
             else:
-                hptr[j] = hist + (hist_n + src) * width
-        conv_step_c(taps, C, width, hptr, out)
+                hptr[j] = hist + (hist_n + src) * width + c0
+        conv_step_c(taps + c0, C, width, c1 - c0, hptr, out + c0)
 
     cdef void _attend_token(self, LayerC* lc, Py_ssize_t l, Py_ssize_t t, Py_ssize_t pos0,
                             KVCache* kv) noexcept nogil:

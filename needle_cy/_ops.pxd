@@ -20,7 +20,7 @@ cdef void rms_unit_c(const float* x, float* out, Py_ssize_t n) noexcept nogil
 
 # attention pieces
 cdef void rope_c(float* x, Py_ssize_t dh, const float* cos_row, const float* sin_row) noexcept nogil
-cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t channels,
+cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t tap_stride, Py_ssize_t channels,
                       const float* const* history, float* out) noexcept nogil
 cdef void attend_group_c(const float* q, Py_ssize_t q_stride, Py_ssize_t G,
                          const float* k_cache_t, Py_ssize_t k_stride, const float* v_cache,

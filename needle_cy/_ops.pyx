@@ -847,12 +847,15 @@ cdef void rope_c(float* x, Py_ssize_t dh, const float* cos_row, const float* sin
         x[i + half] = b * cos_row[i] + a * sin_row[i]
 
 
-cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t channels,
-                      const float* const* history, float* out) noexcept nogil:
+cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t tap_stride,
+                      Py_ssize_t channels, const float* const* history, float* out) noexcept nogil:
     """Causal depthwise conv at one position: out = Σ_j taps[j] ⊙ history[j].
 
     ``history[j]`` is the input vector at t − j·dilation, or NULL where that
-    position does not exist or is not visible (its term is dropped)."""
+    position does not exist or is not visible (its term is dropped).  Tap j is
+    ``taps + j·tap_stride`` (tap_stride > channels: a range of a wider conv's
+    channels; each channel sums its taps in the same order, so any range gives the
+    whole conv's values)."""
     cdef Py_ssize_t j, c
     cdef const float* h
     cdef const float* tj
@@ -862,7 +865,7 @@ cdef void conv_step_c(const float* taps, Py_ssize_t n_taps, Py_ssize_t channels,
         h = history[j]
         if h == NULL:
             continue
-        tj = taps + j * channels
+        tj = taps + j * tap_stride
         for c in range(channels):
             out[c] = out[c] + tj[c] * h[c]
 
@@ -1553,7 +1556,7 @@ def causal_conv(x, taps, dilation=1, tap_ok=None):
         for j in range(n_taps):
             src = t - j * dil
             hist[j] = &xv[src, 0] if (src >= 0 and ok[t, j]) else NULL
-        conv_step_c(&tv[0, 0], n_taps, C, hist, &ov[t, 0])
+        conv_step_c(&tv[0, 0], n_taps, C, C, hist, &ov[t, 0])
     return out
 
 
@@ -1572,7 +1575,7 @@ def causal_conv_step(history, taps, tap_ok=None):
     cdef Py_ssize_t j
     for j in range(tp.shape[0]):
         hist[j] = &hv[j, 0] if ok[j] else NULL
-    conv_step_c(&tv[0, 0], tp.shape[0], tp.shape[1], hist, &ov[0])
+    conv_step_c(&tv[0, 0], tp.shape[0], tp.shape[1], tp.shape[1], hist, &ov[0])
     return out
 
 
