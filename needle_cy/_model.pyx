@@ -82,7 +82,7 @@ from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matm
 from needle_cy._parallel cimport nc_team_barrier, nc_team_size
 from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
                              conv_step_c, attend_group_c, attend_group_i8_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
-                             sinkhorn_c, monarch_mlp_c, monarch_mlp_team_c, pool_update_c, dot_c)
+                             sinkhorn_c, monarch_mlp_c, pool_update_c, dot_c)
 
 from needle_cy._cq import prepare
 from needle_cy import _ops as ops
@@ -234,6 +234,28 @@ cdef inline void _shift_history_cols(float* hist, Py_ssize_t nh, const float* ro
     for r in range(nh - 1):
         memcpy(hist + r * width + c0, hist + (r + 1) * width + c0, (c1 - c0) * sizeof(float))
     memcpy(hist + (nh - 1) * width + c0, row + c0, (c1 - c0) * sizeof(float))
+
+
+cdef inline bint _list_share(const CQView** ws, int count, int i, int tid, int nt,
+                             Py_ssize_t* r0, Py_ssize_t* r1) noexcept nogil:
+    """Rows [r0, r1) of matrix i of a list of `count` products that thread tid of nt
+    computes (False: none): the list's blocks of STEP_BLOCK_ROWS rows, numbered one
+    matrix after another, cut into nt contiguous even shares."""
+    cdef Py_ssize_t total = 0, first = 0, lo, hi, a, b
+    cdef int j
+    for j in range(count):
+        if j == i:
+            first = total
+        total += (ws[j].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
+    lo = total * tid // nt
+    hi = total * (tid + 1) // nt
+    a = max(lo, first) - first
+    b = min(hi, first + (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS) - first
+    if a >= b:
+        return False
+    r0[0] = a * STEP_BLOCK_ROWS
+    r1[0] = min(b * STEP_BLOCK_ROWS, ws[i].rows)
+    return True
 
 
 cdef class EngineState:
@@ -1011,12 +1033,7 @@ cdef class CythonEngine:
                         self._router_input(t)
                 cq_rotate(&lc.phi_pre, nx, T, nd, cqw, cq_threads)
                 if lc.phi_shared and T > 1:
-                    ws[0] = &lc.phi_pre
-                    ws[1] = &lc.phi_post
-                    ws[2] = &lc.phi_res
-                    ys[0] = phi
-                    ys[1] = phi + n
-                    ys[2] = phi + 2 * n
+                    self._phi_list(lc, ws, ys)
                     self._group_products(ws, ys, nphi, 3, T)
                 else:
                     _project_shared(&lc.phi_pre, &lc.phi_pre, nx, T, nd, phi, nphi, cqw, cq_threads)
@@ -1044,14 +1061,7 @@ cdef class CythonEngine:
                 cq_rotate(&lc.q_proj, self.s_a, T, d, cqw, cq_threads)
                 if lc.qkvg_shared and T > 1:
                     # the four products as one list of rows, cut into one share per thread
-                    ws[0] = &lc.q_proj
-                    ws[1] = &lc.k_proj
-                    ws[2] = &lc.v_proj
-                    ws[3] = &lc.gate_proj
-                    ys[0] = self.s_q
-                    ys[1] = self.s_k
-                    ys[2] = self.s_v
-                    ys[3] = self.s_g
+                    self._qkvg_list(lc, ws, ys)
                     ystr[0] = qw
                     ystr[1] = kw
                     ystr[2] = vw
@@ -1125,7 +1135,7 @@ cdef class CythonEngine:
 
         Threads meet at a barrier between dependent steps.  The CQ products are split
         by rows (_products), the KV heads of the attention go to thread kh mod nt, the
-        Monarch MLP is split by rows (monarch_mlp_team_c), and the other per-token
+        Monarch MLP is split by rows (monarch_mlp_c's team form), and the other per-token
         operations run on thread 0; every value is computed as on one thread, so the
         logits are the same bits at any thread count.
         The probe pools of block l's cell run on the last thread beside thread 0's start
@@ -1150,12 +1160,7 @@ cdef class CythonEngine:
                 cq_rotate(&lc.phi_pre, self.s_nx, 1, nd, cqw, 1)
             nc_team_barrier()
             if lc.phi_shared:
-                ws[0] = &lc.phi_pre
-                ws[1] = &lc.phi_post
-                ws[2] = &lc.phi_res
-                ys[0] = phi
-                ys[1] = phi + n
-                ys[2] = phi + 2 * n
+                self._phi_list(lc, ws, ys)
                 self._products(ws, ys, 3, tid, nt)
             elif tid == 0:
                 _project_shared(&lc.phi_pre, &lc.phi_pre, self.s_nx, 1, nd, phi, 0, cqw, 1)
@@ -1169,14 +1174,7 @@ cdef class CythonEngine:
                 cq_rotate(&lc.q_proj, self.s_a, 1, d, cqw, 1)
             nc_team_barrier()
             if lc.qkvg_shared:
-                ws[0] = &lc.q_proj
-                ws[1] = &lc.k_proj
-                ws[2] = &lc.v_proj
-                ws[3] = &lc.gate_proj
-                ys[0] = self.s_q
-                ys[1] = self.s_k
-                ys[2] = self.s_v
-                ys[3] = self.s_g
+                self._qkvg_list(lc, ws, ys)
                 self._products(ws, ys, 4, tid, nt)
             elif tid == 0:
                 _project_shared(&lc.q_proj, &lc.q_proj, self.s_a, 1, d, self.s_q, 0, cqw, 1)
@@ -1204,10 +1202,10 @@ cdef class CythonEngine:
             if tid == 0:
                 self._mlp_input(lc, 0)
             nc_team_barrier()
-            monarch_mlp_team_c(self.s_a, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
-                               lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
-                               lc.cond_v, lc.cond_u, self.p1, self.p2, self.s_mlp_work,
-                               self.s_mlp_work + tid * self.mlp_work_len + 4 * self.N, self.s_ao, tid, nt)
+            monarch_mlp_c(self.s_a, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
+                          lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
+                          lc.cond_v, lc.cond_u, self.p1, self.p2, self.s_mlp_work,
+                          self.s_mlp_work + tid * self.mlp_work_len + 4 * self.N, self.s_ao, tid, nt)
             if tid == 0:
                 self._lane_update(lc, 0)
             nc_team_barrier()
@@ -1226,28 +1224,39 @@ cdef class CythonEngine:
             ys[0] = logits
             self._products(ws, ys, 1, tid, nt)
 
+    cdef inline void _phi_list(self, LayerC* lc, const CQView** ws, float** ys) noexcept nogil:
+        """The three mHC Φ products of a layer as a list (outputs: hpre, hpost, P in s_phi)."""
+        ws[0] = &lc.phi_pre
+        ws[1] = &lc.phi_post
+        ws[2] = &lc.phi_res
+        ys[0] = self.s_phi
+        ys[1] = self.s_phi + self.n
+        ys[2] = self.s_phi + 2 * self.n
+
+    cdef inline void _qkvg_list(self, LayerC* lc, const CQView** ws, float** ys) noexcept nogil:
+        """The q, k, v and gate products of a layer as a list."""
+        ws[0] = &lc.q_proj
+        ws[1] = &lc.k_proj
+        ws[2] = &lc.v_proj
+        ws[3] = &lc.gate_proj
+        ys[0] = self.s_q
+        ys[1] = self.s_k
+        ys[2] = self.s_v
+        ys[3] = self.s_g
+
     cdef void _products(self, const CQView** ws, float** ys, int count, int tid, int nt) noexcept nogil:
         """Thread tid's part of y_i = W_i·x for `count` matrices whose input cq_rotate
-        left in the CQ workspace.  The matrices' blocks of STEP_BLOCK_ROWS rows are
-        numbered one after another and cut into nt contiguous even shares, so each
-        thread streams its rows in order (one kernel call per matrix it touches).
-        Handing the blocks out one at a time by an atomic ticket was slower (median
-        399 against 476 tok/s, 2-bit decode, 2 threads, Zen 4): interleaved blocks
-        defeat the kernel's and the hardware's prefetch of the next rows."""
-        cdef Py_ssize_t total = 0, lo, hi, first = 0, nb, a, b
+        left in the CQ workspace (_list_share: one contiguous share of the list's rows
+        per thread, so each thread streams its rows in order, one kernel call per matrix
+        it touches).  Handing the blocks out one at a time by an atomic ticket was
+        slower (median 399 against 476 tok/s, 2-bit decode, 2 threads, Zen 4):
+        interleaved blocks defeat the kernel's and the hardware's prefetch of the next
+        rows."""
+        cdef Py_ssize_t r0, r1
         cdef int i
         for i in range(count):
-            total += (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
-        lo = total * tid // nt
-        hi = total * (tid + 1) // nt
-        for i in range(count):
-            nb = (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
-            a = max(lo, first) - first
-            b = min(hi, first + nb) - first
-            if a < b:
-                cq_matvec_rotated_rows(ws[i], self.s_cq_work, ys[i], a * STEP_BLOCK_ROWS,
-                                       min(b * STEP_BLOCK_ROWS, ws[i].rows))
-            first += nb
+            if _list_share(ws, count, i, tid, nt, &r0, &r1):
+                cq_matvec_rotated_rows(ws[i], self.s_cq_work, ys[i], r0, r1)
 
     cdef void _group_products(self, const CQView** ws, float** ys, Py_ssize_t y_stride, int count,
                               Py_ssize_t T) noexcept nogil:
@@ -1266,9 +1275,8 @@ cdef class CythonEngine:
         short to share (the three mHC Φ: 24 rows), the tokens cut instead.  Per matrix,
         k (96 rows) and v (128) made 3 and 4 blocks of 32 for 2 threads and Φ one, which
         one thread ran while the other waited.  Same bits at any split (cq_matmul_rotated_rows)."""
-        cdef int nthr = self._run_threads, tid, nt, i
-        cdef float* wdec
-        cdef Py_ssize_t total = 0, lo, hi, first, nb, a, b, t0, t1
+        cdef int nthr = self._run_threads, i
+        cdef Py_ssize_t total = 0
         if nthr == 1:
             for i in range(count):
                 cq_matmul_rotated(ws[i], self.s_cq_work, T, ys[i], ystr[i], 1)
@@ -1276,27 +1284,23 @@ cdef class CythonEngine:
         for i in range(count):
             total += (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
         with parallel(num_threads=nthr):
-            tid = threadid()
-            nt = nc_team_size()
-            wdec = cq_decode_scratch()
-            if total >= 4 * nt:
-                lo = total * tid // nt
-                hi = total * (tid + 1) // nt
-                first = 0
-                for i in range(count):
-                    nb = (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
-                    a = max(lo, first) - first
-                    b = min(hi, first + nb) - first
-                    if a < b:
-                        cq_matmul_rotated_rows(ws[i], self.s_cq_work, T, 0, T, ys[i], ystr[i],
-                                               a * STEP_BLOCK_ROWS, min(b * STEP_BLOCK_ROWS, ws[i].rows), wdec)
-                    first = first + nb
+            self._group_share(ws, ys, ystr, count, T, total >= 4 * nc_team_size(), threadid(), nc_team_size())
+
+    cdef void _group_share(self, const CQView** ws, float** ys, const Py_ssize_t* ystr, int count,
+                           Py_ssize_t T, bint by_rows, int tid, int nt) noexcept nogil:
+        """Thread tid's part of _group_products_strided (its own function, so that its
+        locals are the thread's own: a Cython parallel block shares any variable it only
+        writes through a pointer)."""
+        cdef float* wdec = cq_decode_scratch()
+        cdef Py_ssize_t r0, r1, t0 = T * tid // nt, t1 = T * (tid + 1) // nt
+        cdef int i
+        for i in range(count):
+            if by_rows:
+                if _list_share(ws, count, i, tid, nt, &r0, &r1):
+                    cq_matmul_rotated_rows(ws[i], self.s_cq_work, T, 0, T, ys[i], ystr[i], r0, r1, wdec)
             else:
-                t0 = T * tid // nt
-                t1 = T * (tid + 1) // nt
-                for i in range(count):
-                    cq_matmul_rotated_rows(ws[i], self.s_cq_work, T, t0, t1, ys[i], ystr[i], 0, ws[i].rows, wdec)
-            cq_free_decode_scratch(wdec)
+                cq_matmul_rotated_rows(ws[i], self.s_cq_work, T, t0, t1, ys[i], ystr[i], 0, ws[i].rows, wdec)
+        cq_free_decode_scratch(wdec)
 
     cdef void _shift_history(self, float* hist, Py_ssize_t nh, const float* chunk, Py_ssize_t T,
                              Py_ssize_t width) noexcept nogil:
@@ -1533,7 +1537,8 @@ cdef class CythonEngine:
         self._mlp_input(lc, t)
         monarch_mlp_c(self.s_a + t * self.d, self.d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3,
                       lc.d4, lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
-                      lc.cond_v, lc.cond_u, self.p1, self.p2, work, self.s_ao + t * self.d)
+                      lc.cond_v, lc.cond_u, self.p1, self.p2, work, work + 4 * self.N,
+                      self.s_ao + t * self.d, 0, 1)
         self._lane_update(lc, t)
 
     cdef void _mlp_input(self, LayerC* lc, Py_ssize_t t) noexcept nogil:

@@ -53,15 +53,6 @@ cdef void kron_apply_c(const float* z, const float* A, const float* B,
 cdef void kron_apply_rows_c(const float* z, const float* A, const float* B, Py_ssize_t ba,
                             Py_ssize_t bb, float* tmp, float* out, Py_ssize_t k0,
                             Py_ssize_t k1) noexcept nogil
-cdef void monarch_mlp_team_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
-                             const float* d1, const float* d2, const float* b2,
-                             const float* d3, const float* d4,
-                             const float* w1a, const float* w1b, const float* w2a,
-                             const float* w2b, const float* w3a, const float* w3b,
-                             Py_ssize_t ba, Py_ssize_t bb,
-                             const float* cond_v, const float* cond_u,
-                             const int64_t* p1, const int64_t* p2,
-                             float* work, float* logit, float* out, int tid, int nt) noexcept nogil
 cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
                         const float* d1, const float* d2, const float* b2,
                         const float* d3, const float* d4,
@@ -70,7 +61,7 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
                         Py_ssize_t ba, Py_ssize_t bb,
                         const float* cond_v, const float* cond_u,
                         const int64_t* p1, const int64_t* p2,
-                        float* work, float* out) noexcept nogil
+                        float* work, float* logit, float* out, int tid, int nt) noexcept nogil
 
 # probe pooling (online softmax over tokens)
 cdef void pool_update_c(const float* cell, Py_ssize_t d, float score,

@@ -1158,24 +1158,10 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
                         Py_ssize_t ba, Py_ssize_t bb,
                         const float* cond_v, const float* cond_u,
                         const int64_t* p1, const int64_t* p2,
-                        float* work, float* out) noexcept nogil:
-    """MLP(m) → out[d].  ``work`` holds 4·N + R floats."""
-    monarch_mlp_team_c(m, d, N, R, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b, ba, bb,
-                       cond_v, cond_u, p1, p2, work, work + 4 * N, out, 0, 1)
-
-
-cdef void monarch_mlp_team_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
-                             const float* d1, const float* d2, const float* b2,
-                             const float* d3, const float* d4,
-                             const float* w1a, const float* w1b, const float* w2a,
-                             const float* w2b, const float* w3a, const float* w3b,
-                             Py_ssize_t ba, Py_ssize_t bb,
-                             const float* cond_v, const float* cond_u,
-                             const int64_t* p1, const int64_t* p2,
-                             float* work, float* logit, float* out, int tid, int nt) noexcept nogil:
-    """monarch_mlp_c run by every thread tid of an nt-thread team (one shared ``work``
-    of 4·N floats, ``m`` and ``out``; ``logit``: R floats of this thread's own); with
-    nt = 1 it is monarch_mlp_c.
+                        float* work, float* logit, float* out, int tid, int nt) noexcept nogil:
+    """MLP(m) → out[d], run by every thread tid of an nt-thread team (tid 0 of 1 on
+    its own): one shared ``work`` of 4·N floats, ``m`` and ``out``; ``logit``: R floats
+    of this thread's own.
 
     Each thread computes the conditioning's R logits itself (d·R multiply-adds) and
     then its range of every elementwise stage (ranges that are multiples of 8); each
@@ -1982,7 +1968,7 @@ def monarch_mlp(m, p):
         for r in range(mv.shape[0]):
             monarch_mlp_c(&mv[r, 0], d, N, R, &d1[0], &d2[0], &b2[0], &d3[0], &d4[0],
                           &w1a[0, 0], &w1b[0, 0], &w2a[0, 0], &w2b[0, 0], &w3a[0, 0], &w3b[0, 0],
-                          ba, bb, &cv[0, 0], &cu[0, 0], &q1[0], &q2[0], &wv[0], &ov[r, 0])
+                          ba, bb, &cv[0, 0], &cu[0, 0], &q1[0], &q2[0], &wv[0], &wv[4 * N], &ov[r, 0], 0, 1)
     return out.reshape(ma.shape)
 
 

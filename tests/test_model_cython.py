@@ -281,6 +281,19 @@ def test_decode_is_bit_identical_across_thread_counts(archive_dir, key):
     np.testing.assert_array_equal(out[1][-1], out[1][1])     # restore replays the same step
 
 
+def test_prefill_row_shares_are_bit_identical_across_thread_counts(archive_dir):
+    """A geometry whose q/k/v/gate list is long enough to be cut by rows between the
+    threads of one parallel region (_list_share; the small geometries above are cut by
+    tokens), over three chunks: the shares must cover every row once, so 2 and 3
+    threads give the 1-thread logits bit for bit."""
+    path = archive(archive_dir, "rows_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
+                   qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
+    ids = ids_for(300, 150, seed=6)         # three chunks (64 + 64 + 22) within max_seq_len 160
+    one = Model.load(path, backend="cython", threads=1).forward(ids)
+    for threads in (2, 3, 2, 3):
+        np.testing.assert_array_equal(Model.load(path, backend="cython", threads=threads).forward(ids), one)
+
+
 def test_snapshot_restore_reset(archive_dir):
     path = archive(archive_dir, "w4_kv8", bits=4)
     m = Model.load(path, backend="cython", threads=2)
