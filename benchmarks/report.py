@@ -1,7 +1,7 @@
 """The benchmark report: every benchmark in one run, as Markdown with PNG plots.
 
-    python benchmarks/report.py            # full run (about 20-30 min on a 2-core machine)
-    python benchmarks/report.py --quick    # fewer contexts and rounds, short suites (a few min)
+    python benchmarks/report.py            # full run (3 min on an idle 2-core Zen 4, 10 min at load 4)
+    python benchmarks/report.py --quick    # fewer contexts and rounds, short suites (about 1 min)
     python benchmarks/report.py --tiny --archive 2=small.cact --suites none --no-perf --out DIR
                                            # the test's mode: seconds, on a small archive
     python benchmarks/report.py --replot   # redraw the PNGs from report.json (no measuring)
