@@ -74,36 +74,53 @@ def _clock(timer, nthreads):
     raise ValueError(f"timer must be 'cpu' or 'wall', got {timer!r}")
 
 
+def _best_rate(run, int64_t start, double budget, clock):
+    """Work per second of ``run(n)`` (one native call of size n, returning its work).
+    n doubles from ``start`` until one call takes at least budget/10 of wall time (so a
+    parallel region's fork/join and a sleeping thread's wake-up are a small part of each
+    call, and the first touch of the memory is behind us); then three batches of calls,
+    each at least ``budget`` on ``clock``, and the fastest batch."""
+    cdef int64_t n = start
+    while True:
+        w0 = time.perf_counter()
+        run(n)
+        if time.perf_counter() - w0 >= budget / 10 or n >= (<int64_t>1) << 40:
+            break
+        n *= 2
+    best = 0.0
+    for _ in range(3):
+        t0 = clock()
+        done = 0.0
+        while True:
+            done += run(n)
+            now = clock()
+            if now - t0 >= budget:
+                break
+        best = max(best, done / (now - t0))
+    return best
+
+
+cdef double _compute_call(int code, int64_t iters, int nthreads):
+    cdef double checksum = 0.0, macs
+    with nogil:
+        macs = nc_rf_compute(code, iters, nthreads, &checksum)
+    return macs
+
+
+cdef double _read_call(const unsigned char[::1] buffer, int64_t reps, int nthreads):
+    cdef double bytes_read = 0.0
+    with nogil:
+        nc_rf_read(&buffer[0], buffer.shape[0], reps, nthreads, &bytes_read)
+    return bytes_read
+
+
 def compute_peak(kind, threads=1, seconds=0.05, timer="cpu"):
     """Multiply-accumulates per second (all threads together) of the ``kind`` probe."""
     cdef int code = _kind(kind)
     cdef int nthreads = _threads(threads)
     cdef double budget = _seconds(seconds)
     clock = _clock(timer, nthreads)
-    cdef double checksum = 0.0, macs
-    cdef int64_t iters = 1000
-    # calls of at least budget/10 (wall), so a parallel region's fork/join and a sleeping
-    # thread's wake-up are a small part of each call
-    while True:
-        w0 = time.perf_counter()
-        with nogil:
-            macs = nc_rf_compute(code, iters, nthreads, &checksum)
-        if time.perf_counter() - w0 >= budget / 10 or iters >= (<int64_t>1) << 40:
-            break
-        iters *= 2
-    best = 0.0
-    for _ in range(3):
-        t0 = clock()
-        done = 0.0
-        while True:
-            with nogil:
-                macs = nc_rf_compute(code, iters, nthreads, &checksum)
-            done += macs
-            now = clock()
-            if now - t0 >= budget:
-                break
-        best = max(best, done / (now - t0))
-    return best
+    return _best_rate(lambda iters: _compute_call(code, iters, nthreads), 1000, budget, clock)
 
 
 @cython.boundscheck(True)
@@ -115,29 +132,6 @@ def read_bandwidth(const unsigned char[::1] buffer, threads=1, seconds=0.05, tim
     cdef size_t n = buffer.shape[0]
     if n < <size_t>256 * nthreads:
         raise ValueError(f"buffer of {n} bytes is below 256 bytes per thread")
-    cdef const unsigned char* p = &buffer[0]
-    if (<size_t>p) % 64:
+    if (<size_t>&buffer[0]) % 64:
         raise ValueError("buffer must be 64-byte aligned")
-    cdef double bytes_read = 0.0
-    cdef int64_t reps = 1
-    cdef uint64_t checksum = 0
-    best = 0.0
-    while True:                              # first touch, then calls of >= budget/10 (wall)
-        w0 = time.perf_counter()
-        with nogil:
-            checksum += nc_rf_read(p, n, reps, nthreads, &bytes_read)
-        if time.perf_counter() - w0 >= budget / 10 or reps >= (<int64_t>1) << 40:
-            break
-        reps *= 2
-    for _ in range(3):
-        t0 = clock()
-        done = 0.0
-        while True:
-            with nogil:
-                checksum += nc_rf_read(p, n, reps, nthreads, &bytes_read)
-            done += bytes_read
-            now = clock()
-            if now - t0 >= budget:
-                break
-        best = max(best, done / (now - t0))
-    return best
+    return _best_rate(lambda reps: _read_call(buffer, reps, nthreads), 1, budget, clock)
