@@ -1090,13 +1090,11 @@ cdef class CythonEngine:
                     self._shift_history(conv_k + l * hist * kw, hist, self.s_k, T, kw)
                     self._shift_history(conv_v + l * hist * vw, hist, self.s_v, T, vw)
                 # GQA attention over the visible cache slots (steps 7–8), gate, A8 (step 9):
-                # a chunk's tokens in parallel, or one token's KV heads in parallel
+                # a chunk's tokens in parallel (a step's KV heads: _step_blocks)
                 if ntok > 1:
                     # (dynamic: a token's cost grows with the slots it sees)
                     for t in prange(T, num_threads=ntok, schedule="dynamic", chunksize=4):
                         self._attend_token(lc, l, t, pos0, &kv)
-                elif T == 1 and self._run_threads > 1 and K > 1:
-                    self._attend_step_heads(lc, l, pos0, &kv)
                 else:
                     for t in range(T):
                         self._attend_token(lc, l, t, pos0, &kv)
@@ -1142,8 +1140,7 @@ cdef class CythonEngine:
         of block l + 1 (the cell is next written by block l + 1's _block_out, several
         barriers later)."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, K = self.K
-        cdef Py_ssize_t qw = self.H * self.dq, kw = K * self.dq, vw = K * self.dv, gw = self.H * self.dv
-        cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
+        cdef Py_ssize_t gw = self.H * self.dv
         cdef Py_ssize_t l, kh, hd
         cdef Py_ssize_t rng[12]
         cdef int n_rng = 0
@@ -1489,20 +1486,6 @@ cdef class CythonEngine:
         for kh in range(self.K):
             self._attend_head(l, t, kh, rng, n_rng, kv)
         self._attend_gate(t)
-
-    cdef void _attend_step_heads(self, LayerC* lc, Py_ssize_t l, Py_ssize_t pos0,
-                                 KVCache* kv) noexcept nogil:
-        """_attend_token for the single token of a step, the KV heads split across
-        threads: each head is computed whole by one thread, so the result does not
-        depend on the thread count."""
-        cdef Py_ssize_t kh
-        cdef Py_ssize_t rng[12]
-        cdef int n_rng = 0
-        cdef int nthr = <int>(self.K if self.K < self._run_threads else self._run_threads)
-        self._slot_ranges(pos0, lc.band, rng, &n_rng)
-        for kh in prange(self.K, num_threads=nthr, schedule="static"):
-            self._attend_head(l, 0, kh, rng, n_rng, kv)
-        self._attend_gate(0)
 
     cdef void _attend_head(self, Py_ssize_t l, Py_ssize_t t, Py_ssize_t kh, const Py_ssize_t* rng,
                            int n_rng, KVCache* kv) noexcept nogil:
