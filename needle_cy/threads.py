@@ -20,6 +20,7 @@ process's own threads are runnable right now (Linux ``/proc/loadavg`` and
 the CPUs left free; where that cannot be read it relies on timing alone.
 """
 import os
+import threading
 import time
 from collections import deque
 from typing import Callable, Dict, List, Optional, Tuple
@@ -122,13 +123,16 @@ class MachineLoad:
     narrower than the machine (the machine-wide count is then not about our CPUs).
     """
 
-    def __init__(self, refresh_s: float = 0.5, max_age_s: float = 0.002) -> None:
+    def __init__(self, refresh_s: float = 0.5, max_age_s: float = 0.01,
+                 recheck_s: float = 0.00015, busy_age_s: float = 0.002) -> None:
         self.cpus = os.cpu_count() or 1
+        self.busy_age_s = float(busy_age_s)
+        self.recheck_s = float(recheck_s)
         self.refresh_s = float(refresh_s)
         self.max_age_s = float(max_age_s)
         self._read_at = -1e9
         self._others = 0
-        self._fds: Tuple[int, ...] = ()
+        self._fds: Tuple[Tuple[int, int], ...] = ()   # (thread id, its stat descriptor)
         self._fd: Optional[int] = None
         self._tasks: Dict[str, int] = {}
         self._listed = -1e9
@@ -155,9 +159,13 @@ class MachineLoad:
     def __del__(self):
         self.close()
 
-    def _task_fds(self) -> Tuple[int, ...]:
+    def _task_fds(self) -> Tuple[Tuple[int, int], ...]:
         now = time.monotonic()
-        if now - self._listed >= self.refresh_s:
+        try:   # /proc/self/task's link count is 2 + the thread count: a new thread shows at once
+            threads = os.stat("/proc/self/task").st_nlink - 2
+        except OSError:
+            threads = len(self._tasks)
+        if now - self._listed >= self.refresh_s or threads != len(self._tasks):
             self._listed = now
             try:
                 tids = set(os.listdir("/proc/self/task"))
@@ -171,13 +179,16 @@ class MachineLoad:
                     self._tasks[tid] = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
                 except OSError:
                     pass
-            self._fds = tuple(self._tasks.values())
+            self._fds = tuple((int(tid), fd) for tid, fd in self._tasks.items())
         return self._fds
 
     def own_running(self) -> int:
         """This process's threads in the run state (at least 1: the caller)."""
-        n = 0
-        for fd in self._task_fds():
+        me = threading.get_native_id()
+        n = 1                     # the caller: running, and its own stat is not read
+        for tid, fd in self._task_fds():
+            if tid == me:
+                continue
             try:
                 stat = os.pread(fd, 512, 0)
             except OSError:
@@ -185,25 +196,47 @@ class MachineLoad:
             end = stat.rfind(b")")
             if stat[end + 2:end + 3] == b"R":
                 n += 1
-        return n if n > 1 else 1
+        return n
 
     def others_running(self) -> Optional[int]:
         """Tasks other than this process's own threads runnable now (None: unknown).
-        A reading younger than ``max_age_s`` is reused (a decode step of a small
-        model takes ~0.1 ms; reading costs ~5–15 µs)."""
+        A reading of none younger than ``max_age_s`` (10 ms) is reused, one of some
+        only for ``busy_age_s`` (2 ms): a decode step takes 0.1–2 ms, and reading
+        costs 5–30 µs (a running thread's stat is the dear part), which on every
+        step cost a full-size 2-thread decode 3 %.  A load that starts meanwhile
+        slows at most the one call before the next reading."""
         if self._fd is None:
             return None
         now = time.monotonic()
-        if now - self._read_at < self.max_age_s:
+        if now - self._read_at < (self.busy_age_s if self._others else self.max_age_s):
             return self._others
+        others = self._read_others(guard=False)
+        if others:
+            # Read again a moment later, our threads before and after the machine's count.
+            # Most other runnable tasks are kernel workers that run for tens of µs (on an
+            # idle 2-vCPU VM: ~30 a second, median 62 µs, 90 % under 150 µs), and an OpenMP
+            # worker of ours may stop spinning between the two reads; both are gone then, a
+            # CPU hog is not.  Only a positive reading pays for the wait and second read.
+            time.sleep(self.recheck_s)
+            again = self._read_others(guard=True)
+            others = None if again is None else min(others, again)
+        if others is None:
+            return None
+        self._others = others
+        self._read_at = now
+        return others
+
+    def _read_others(self, guard: bool) -> Optional[int]:
+        """The machine's runnable tasks less our own running threads (read after it, and
+        with ``guard`` before it too, the larger count subtracted)."""
+        before = self.own_running() if guard else 1
         try:
             running = int(os.pread(self._fd, 128, 0).split()[3].split(b"/")[0])
         except (OSError, IndexError, ValueError):
             return None
-        # only this thread running: nothing else; otherwise subtract our own threads
-        self._others = 0 if running <= 1 else max(0, running - self.own_running())
-        self._read_at = now
-        return self._others
+        if running <= 1:                 # only this thread running: nothing else
+            return 0
+        return max(0, running - max(before, self.own_running()))
 
 
 def machine_load() -> Optional[MachineLoad]:
@@ -228,16 +261,18 @@ class ThreadTuner:
     such a call then runs on the largest candidate that fits (at least 1), and is
     recorded under the count it ran on.  A candidate due for a try waits until it fits.
 
-    After each candidate has run once, and those within 2x of the best ``warmup``
-    times, the fastest runs.  Another candidate is re-tried once ``explore_every``
-    calls times its cost ratio to the best have passed since its last sample: a
+    After each candidate has run once, those within ``close`` (1.25x) of the best
+    ``warmup`` times and those within 2x twice, the fastest runs.  Another candidate
+    is re-tried once ``explore_every`` calls times its cost ratio to the best have
+    passed since its last sample: a
     candidate r times slower is tried every ``explore_every``·r calls, so trying
     costs about 1/explore_every of the time whatever r is, and a change of load
     shows within that many calls.
     """
 
     def __init__(self, max_threads: int, explore_every: int = 32, warmup: int = 6,
-                 window: int = 7, free_cpus: Optional[Callable[[], Optional[int]]] = None) -> None:
+                 window: int = 7, free_cpus: Optional[Callable[[], Optional[int]]] = None,
+                 close: float = 1.25) -> None:
         if int(max_threads) < 1:
             raise ValueError(f"ThreadTuner: max_threads must be >= 1, got {max_threads!r}")
         self.max_threads = int(max_threads)
@@ -249,6 +284,7 @@ class ThreadTuner:
         self.candidates: Tuple[int, ...] = tuple(sorted(cands))
         self.explore_every = max(2, int(explore_every))
         self.warmup = max(1, int(warmup))
+        self.close = float(close)
         self.window = max(1, int(window))
         self.free_cpus = free_cpus
         self.narrowed = 0      # calls run on fewer threads than chosen: too few free CPUs
@@ -304,8 +340,12 @@ class ThreadTuner:
         best = self._best_of(costs)
         best_cost = costs[best]
         ratio = {c: costs[c] / best_cost if best_cost > 0 else 1.0 for c in self.candidates}
-        young = [c for c in self.candidates
-                 if k["samples"][c] < self.warmup and ratio[c] <= 2.0 and c != best]
+        # a candidate close to the best needs a few samples before one of them is
+        # called the faster; one clearly slower (a second thread's 1.6x on a full-size
+        # decode) is confirmed by a second sample and then only re-tried now and then
+        young = [c for c in self.candidates if c != best and (
+                 (k["samples"][c] < self.warmup and ratio[c] <= self.close)
+                 or (k["samples"][c] < 2 and ratio[c] <= 2.0))]
         if young:
             return min(young, key=lambda c: k["samples"][c])
         due = [(calls - k["last"][c]) / (self.explore_every * max(1.0, ratio[c]))

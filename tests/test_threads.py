@@ -76,6 +76,18 @@ def test_one_outlier_does_not_flip_the_choice():
     assert t.best("step") == 2
 
 
+def test_a_clearly_slower_count_gets_two_samples_a_close_one_the_warmup():
+    # 1 thread 1.6x slower (a full-size decode on 2 free cores): confirmed once, then
+    # only re-tried every explore_every * 1.6 calls
+    t = ThreadTuner(2)
+    used = drive(t, lambda i, n: 1.0 if n == 2 else 1.6, 50)
+    assert used[1:].count(1) == 2         # the next try is due ~51 calls after the last
+    # within `close` of the best: sampled `warmup` times before the choice settles
+    t = ThreadTuner(2)
+    used = drive(t, lambda i, n: 1.0 if n == 2 else 1.1, 20)
+    assert used[1:].count(1) == t.warmup
+
+
 def test_kinds_are_tuned_separately():
     t = ThreadTuner(2)
     drive(t, lambda i, n: 1.0 if n == 1 else 2.0, 300, kind="step")
@@ -133,6 +145,51 @@ def test_machine_load_sees_a_busy_process():
     assert max(seen) >= 1                  # the hog is runnable whenever it is read
     free = thr.free_cpus_from(load)()
     assert 1 <= free <= load.cpus
+
+
+def test_a_moment_of_load_is_read_again_before_it_counts(monkeypatch):
+    load = thr.MachineLoad(max_age_s=0.0, recheck_s=0.0, busy_age_s=0.0)
+    readings = []
+    monkeypatch.setattr(load, "_fd", load._fd if load._fd is not None else -1)
+    monkeypatch.setattr(load, "_read_others", lambda guard: readings.pop(0))
+    readings[:] = [1, 0]                    # a kernel worker that ran for a moment
+    assert load.others_running() == 0 and not readings
+    readings[:] = [1, 1]                    # a hog is still there on the second read
+    assert load.others_running() == 1
+    readings[:] = [0]                       # nothing: no second read
+    assert load.others_running() == 0 and not readings
+    readings[:] = [2, None]                 # unreadable on the second try: unknown
+    assert load.others_running() is None
+
+
+def test_a_reading_of_load_is_kept_shorter_than_one_of_none(monkeypatch):
+    load = thr.MachineLoad(max_age_s=60.0, recheck_s=0.0, busy_age_s=0.0)
+    monkeypatch.setattr(load, "_fd", load._fd if load._fd is not None else -1)
+    readings = [0]
+    monkeypatch.setattr(load, "_read_others", lambda guard: readings.pop(0))
+    assert load.others_running() == 0
+    assert load.others_running() == 0 and readings == []     # reused: nothing read
+    load._read_at = -1e9
+    readings[:] = [1, 1, 1, 1]
+    assert load.others_running() == 1
+    assert load.others_running() == 1 and readings == []     # a busy one is read again
+
+
+@linux_only
+def test_machine_load_lists_a_new_thread_at_once():
+    # an OpenMP team started after the first reading must be counted as ours at once,
+    # not after refresh_s: else its spinning worker reads as another task
+    import threading
+    load = thr.MachineLoad(refresh_s=3600.0)
+    before = len(load._task_fds())
+    gate = threading.Event()
+    worker = threading.Thread(target=gate.wait)
+    worker.start()
+    try:
+        assert len(load._task_fds()) == before + 1
+    finally:
+        gate.set()
+        worker.join()
 
 
 def test_model_tuner_asks_the_machine_load(monkeypatch, tmp_path):
