@@ -107,7 +107,9 @@ def _extensions():
                 extra_link_args=omp_l,
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                 # C headers a module includes (rebuild when they change)
-                depends=[str(p.relative_to(HERE)) for p in sorted((HERE / "needle_cy").glob(f"{name.lstrip('_')}_*.h"))],
+                # (every module's team code includes the barrier through _parallel.pxd)
+                depends=[str(p.relative_to(HERE)) for p in sorted((HERE / "needle_cy").glob(f"{name.lstrip('_')}_*.h"))]
+                + ["needle_cy/parallel_barrier.h"],
             )
         )
     return cythonize(

@@ -79,7 +79,7 @@ from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matm
                             cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated,
                             cq_matvec_rotated_rows, cq_matmul_rotated_rows, cq_decode_scratch,
                             cq_free_decode_scratch)
-from needle_cy._parallel cimport nc_team_barrier, nc_team_size
+from needle_cy._parallel cimport nc_team_barrier, nc_team_size, nc_barrier, nc_barrier_init, nc_barrier_wait
 from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
                              conv_step_c, attend_group_c, attend_group_i8_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
                              sinkhorn_c, monarch_mlp_c, pool_update_c, dot_c)
@@ -355,6 +355,7 @@ cdef class CythonEngine:
     cdef cnp.ndarray _scratch_i8
     cdef float* s_row        # [threads, group]
     cdef float* s_cq_work    # CQ kernel workspace
+    cdef nc_barrier team_bar   # the barrier of _step_blocks' team (parallel_barrier.h)
     cdef Py_ssize_t mlp_work_len, row_len
     cdef int64_t* s_ctx      # [n_tok_hist + CH] token context
     cdef cnp.ndarray _ctx_arr
@@ -971,56 +972,35 @@ cdef class CythonEngine:
                     memcpy(cells + t * R_cells * d, self.s_x0 + t * d, d * sizeof(float))
             self._pool_chunk(0, self.s_x0, ids, T, n_heads, pmax, pden, psum, ntok)
 
+            # a decode step on several threads: one parallel region for the engram
+            # products and all blocks (_step_blocks)
+            stepped = T == 1 and self._run_threads > 1 and cells == NULL and L > 0
+
             # ---- engram memory of every site (spec §4.4): keys and conv'd values of the chunk
             if self.n_sites > 0:
                 for i in range(nth):
                     self.s_ctx[i] = tokhist[i]
                 for t in range(T):
                     self.s_ctx[nth + t] = ids[t]
-                for s in range(self.n_sites):
+                # (a decode step on several threads runs the sites in _step_blocks' region)
+                for s in range(0 if stepped else self.n_sites):
                     sc = &self.sites[s]
-                    for t in range(T):
-                        for oi in range(self.n_orders):
-                            order = self.orders[oi]
-                            for e in range(self.E):
-                                ptr = self.s_e + t * NT * sub + (oi * self.E + e) * sub
-                                if _visible(pos0 + t, pos0 + t - (order - 1), recent, S, -1):
-                                    seed = <uint32_t>0x9E3779B9u * <uint32_t>(oi * self.stride + e + 1)
-                                    row_id = (oi * self.E + e) * self.slots + \
-                                        <int64_t>(engram_hash_c(self.s_ctx, nth + t, order, seed) % <uint32_t>self.slots)
-                                    cq_dequantize_row(&sc.tables, row_id, ptr, self.s_row)
-                                else:
-                                    memset(ptr, 0, sub * sizeof(float))
-                        if quant:
-                            a8_inplace(self.s_e + t * NT * sub, NT * sub, A8_QMAX)
+                    self._engram_input(sc, T, pos0)
                     # keys and values read the same input: one rotation when their CQ layouts agree
                     cq_rotate(&sc.key_proj, self.s_e, T, NT * sub, cqw, cq_threads)
                     _project_shared(&sc.key_proj, &sc.key_proj, self.s_e, T, NT * sub,
                                     self.s_ekey + s * CHUNK_MAX * d, d, cqw, cq_threads)
                     _project_shared(&sc.key_proj, &sc.value_proj, self.s_e, T, NT * sub, self.s_evraw, d, cqw, cq_threads)
-                    # dilated causal conv over v' (taps at t, t-dil, t-2·dil, ...), history first
-                    for t in range(T):
-                        for j in range(e_taps):
-                            src = t - j * e_dil
-                            if not _visible(pos0 + t, pos0 + src, recent, S, -1):
-                                hptr[j] = NULL
-                            elif src >= 0:
-                                hptr[j] = self.s_evraw + src * d
-                            else:
-                                hptr[j] = vhist + (s * vh + vh + src) * d
-                        conv_step_c(sc.taps, e_taps, d, d, hptr, self.s_eval + (s * CHUNK_MAX + t) * d)
-                    self._shift_history(vhist + s * vh * d, vh, self.s_evraw, T, d)
+                    self._engram_values(s, sc, T, pos0, vhist)
                 if nth > 0:
                     for i in range(nth):
                         tokhist[i] = self.s_ctx[T + i]
 
             # ---- the blocks
-            stepped = T == 1 and self._run_threads > 1 and cells == NULL and L > 0
             if stepped:
-                # a decode step: one parallel region for all blocks (_step_blocks)
                 with parallel(num_threads=self._run_threads):
                     self._step_blocks(threadid(), nc_team_size(), pos0, ids, conv_q, conv_k, conv_v,
-                                      &kv, n_heads, pmax, pden, psum, logits)
+                                      &kv, vhist, n_heads, pmax, pden, psum, logits)
             for l in range(0 if stepped else L):
                 lc = &self.layers[l]
                 band = lc.band
@@ -1123,10 +1103,54 @@ cdef class CythonEngine:
                 _project(&self.emb_out, hid, T - first, d, logits, self.V_out, cqw, cq_threads)
         st.position += T
 
+    cdef void _engram_input(self, SiteC* sc, Py_ssize_t T, Py_ssize_t pos0) noexcept nogil:
+        """Site sc's input for the chunk's T tokens into s_e (spec §4.4): per token, the
+        table row of each (order, head) n-gram hash that fits in the window (zeros
+        otherwise), A8 when quantized.  Reads the token context s_ctx."""
+        cdef Py_ssize_t NT = self.NT, sub = self.sub, nth = self.n_tok_hist, t
+        cdef int oi, e, order
+        cdef float* ptr
+        cdef uint32_t seed
+        cdef int64_t row_id
+        for t in range(T):
+            for oi in range(self.n_orders):
+                order = self.orders[oi]
+                for e in range(self.E):
+                    ptr = self.s_e + t * NT * sub + (oi * self.E + e) * sub
+                    if _visible(pos0 + t, pos0 + t - (order - 1), self.recent, self.sinks, -1):
+                        seed = <uint32_t>0x9E3779B9u * <uint32_t>(oi * self.stride + e + 1)
+                        row_id = (oi * self.E + e) * self.slots + \
+                            <int64_t>(engram_hash_c(self.s_ctx, nth + t, order, seed) % <uint32_t>self.slots)
+                        cq_dequantize_row(&sc.tables, row_id, ptr, self.s_row)
+                    else:
+                        memset(ptr, 0, sub * sizeof(float))
+            if self.quant:
+                a8_inplace(self.s_e + t * NT * sub, NT * sub, A8_QMAX)
+
+    cdef void _engram_values(self, Py_ssize_t s, SiteC* sc, Py_ssize_t T, Py_ssize_t pos0,
+                             float* vhist) noexcept nogil:
+        """Site s's values of the chunk: the dilated causal conv over v' (s_evraw; taps
+        at t, t-dil, t-2·dil, ..., the value history first) into s_eval, then the
+        history shift."""
+        cdef Py_ssize_t d = self.d, vh = self.n_vhist, t, j, src
+        cdef Py_ssize_t e_taps = self.e_taps, e_dil = self.e_dil
+        cdef const float* hptr[MAX_TAPS]
+        for t in range(T):
+            for j in range(e_taps):
+                src = t - j * e_dil
+                if not _visible(pos0 + t, pos0 + src, self.recent, self.sinks, -1):
+                    hptr[j] = NULL
+                elif src >= 0:
+                    hptr[j] = self.s_evraw + src * d
+                else:
+                    hptr[j] = vhist + (s * vh + vh + src) * d
+            conv_step_c(sc.taps, e_taps, d, d, hptr, self.s_eval + (s * CHUNK_MAX + t) * d)
+        self._shift_history(vhist + s * vh * d, vh, self.s_evraw, T, d)
+
     cdef void _step_blocks(self, int tid, int nt, Py_ssize_t pos0, const int64_t* ids,
                            float* conv_q, float* conv_k, float* conv_v, KVCache* kv,
-                           Py_ssize_t n_heads, float** pmax, float** pden, float** psum,
-                           float* logits) noexcept nogil:
+                           float* vhist, Py_ssize_t n_heads, float** pmax, float** pden,
+                           float** psum, float* logits) noexcept nogil:
         """Every block of a one-token step and the output head, run by each of the nt
         threads of the caller's parallel region (thread tid): the operations of
         _run_chunk's block loop, in one region instead of one per product.
@@ -1141,7 +1165,8 @@ cdef class CythonEngine:
         barriers later)."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, K = self.K
         cdef Py_ssize_t gw = self.H * self.dv
-        cdef Py_ssize_t l, kh, hd
+        cdef Py_ssize_t l, kh, hd, s
+        cdef SiteC* sc
         cdef Py_ssize_t rng[12]
         cdef int n_rng = 0
         cdef float* cqw = self.s_cq_work
@@ -1149,13 +1174,44 @@ cdef class CythonEngine:
         cdef LayerC* lc
         cdef const CQView* ws[4]
         cdef float* ys[4]
+        cdef nc_barrier* bar = &self.team_bar
+        # the team's own barrier (no system call per meeting, unlike OpenMP's): set up
+        # by thread 0 for the team's real size, behind one OpenMP barrier
+        if tid == 0:
+            nc_barrier_init(bar, nt)
+        nc_team_barrier()
+        # engram sites (spec §4.4): input and its rotation on thread 0, the key and value
+        # products split by rows, the value conv on thread 0 (read by thread 0's
+        # _block_in only; the next site's products write s_evraw after a barrier)
+        for s in range(self.n_sites):
+            sc = &self.sites[s]
+            if tid == 0:
+                self._engram_input(sc, 1, pos0)
+                cq_rotate(&sc.key_proj, self.s_e, 1, self.NT * self.sub, cqw, 1)
+            nc_barrier_wait(bar)
+            ws[0] = &sc.key_proj
+            ys[0] = self.s_ekey + s * CHUNK_MAX * d
+            ws[1] = &sc.value_proj
+            ys[1] = self.s_evraw
+            if cq_same_rotation(&sc.key_proj, &sc.value_proj):
+                self._products(ws, ys, 2, tid, nt)
+            else:
+                self._products(ws, ys, 1, tid, nt)
+                nc_barrier_wait(bar)
+                if tid == 0:
+                    cq_rotate(&sc.value_proj, self.s_e, 1, self.NT * self.sub, cqw, 1)
+                nc_barrier_wait(bar)
+                self._products(ws + 1, ys + 1, 1, tid, nt)
+            nc_barrier_wait(bar)
+            if tid == 0:
+                self._engram_values(s, sc, 1, pos0, vhist)
         for l in range(self.L):
             lc = &self.layers[l]
             # mHC router input and its rotation (spec §4.5)
             if tid == 0:
                 self._router_input(0)
                 cq_rotate(&lc.phi_pre, self.s_nx, 1, nd, cqw, 1)
-            nc_team_barrier()
+            nc_barrier_wait(bar)
             if lc.phi_shared:
                 self._phi_list(lc, ws, ys)
                 self._products(ws, ys, 3, tid, nt)
@@ -1163,13 +1219,13 @@ cdef class CythonEngine:
                 _project_shared(&lc.phi_pre, &lc.phi_pre, self.s_nx, 1, nd, phi, 0, cqw, 1)
                 _project(&lc.phi_post, self.s_nx, 1, nd, phi + n, 0, cqw, 1)
                 _project(&lc.phi_res, self.s_nx, 1, nd, phi + 2 * n, 0, cqw, 1)
-            nc_team_barrier()
+            nc_barrier_wait(bar)
             # router weights, block input, a = A8(ZCRMS(x)) and its rotation
             if tid == 0:
                 self._mhc_in(lc, 0)
                 self._block_in(lc, 0)
                 cq_rotate(&lc.q_proj, self.s_a, 1, d, cqw, 1)
-            nc_team_barrier()
+            nc_barrier_wait(bar)
             if lc.qkvg_shared:
                 self._qkvg_list(lc, ws, ys)
                 self._products(ws, ys, 4, tid, nt)
@@ -1178,7 +1234,7 @@ cdef class CythonEngine:
                 _project(&lc.k_proj, self.s_a, 1, d, self.s_k, 0, cqw, 1)
                 _project(&lc.v_proj, self.s_a, 1, d, self.s_v, 0, cqw, 1)
                 _project(&lc.gate_proj, self.s_a, 1, d, self.s_g, 0, cqw, 1)
-            nc_team_barrier()
+            nc_barrier_wait(bar)
             # per KV head (split between the threads): conv, QK norm, RoPE, quantizers,
             # the cache write, the conv histories, the attention
             self._slot_ranges(pos0, lc.band, rng, &n_rng)
@@ -1186,26 +1242,26 @@ cdef class CythonEngine:
             while kh < K:
                 self._group_step(lc, l, kh, pos0, conv_q, conv_k, conv_v, kv, rng, n_rng)
                 kh = kh + nt
-            nc_team_barrier()
+            nc_barrier_wait(bar)
             if tid == 0:
                 self._attend_gate(0)
                 cq_rotate(&lc.out_proj, self.s_o, 1, gw, cqw, 1)
-            nc_team_barrier()
+            nc_barrier_wait(bar)
             ws[0] = &lc.out_proj
             ys[0] = self.s_ao
             self._products(ws, ys, 1, tid, nt)
-            nc_team_barrier()
+            nc_barrier_wait(bar)
             # rest of the block: the Monarch MLP split between the threads; lanes, cell
             if tid == 0:
                 self._mlp_input(lc, 0)
-            nc_team_barrier()
+            nc_barrier_wait(bar)
             monarch_mlp_c(self.s_a, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
                           lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
                           lc.cond_v, lc.cond_u, self.p1, self.p2, self.s_mlp_work,
-                          self.s_mlp_work + tid * self.mlp_work_len + 4 * self.N, self.s_ao, tid, nt)
+                          self.s_mlp_work + tid * self.mlp_work_len + 4 * self.N, self.s_ao, tid, nt, bar)
             if tid == 0:
                 self._lane_update(lc, 0)
-            nc_team_barrier()
+            nc_barrier_wait(bar)
             if tid == nt - 1:
                 for hd in range(n_heads):
                     self._pool_row(hd, l + 1, self.s_cell, ids, 1, pmax[hd], pden[hd], psum[hd])
@@ -1216,7 +1272,7 @@ cdef class CythonEngine:
                 if self.quant:
                     a8_inplace(self.s_hid, d, A8_QMAX)
                 cq_rotate(&self.emb_out, self.s_hid, 1, d, cqw, 1)
-            nc_team_barrier()
+            nc_barrier_wait(bar)
             ws[0] = &self.emb_out
             ys[0] = logits
             self._products(ws, ys, 1, tid, nt)
@@ -1521,7 +1577,7 @@ cdef class CythonEngine:
         monarch_mlp_c(self.s_a + t * self.d, self.d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3,
                       lc.d4, lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
                       lc.cond_v, lc.cond_u, self.p1, self.p2, work, work + 4 * self.N,
-                      self.s_ao + t * self.d, 0, 1)
+                      self.s_ao + t * self.d, 0, 1, NULL)
         self._lane_update(lc, t)
 
     cdef void _mlp_input(self, LayerC* lc, Py_ssize_t t) noexcept nogil:

@@ -20,3 +20,15 @@ cdef extern from *:
     """
     void nc_team_barrier() noexcept nogil
     int nc_team_size() noexcept nogil
+
+
+# The engine's own team barrier (parallel_barrier.h: bounded spin on a generation
+# counter, then a futex; no system call when nobody sleeps).  One nc_barrier per
+# region, initialised by one thread for the team's size before any thread waits.
+cdef extern from "parallel_barrier.h":
+    ctypedef struct nc_barrier:
+        int total
+        int spins
+    void nc_barrier_init(nc_barrier* b, int total) noexcept nogil
+    void nc_barrier_wait(nc_barrier* b) noexcept nogil
+    int nc_barrier_spins_from_env() noexcept nogil

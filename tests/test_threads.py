@@ -271,3 +271,35 @@ def test_tuned_model_gives_the_fixed_models_logits(random_archive, monkeypatch):
     assert used["prefill"]["calls"] == 3 and used["step"]["calls"] == 10
     assert set(used["step"]["samples"]) == {1, 2}    # both counts ran
     assert auto.position == fixed.position == 150
+
+
+@pytest.mark.parametrize("policy", ["passive", "spin", "active"])
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_team_barrier_keeps_every_thread_in_step(monkeypatch, policy, threads):
+    """parallel_barrier.h, the barrier of a decode step's region: after each meeting every
+    thread sees every other thread's write of that round, whether waiters sleep at once
+    (passive: the futex path), spin first, or spin only; more threads than CPUs too."""
+    from needle_cy import _parallel
+    if not thr.openmp_enabled():
+        pytest.skip("built without OpenMP: a team is one thread, nothing to meet")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    if policy == "passive":
+        monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    elif policy == "active":
+        monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    else:
+        monkeypatch.setenv("GOMP_SPINCOUNT", "2000")
+    rounds = 3000 if policy != "active" or threads <= 2 else 40   # spinning on 2 CPUs: slow
+    team, wrong, _ = _parallel.barrier_check(threads, rounds, "nc")
+    assert team == threads and wrong == 0
+    # the OpenMP barrier under the same check, as the control
+    team, wrong, _ = _parallel.barrier_check(threads, 200, "omp")
+    assert team == threads and wrong == 0
+
+
+def test_barrier_check_validates_its_arguments():
+    from needle_cy import _parallel
+    with pytest.raises(ValueError):
+        _parallel.barrier_check(0, 10)
+    with pytest.raises(ValueError):
+        _parallel.barrier_check(2, 10, "spin")

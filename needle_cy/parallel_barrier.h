@@ -1,0 +1,140 @@
+/* A team barrier for the engine's own parallel regions (needle_cy/_parallel.pxd).
+ *
+ * Why not `#pragma omp barrier`: a decode step of the full-size model meets at ~320
+ * barriers, and libgomp's last arriving thread calls futex_wake at every one of them,
+ * sleeper or not (a system call of 0.5-1 us in a VM, on the critical path: the last
+ * thread to arrive is the one that had the serial work).  Here the waiters spin on a
+ * generation counter for a bounded number of pauses, then sleep on a futex; the last
+ * arriver wakes the futex only when a waiter has said it sleeps.
+ *
+ * Memory order: each arrival is an acq_rel read-modify-write of `arrived` (they form
+ * one release sequence), the last arriver publishes the new generation with a release
+ * store after that, and a waiter leaves on an acquire load of it; so every write
+ * made before the barrier by any thread is visible after it to every thread.
+ * `sleepers` and the generation are read and written sequentially consistent, so a
+ * waiter that announces it sleeps either sees the new generation or is woken.
+ *
+ * Where futexes are missing (not Linux) a waiter past its spins yields the CPU in a
+ * loop instead of sleeping.  Without OpenMP the team is one thread and nothing waits.
+ */
+#ifndef NEEDLE_CY_PARALLEL_BARRIER_H
+#define NEEDLE_CY_PARALLEL_BARRIER_H
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define NC_HAVE_FUTEX 1
+#else
+#include <sched.h>
+#define NC_HAVE_FUTEX 0
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define NC_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define NC_CPU_RELAX() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define NC_CPU_RELAX() do {} while (0)
+#endif
+
+/* each counter on its own cache line: the arrivals, the generation the waiters
+   poll, and the sleepers are written by different threads at different times */
+typedef struct {
+    int total;                 /* threads in the team */
+    int spins;                 /* pauses a waiter polls before it sleeps */
+    char _pad0[56];
+    int arrived;
+    char _pad1[60];
+    int generation;
+    char _pad2[60];
+    int sleepers;
+    char _pad3[60];
+} nc_barrier;
+
+/* The spin budget follows the OpenMP wait policy of the process, read once:
+   OMP_WAIT_POLICY=passive sleeps at once, =active spins (nearly) forever, otherwise
+   GOMP_SPINCOUNT pauses (needle_cy/__init__.py sets 20000, ~0.5 ms; libgomp reads
+   the same variables for its own waits). */
+static inline int nc_barrier_spins_from_env(void) {
+    const char* policy = getenv("OMP_WAIT_POLICY");
+    const char* count = getenv("GOMP_SPINCOUNT");
+    long n;
+    char* end;
+    if (policy != NULL && (policy[0] == 'p' || policy[0] == 'P'))    /* passive */
+        return 0;
+    if (policy != NULL && (policy[0] == 'a' || policy[0] == 'A'))    /* active */
+        return INT_MAX;
+    if (count != NULL && *count != '\0') {
+        n = strtol(count, &end, 10);
+        if (end != count && n >= 0)
+            return n > INT_MAX ? INT_MAX : (int)n;
+    }
+    return 20000;
+}
+
+/* Called by one thread while no thread is waiting (before the others use it). */
+static inline void nc_barrier_init(nc_barrier* b, int total) {
+    memset(b, 0, sizeof(*b));
+    b->total = total;
+    b->spins = nc_barrier_spins_from_env();
+}
+
+static inline void nc_barrier_sleep(int* addr, int seen) {
+#if NC_HAVE_FUTEX
+    syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+#else
+    (void)addr; (void)seen;
+    sched_yield();
+#endif
+}
+
+static inline void nc_barrier_wake(int* addr) {
+#if NC_HAVE_FUTEX
+    syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#else
+    (void)addr;
+#endif
+}
+
+#if !(defined(__GNUC__) || defined(__clang__))
+/* no GNU atomics (MSVC): the OpenMP barrier of the enclosing region */
+static inline void nc_barrier_wait(nc_barrier* b) {
+    if (b->total <= 1)
+        return;
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+}
+#else
+static inline void nc_barrier_wait(nc_barrier* b) {
+    int gen, i;
+    if (b->total <= 1)
+        return;
+    /* stable until this thread arrives: the generation moves only when all have */
+    gen = __atomic_load_n(&b->generation, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&b->arrived, 1, __ATOMIC_ACQ_REL) == b->total) {
+        __atomic_store_n(&b->arrived, 0, __ATOMIC_RELAXED);   /* ordered by the next store */
+        __atomic_store_n(&b->generation, (int)((unsigned)gen + 1u), __ATOMIC_SEQ_CST);   /* wraps */
+        if (__atomic_load_n(&b->sleepers, __ATOMIC_SEQ_CST) > 0)
+            nc_barrier_wake(&b->generation);
+        return;
+    }
+    for (i = 0; i < b->spins; i++) {
+        if (__atomic_load_n(&b->generation, __ATOMIC_ACQUIRE) != gen)
+            return;
+        NC_CPU_RELAX();
+    }
+    __atomic_add_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&b->generation, __ATOMIC_SEQ_CST) == gen)
+        nc_barrier_sleep(&b->generation, gen);
+    __atomic_sub_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+#endif
+
+#endif
