@@ -1155,11 +1155,12 @@ cdef class CythonEngine:
         threads of the caller's parallel region (thread tid): the operations of
         _run_chunk's block loop, in one region instead of one per product.
 
-        Threads meet at a barrier between dependent steps.  The CQ products are split
-        by rows (_products), the KV heads of the attention go to thread kh mod nt, the
-        Monarch MLP is split by rows (monarch_mlp_c's team form), and the other per-token
-        operations run on thread 0; every value is computed as on one thread, so the
-        logits are the same bits at any thread count.
+        Threads meet at a barrier (parallel_barrier.h) between dependent steps.  The
+        engram and block CQ products are split by rows (_products), the KV heads of the
+        attention go to thread kh mod nt, the Monarch MLP is split by rows
+        (monarch_mlp_c's team form), and the other per-token operations run on thread 0;
+        every value is computed as on one thread, so the logits are the same bits at any
+        thread count.
         The probe pools of block l's cell run on the last thread beside thread 0's start
         of block l + 1 (the cell is next written by block l + 1's _block_out, several
         barriers later)."""
