@@ -240,21 +240,28 @@ cdef inline bint _list_share(const CQView** ws, int count, int i, int tid, int n
                              Py_ssize_t* r0, Py_ssize_t* r1) noexcept nogil:
     """Rows [r0, r1) of matrix i of a list of `count` products that thread tid of nt
     computes (False: none): the list's blocks of STEP_BLOCK_ROWS rows, numbered one
-    matrix after another, cut into nt contiguous even shares."""
-    cdef Py_ssize_t total = 0, first = 0, lo, hi, a, b
+    matrix after another, cut into nt contiguous even shares.  A list too short for
+    a few blocks per thread (the three mHC Φ: 4 + 4 + 16 rows) is cut in blocks of 4
+    rows (the kernels' row tile) instead: in blocks of 32 one thread had 4 rows of it
+    and the other 20."""
+    cdef Py_ssize_t total = 0, first = 0, lo, hi, a, b, rows = 0, blk = STEP_BLOCK_ROWS
     cdef int j
+    for j in range(count):
+        rows += ws[j].rows
+    if rows < 4 * STEP_BLOCK_ROWS * nt:
+        blk = 4
     for j in range(count):
         if j == i:
             first = total
-        total += (ws[j].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
+        total += (ws[j].rows + blk - 1) // blk
     lo = total * tid // nt
     hi = total * (tid + 1) // nt
     a = max(lo, first) - first
-    b = min(hi, first + (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS) - first
+    b = min(hi, first + (ws[i].rows + blk - 1) // blk) - first
     if a >= b:
         return False
-    r0[0] = a * STEP_BLOCK_ROWS
-    r1[0] = min(b * STEP_BLOCK_ROWS, ws[i].rows)
+    r0[0] = a * blk
+    r1[0] = min(b * blk, ws[i].rows)
     return True
 
 
