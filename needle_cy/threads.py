@@ -211,13 +211,18 @@ class MachineLoad:
         if now - self._read_at < (self.busy_age_s if self._others else self.max_age_s):
             return self._others
         others = self._read_others(guard=False)
-        if others:
-            # Read again a moment later, our threads before and after the machine's count.
-            # Most other runnable tasks are kernel workers that run for tens of µs (on an
-            # idle 2-vCPU VM: ~30 a second, median 62 µs, 90 % under 150 µs), and an OpenMP
-            # worker of ours may stop spinning between the two reads; both are gone then, a
-            # CPU hog is not.  Only a positive reading pays for the wait and second read.
-            time.sleep(self.recheck_s)
+        if others and not self._others:
+            # Load after none: read again a moment later, our threads before and after the
+            # machine's count.  Most other runnable tasks are kernel workers that run for
+            # tens of µs (on an idle 2-vCPU VM: ~30 a second, median 62 µs, 90 % under
+            # 150 µs), and an OpenMP worker of ours may stop spinning between the two
+            # reads; both are gone then, a CPU hog is not.  The wait spins: a sleep on a
+            # busy machine returns only when the scheduler next runs this thread, which
+            # with two hogs on two CPUs cost every step milliseconds.  Load that persists
+            # (the reading before was of some too) is taken as it is.
+            until = time.perf_counter() + self.recheck_s
+            while time.perf_counter() < until:
+                pass
             again = self._read_others(guard=True)
             others = None if again is None else min(others, again)
         if others is None:
