@@ -916,9 +916,8 @@ cdef class CythonEngine:
         cdef Py_ssize_t dq = self.dq, dv = self.dv
         cdef Py_ssize_t qw = H * dq, kw = K * dq, vw = K * dv, gw = H * dv
         cdef Py_ssize_t nphi = 2 * n + n * n
-        cdef Py_ssize_t pos0 = st.position, t, i, j, m, c, l, s, src, hd
+        cdef Py_ssize_t pos0 = st.position, t, i, m, c, l, s, hd
         cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
-        cdef Py_ssize_t recent = self.recent, S = self.sinks
         cdef int ntok = <int>(T if T < self._run_threads else self._run_threads)
         cdef int cq_threads = self._run_threads
         cdef float* cqw = self.s_cq_work                 # CQ kernel workspace
@@ -934,18 +933,12 @@ cdef class CythonEngine:
         cdef float* lanes = self.s_lanes
         cdef float* nx = self.s_nx
         cdef float* phi = self.s_phi
-        cdef float* ptr
-        cdef const float* hptr[MAX_TAPS]
-        cdef uint32_t seed
-        cdef int oi, e, order
-        cdef Py_ssize_t nth = self.n_tok_hist, vh = self.n_vhist, NT = self.NT, sub = self.sub
+        cdef Py_ssize_t nth = self.n_tok_hist, NT = self.NT, sub = self.sub
         cdef Py_ssize_t R_cells = self.R_cells, L = self.L
-        cdef Py_ssize_t e_taps = self.e_taps, e_dil = self.e_dil
         cdef float* pmax[MAX_HEADS]
         cdef float* pden[MAX_HEADS]
         cdef float* psum[MAX_HEADS]
         cdef Py_ssize_t n_heads = self.n_heads if pool else 0
-        cdef int64_t row_id
         cdef float* hid = self.s_hid
         cdef Py_ssize_t first
         cdef bint stepped
