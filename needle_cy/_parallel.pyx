@@ -59,6 +59,18 @@ cdef int _barrier_rounds(nc_barrier* bar, int* slots, int tid, int nt, int round
     return wrong
 
 
+cdef void _barrier_member(nc_barrier* bar, int* slots, int* wrong, int* team, int rounds,
+                          int omp) noexcept nogil:
+    """One team member of barrier_check (its own function: a Cython parallel block
+    would share a local it only writes through a pointer)."""
+    cdef int tid = threadid()
+    if tid == 0:
+        team[0] = nc_team_size()
+        nc_barrier_init(bar, team[0])
+    nc_team_barrier()
+    wrong[tid] = _barrier_rounds(bar, slots, tid, nc_team_size(), rounds, omp)
+
+
 def barrier_check(int threads, int rounds, str kind="nc"):
     """Run ``rounds`` rounds of write / barrier / read-all / barrier on a team of
     ``threads`` with the engine's barrier (``kind="nc"``) or OpenMP's (``"omp"``).
@@ -73,7 +85,7 @@ def barrier_check(int threads, int rounds, str kind="nc"):
     cdef int* slots = <int*>malloc(16 * threads * sizeof(int))
     cdef int* wrong = <int*>malloc(threads * sizeof(int))
     cdef int* team = <int*>malloc(sizeof(int))
-    cdef int tid, i
+    cdef int i
     if bar == NULL or slots == NULL or wrong == NULL or team == NULL:
         free(bar); free(slots); free(wrong); free(team)
         raise MemoryError()
@@ -83,12 +95,7 @@ def barrier_check(int threads, int rounds, str kind="nc"):
         wrong[i] = 0
     t0 = time.perf_counter()
     with nogil, parallel(num_threads=threads):
-        tid = threadid()
-        if tid == 0:
-            team[0] = nc_team_size()
-            nc_barrier_init(bar, team[0])
-        nc_team_barrier()
-        wrong[tid] = _barrier_rounds(bar, slots, tid, nc_team_size(), rounds, omp)
+        _barrier_member(bar, slots, wrong, team, rounds, omp)
     seconds = (time.perf_counter() - t0) / (2 * rounds)
     n = team[0]
     bad = sum(wrong[i] for i in range(n))
