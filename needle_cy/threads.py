@@ -269,10 +269,9 @@ class ThreadTuner:
     After each candidate has run once, those within ``close`` (1.25x) of the best
     ``warmup`` times and those within 2x twice, the fastest runs.  Another candidate
     is re-tried once ``explore_every`` calls times its cost ratio to the best have
-    passed since its last sample: a
-    candidate r times slower is tried every ``explore_every``·r calls, so trying
-    costs about 1/explore_every of the time whatever r is, and a change of load
-    shows within that many calls.
+    passed since its last sample: a candidate r times slower is tried every
+    ``explore_every``·r calls, so trying costs about 1/explore_every of the time
+    whatever r is, and a change of load shows within that many calls.
     """
 
     def __init__(self, max_threads: int, explore_every: int = 32, warmup: int = 6,
