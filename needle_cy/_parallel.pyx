@@ -3,7 +3,13 @@
 
 Every parallel kernel asks ``effective_threads`` how many threads to use; when
 the build has no OpenMP the answer is always 1 and ``prange`` runs serially.
+``barrier_check`` exercises and times the team barrier of ``parallel_barrier.h``.
 """
+import time
+
+from cython.parallel cimport parallel, threadid
+from libc.stdlib cimport malloc, free
+from needle_cy._parallel cimport nc_barrier, nc_barrier_init, nc_barrier_wait, nc_team_barrier, nc_team_size
 
 cdef extern from *:
     """
@@ -33,9 +39,6 @@ def omp_max_threads():
 # ---------------------------------------------------------------------------
 # the team barrier (parallel_barrier.h): a check and a timing, for tests/benchmarks
 
-from cython.parallel cimport parallel, threadid
-from libc.stdlib cimport malloc, free
-from needle_cy._parallel cimport nc_barrier, nc_barrier_init, nc_barrier_wait, nc_team_barrier, nc_team_size
 
 
 cdef int _barrier_rounds(nc_barrier* bar, int* slots, int tid, int nt, int rounds, int omp) noexcept nogil:
@@ -75,7 +78,6 @@ def barrier_check(int threads, int rounds, str kind="nc"):
     """Run ``rounds`` rounds of write / barrier / read-all / barrier on a team of
     ``threads`` with the engine's barrier (``kind="nc"``) or OpenMP's (``"omp"``).
     Returns (team size, slots seen out of step, seconds per barrier)."""
-    import time
     if threads < 1 or rounds < 1:
         raise ValueError(f"barrier_check: threads and rounds must be >= 1, got {threads}, {rounds}")
     if kind not in ("nc", "omp"):
