@@ -38,7 +38,7 @@ one thread in a fixed order).  Nothing here allocates or raises; inputs may not
 alias work.  The functions may be called from several threads at once as long
 as each uses its own work buffer.
 """
-from libc.stdint cimport uint8_t, int16_t
+from libc.stdint cimport uint8_t, uint32_t, int16_t
 
 
 ctypedef struct CQView:
@@ -73,6 +73,12 @@ ctypedef struct CQView:
     float int_descale          # 2^-E / sqrt(group_size)
     int16_t int_table[64]      # vpermw tables: hi [0:32], lo [32:64]
     int16_t int_perm[256]      # code lane order: chunk position i <- field offset int_perm[i]
+    # 2-bit lookup kernel (kernel avx512lut, cq_lut_kernel.h): set by CQWeight.enable_lut
+    int lut_ok                 # 1: the lookup layout exists (2-bit fields, 16 <= group_size <= 256)
+    const uint32_t* lut_bits   # [ceil(rows/16)][lut_n_dw][16 rows]: dword d of each row's packed bytes
+    const float* lut_norms     # [ceil(rows/16)][n_groups][16 rows] float32
+    Py_ssize_t lut_n_dw        # dwords (16 fields) per row: cols_padded / 16
+    float lut_descale          # float32(1/sqrt(group_size))
 
 
 cdef class CQWeight:
@@ -81,6 +87,8 @@ cdef class CQWeight:
     cdef object _norms32       # owns view.norms
     cdef object _codebook
     cdef object _int_packed    # the 4-bit repack of a 3-bit matrix (None otherwise)
+    cdef object _lut_bits      # owns view.lut_bits (None until enable_lut)
+    cdef object _lut_norms     # owns view.lut_norms
 
 
 cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil

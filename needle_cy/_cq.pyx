@@ -113,7 +113,7 @@ import weakref
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel, threadid
-from libc.stdint cimport uint8_t, uint32_t, int16_t, int64_t, uintptr_t
+from libc.stdint cimport uint8_t, uint32_t, int16_t, int32_t, int64_t, uintptr_t
 from libc.math cimport rintf, fabsf
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
@@ -672,6 +672,15 @@ cdef extern from *:
     #define nc_cqi2_rows_avxvnni nc_cqi2_rows_avx2int
     #define nc_cqi2_mm_rows_avxvnni nc_cqi2_mm_rows_avx2int
     #endif
+    /* kernel 7 (avx512lut): 2-bit lookups (cq_lut_kernel.h) for the matrices that have the
+       layout, the best AVX-512 kernel (nc_cq_lut_base: 2 avx512vnni, else 1 avx512bw) for
+       every other matrix and for the A8 codes */
+    #define NC_CQ_HAVE_LUT 1
+    #include "cq_lut_kernel.h"
+    static int nc_cq_lut_base(void) { return nc_cq_cpu_has_avx512vnni() ? 2 : 1; }
+    static int nc_cq_lut_base_id = 0;
+    #define NC_CQ_BASE(kernel) ((kernel) == 7 ? (nc_cq_lut_base_id ? nc_cq_lut_base_id \
+                                                 : (nc_cq_lut_base_id = nc_cq_lut_base())) : (kernel))
     /* kernels 3 (avx2int) and 4 (avxvnni); a8 codes and packing are the same for both */
     #define NC_CQ_INT2_KERNEL(kernel) ((kernel) == 3 || (kernel) == 4)
     #define NC_CQ_INT2_ROWS(kernel, ...) do { if ((kernel) == 4) nc_cqi2_rows_avxvnni(__VA_ARGS__); \
@@ -682,6 +691,7 @@ cdef extern from *:
                                const float* norms, ptrdiff_t norm_stride, const int16_t* z,
                                ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
                                float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
+        kernel = NC_CQ_BASE(kernel);
         if (NC_CQ_INT2_KERNEL(kernel)) {
             NC_CQ_INT2_ROWS(kernel, packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
                             table, base, scale, r0, r1, y);
@@ -695,10 +705,12 @@ cdef extern from *:
                                  table, base, scale, r0, r1, y);
     }
     static int nc_cq_int_a8_codes(int kernel, const float* x, ptrdiff_t n, float* kf, float* s) {
+        kernel = NC_CQ_BASE(kernel);
         if (NC_CQ_INT2_KERNEL(kernel)) return nc_cqi2_a8_codes_avx2int(x, n, kf, s);
         return kernel == 2 ? nc_cqi_a8_codes_avx512vnni(x, n, kf, s) : nc_cqi_a8_codes_avx512bw(x, n, kf, s);
     }
     static void nc_cq_int_pack_codes(int kernel, const float* kf, ptrdiff_t n_chunks, int fb, int16_t* z) {
+        kernel = NC_CQ_BASE(kernel);
         if (NC_CQ_INT2_KERNEL(kernel)) nc_cqi2_pack_codes_avx2int(kf, n_chunks, fb, z);
         else if (kernel == 2) nc_cqi_pack_codes_avx512vnni(kf, n_chunks, fb, z);
         else nc_cqi_pack_codes_avx512bw(kf, n_chunks, fb, z);
@@ -708,6 +720,7 @@ cdef extern from *:
                                   ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
                                   const int16_t* table, float base, const float* s, float descale,
                                   ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
+        kernel = NC_CQ_BASE(kernel);
         if (NC_CQ_INT2_KERNEL(kernel)) {
             NC_CQ_INT2_MM_ROWS(kernel, packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
                                n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
@@ -822,6 +835,21 @@ cdef extern from *:
     static int nc_cq_cpu_has_neon_dotprod(void) { return 0; }
     #endif
 
+    #if !defined(NC_CQ_HAVE_LUT)   /* no AVX-512: kernel 7 is never chosen, the layout never made */
+    #define NC_CQ_HAVE_LUT 0
+    static int nc_cq_lut_base(void) { return 0; }
+    static void nc_cql_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_t rows, ptrdiff_t n_dw,
+                                const float* norms, ptrdiff_t norm_stride, ptrdiff_t n_groups,
+                                uint32_t* bits, float* pnorms) {}
+    static void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook, float* tab) {}
+    static void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
+                            int g, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {}
+    static void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
+                               int g, const float* tab, ptrdiff_t tab_stride, ptrdiff_t n_tokens,
+                               const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
+                               float* Y, ptrdiff_t y_stride) {}
+    #endif
+
     /* Run-time switch for tests and comparisons (1 = use AVX2 where possible). */
     static int nc_cq_simd_enabled = -1;
     static int nc_cq_use_simd(int view_simd) {
@@ -829,14 +857,13 @@ cdef extern from *:
         return view_simd && nc_cq_simd_enabled;
     }
     /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni,
-       3 avx2int, 4 avxvnni, 5 neon, 6 neon_dotprod. */
+       3 avx2int, 4 avxvnni, 5 neon, 6 neon_dotprod, 7 avx512lut (2-bit lookups, else 2 or 1). */
     static int nc_cq_int_kernel = -1;
     /* The choice from CPU features (a pure function: the tests try feature sets this CPU lacks).
        With int256: AVX-VNNI where AVX-512 VNNI is not, AVX2 where AVX-512 BW is not. */
     static int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma, int int256) {
-        if (avx512bw && avx512vnni) return 2;
+        if (avx512bw) return 7;   /* the 2-bit lookups; every other matrix on avx512vnni or avx512bw */
         if (int256 && avxvnni && avx2fma) return 4;
-        if (avx512bw) return 1;
         if (int256 && avx2fma) return 3;
         return 0;
     }
@@ -887,6 +914,18 @@ cdef extern from *:
     int nc_cq_cpu_has_neon() nogil
     int nc_cq_cpu_has_neon_dotprod() nogil
     int nc_cq_int_kernel
+    int NC_CQ_HAVE_LUT
+    int nc_cq_lut_base() noexcept nogil
+    void nc_cql_relayout(const uint8_t* packed, Py_ssize_t row_bytes, Py_ssize_t rows, Py_ssize_t n_dw,
+                         const float* norms, Py_ssize_t norm_stride, Py_ssize_t n_groups,
+                         uint32_t* bits, float* pnorms) noexcept nogil
+    void nc_cql_tables(const float* kf, Py_ssize_t n, const float* codebook, float* tab) noexcept nogil
+    void nc_cql_rows(const uint32_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
+                     int g, const float* tab, float scale, Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
+    void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
+                        int g, const float* tab, Py_ssize_t tab_stride, Py_ssize_t n_tokens,
+                        const float* s, float descale, Py_ssize_t r0, Py_ssize_t r1,
+                        float* Y, Py_ssize_t y_stride) noexcept nogil
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
     void nc_cq_int_rows(int kernel, const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
@@ -1036,9 +1075,13 @@ cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads
     """Workspace the kernels need: a header (WORK_HEADER floats: which form the
     rotation took), then the rotated tokens twice (plain and lane order), or in the
     integer form the int16 codes, the A8 scales and one token's float scratch (which
-    fit in the same space; 32 spare floats cover the rounding of the scales' block).
-    Independent of threads (kept in the signature so callers need not change)."""
-    return WORK_HEADER + 2 * n_tokens * w.padded_len + 32
+    fit in the same space; 32 spare floats cover the rounding of the scales' block),
+    or in the lookup form (a view with the avx512lut layout) a 16-float table per
+    pair of codes of every token, the scales and the scratch.  Independent of threads
+    (kept in the signature so callers need not change)."""
+    cdef Py_ssize_t plain = WORK_HEADER + 2 * n_tokens * w.padded_len + 32
+    cdef Py_ssize_t lut = WORK_HEADER + 8 * n_tokens * w.padded_len + (n_tokens + 15) // 16 * 16 + w.padded_len + 32
+    return lut if w.lut_ok and lut > plain else plain
 
 
 cdef int cq_effective_threads(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil:
@@ -1057,7 +1100,7 @@ cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil:
     """True when a workspace rotated for a serves b too (same cols, group, field width, path)."""
     return (a.cols == b.cols and a.group_size == b.group_size
             and a.field_bits == b.field_bits and a.simd == b.simd
-            and a.a8_input == b.a8_input and a.int_ok == b.int_ok)
+            and a.a8_input == b.a8_input and a.int_ok == b.int_ok and a.lut_ok == b.lut_ok)
 
 
 cdef inline bint _int_path(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
@@ -1065,14 +1108,27 @@ cdef inline bint _int_path(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
     return n_tokens >= 1 and w.a8_input and w.int_ok and nc_cq_active_int_kernel() > 0
 
 
-# Integer form of a workspace (header word 0 = 1), for T tokens of padded length P:
+cdef inline bint _lut_path(const CQView* w) noexcept nogil:
+    """Whether an integer rotation for w takes the lookup form (kernel avx512lut, layout made)."""
+    return w.lut_ok and nc_cq_active_int_kernel() == 7
+
+
+# Integer forms of a workspace, for T tokens of padded length P.  Header word 0 = 1:
 #   int16 codes [T, P] at WORK_HEADER, then the A8 scales [T] (a block of 16-float
-#   multiples), then P floats of scratch for one token's float codes.
+#   multiples), then P floats of scratch for one token's float codes.  Word 0 = 2
+#   (lookup form): float tables [T, P/2, 16] at WORK_HEADER, then the scales and the
+#   scratch as above.
 cdef inline int16_t* _int_codes(float* work) noexcept nogil:
     return <int16_t*>(work + WORK_HEADER)
 
 
+cdef inline float* _lut_tables(float* work) noexcept nogil:
+    return work + WORK_HEADER
+
+
 cdef inline float* _int_scales(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
+    if (<const int*>work)[0] == 2:
+        return work + WORK_HEADER + 8 * n_tokens * w.padded_len
     return work + WORK_HEADER + n_tokens * w.padded_len // 2   # P is a multiple of 64
 
 
@@ -1088,8 +1144,10 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
     nc_cqi_a8_codes and nc_cqi_pack_codes in cq_int_kernel.h).  Several tokens are
     split between up to `threads` threads, each with its own float scratch (the
     rotation was 4 % of a 2-thread prefill, on one thread while the other waited);
-    a refused token marks its scale -1."""
+    a refused token marks its scale -1.  In the lookup form (_lut_path) each token's
+    rotated codes become its tables (nc_cql_tables) instead of int16 codes."""
     cdef Py_ssize_t t, t0, t1, P = w.padded_len
+    (<int*>work)[0] = 2 if _lut_path(w) else 1     # the form, read by _int_scales from here on
     cdef float* scales = _int_scales(w, work, n_tokens)
     cdef float* kf
     cdef int tid, nt
@@ -1112,7 +1170,6 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
     for t in range(n_tokens):
         if scales[t] < 0:
             return False
-    (<int*>work)[0] = 1
     return True
 
 
@@ -1122,7 +1179,9 @@ cdef void _rotate_int_tokens(const CQView* w, const float* X, Py_ssize_t t0, Py_
     """Tokens [t0, t1) of _rotate_int; kf: P floats of scratch."""
     cdef Py_ssize_t t, c, P = w.padded_len, g = w.group_size
     cdef int kernel = nc_cq_active_int_kernel()
+    cdef bint lut = (<const int*>work)[0] == 2
     cdef int16_t* z = _int_codes(work)
+    cdef float* tab = _lut_tables(work)
     cdef float* scales = _int_scales(w, work, n_tokens)
     for t in range(t0, t1):
         if not nc_cq_int_a8_codes(kernel, X + t * x_stride, w.cols, kf, &scales[t]):
@@ -1131,7 +1190,10 @@ cdef void _rotate_int_tokens(const CQView* w, const float* X, Py_ssize_t t0, Py_
         memset(kf + w.cols, 0, (P - w.cols) * sizeof(float))
         for c in range(w.n_groups):
             cq_fwht_scaled(kf + c * g, g, <float>1.0)
-        nc_cq_int_pack_codes(kernel, kf, w.n_chunks, w.int_fb, z + t * P)
+        if lut:
+            nc_cql_tables(kf, P, w.codebook, tab + t * 8 * P)
+        else:
+            nc_cq_int_pack_codes(kernel, kf, w.n_chunks, w.int_fb, z + t * P)
 
 
 cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
@@ -1163,6 +1225,15 @@ cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* 
     cdef const float* scales = _int_scales(w, work, n_tokens)
     cdef int n = cq_effective_threads(w, n_tokens, threads)
     cdef Py_ssize_t rb, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
+    cdef int i
+    if (<const int*>work)[0] == 2:
+        # token tiles outside, one contiguous share of 16-row blocks per thread
+        if n == 1:
+            _lut_mm_share(w, work, n_tokens, 0, 1, Y, y_stride)
+        else:
+            for i in prange(n, num_threads=n, schedule="static"):
+                _lut_mm_share(w, work, n_tokens, i, n, Y, y_stride)
+        return
     # block by block also on one thread: a block's rows stay in cache across token tiles
     if n == 1:
         for rb in range(n_blocks):
@@ -1170,6 +1241,17 @@ cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* 
     else:
         for rb in prange(n_blocks, num_threads=n, schedule="static"):
             _matmul_int_block(w, kernel, z, scales, n_tokens, rb, Y, y_stride)
+
+
+cdef inline void _lut_mm_share(const CQView* w, float* work, Py_ssize_t n_tokens, int i, int n,
+                               float* Y, Py_ssize_t y_stride) noexcept nogil:
+    """Share i of n (whole 16-row blocks) of the lookup matmul, every token."""
+    cdef Py_ssize_t n_rb = (w.rows + 15) // 16
+    cdef Py_ssize_t r0 = 16 * (n_rb * i // n), r1 = min(16 * (n_rb * (i + 1) // n), w.rows)
+    if r0 < r1:
+        nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, _lut_tables(work),
+                       8 * w.padded_len, n_tokens, _int_scales(w, work, n_tokens), w.lut_descale,
+                       r0, r1, Y, y_stride)
 
 
 cdef inline void _matmul_int_block(const CQView* w, int kernel, const int16_t* z, const float* scales,
@@ -1196,7 +1278,12 @@ cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
     cdef float scale
     if r0 >= r1:
         return
-    if (<const int*>work)[0] == 1:
+    if (<const int*>work)[0] == 2:
+        # the lookup form (2-bit rows, kernel avx512lut)
+        scale = _int_scales(w, <float*>work, 1)[0] * w.lut_descale
+        nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, _lut_tables(<float*>work),
+                    scale, r0, r1, y)
+    elif (<const int*>work)[0] == 1:
         # the integer form (cq_rotate took it for this view's rotation family)
         scale = _int_scales(w, <float*>work, 1)[0] * w.int_descale
         nc_cq_int_rows(nc_cq_active_int_kernel(), w.int_packed, w.int_row_bytes, w.int_packed_end,
@@ -1376,7 +1463,7 @@ cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,
     cdef void* raw = NULL
     if n_tokens < 1:
         return
-    if (<const int*>work)[0] == 1:
+    if (<const int*>work)[0] >= 1:      # an integer form (codes or lookup tables)
         if n_tokens == 1:
             cq_matvec_rotated(w, work, Y, threads)
         else:
@@ -1430,7 +1517,17 @@ cdef void cq_matmul_rotated_rows(const CQView* w, float* work, Py_ssize_t n_toke
     cdef int kernel
     if nt < 1 or r0 >= r1:
         return
-    if (<const int*>work)[0] == 1:
+    if (<const int*>work)[0] == 2:
+        if nt == 1:
+            nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size,
+                        _lut_tables(work) + t0 * 8 * P,
+                        _int_scales(w, work, n_tokens)[t0] * w.lut_descale, r0, r1, Y + t0 * y_stride)
+        else:
+            nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size,
+                           _lut_tables(work) + t0 * 8 * P, 8 * P, nt,
+                           _int_scales(w, work, n_tokens) + t0, w.lut_descale, r0, r1,
+                           Y + t0 * y_stride, y_stride)
+    elif (<const int*>work)[0] == 1:
         kernel = nc_cq_active_int_kernel()
         b0 = r0
         while b0 < r1:      # blocks of rows that stay in cache across the token tiles
@@ -1632,6 +1729,8 @@ cdef class CQWeight:
         cdef CQView* v = &self.view
         cdef Py_ssize_t g = v.group_size, int_fb = 4 if fb == 3 else fb, i
         v.a8_input = 0
+        v.lut_ok = 0
+        self._lut_bits = self._lut_norms = None
         v.int_fb = <int>int_fb
         v.int_packed = v.packed
         v.int_packed_end = v.packed_end
@@ -1673,6 +1772,45 @@ cdef class CQWeight:
         for i in range(C):  # step s = i // 32 reads field s of byte w = i % 32
             v.int_perm[i] = <int16_t>((i % 32) * (8 // int_fb) + i // 32)
 
+    def enable_lut(self, arena=None):
+        """Make the lookup layout of the avx512lut kernel (cq_lut_kernel.h) if this
+        matrix can take it (lut_applies: 2-bit fields, a group size of 16 … 256) and
+        the CPU has AVX-512 F/BW/VL.  A copy as large as the packed rows (2 bits a
+        weight) plus the norms again, made once; the engine asks for it in deploy
+        numerics, the a8=True wrappers below too.  arena: a LutArena to place it in
+        (the engine's, on huge pages), else its own arrays.  Returns whether the
+        matrix has it (idempotent)."""
+        cdef CQView* v = &self.view
+        if v.lut_ok:
+            return True
+        if not lut_applies(v.bits, v.group_size) or not v.int_ok or not NC_CQ_HAVE_LUT \
+                or not nc_cq_cpu_has_avx512bw() or v.rows < LUT_MIN_ROWS:
+            return False
+        cdef Py_ssize_t n_rb = (v.rows + 15) // 16, n_dw = v.cols_padded // 16
+        if arena is not None:
+            bits = arena.zeros(n_rb * n_dw * 16, np.uint32)
+            pnorms = arena.zeros(n_rb * v.n_groups * 16, np.float32)
+        else:
+            bits = np.zeros(n_rb * n_dw * 16, np.uint32)
+            pnorms = np.zeros(n_rb * v.n_groups * 16, np.float32)
+        cdef uint32_t[::1] bv = bits
+        cdef float[::1] pv = pnorms
+        with nogil:
+            nc_cql_relayout(v.packed, v.row_bytes, v.rows, n_dw, v.norms, v.norm_stride, v.n_groups,
+                            &bv[0], &pv[0])
+        self._lut_bits, self._lut_norms = bits, pnorms
+        v.lut_bits = &bv[0]
+        v.lut_norms = &pv[0]
+        v.lut_n_dw = n_dw
+        v.lut_descale = <float>(1.0 / math.sqrt(v.group_size))
+        v.lut_ok = 1
+        return True
+
+    @property
+    def lut_layout(self):
+        """True once enable_lut made the lookup layout."""
+        return bool(self.view.lut_ok)
+
     @property
     def rows(self):
         return self.view.rows
@@ -1701,14 +1839,68 @@ cdef class CQWeight:
 
     def kernel(self, a8=False):
         """Name of the inner loop a matvec of this matrix runs now (A8 input or float input)."""
-        if a8 and self.view.int_ok and nc_cq_active_int_kernel() > 0:
-            return _INT_NAMES[nc_cq_active_int_kernel()]
+        cdef int k = nc_cq_active_int_kernel()
+        if a8 and self.view.int_ok and k > 0:
+            if k == 7 and not (self.view.lut_ok or (lut_applies(self.view.bits, self.view.group_size)
+                                                    and self.view.rows >= LUT_MIN_ROWS)):
+                return _INT_NAMES[nc_cq_lut_base()]   # (the wrappers make the layout when they can)
+            return _INT_NAMES[k]
         return "avx2" if self.simd else "scalar"
 
     def __repr__(self):
         return (f"CQWeight({self.view.rows}x{self.view.cols}, bits={self.view.bits}, "
                 f"group_size={self.view.group_size}, kernel={self.kernel()}, "
                 f"a8_kernel={self.kernel(True)})")
+
+
+# Fewer rows than this keep the two-product kernel: a token's tables (64 bytes per two
+# inputs, 96 KB for the 3072 inputs of the mHC Φ) cost about what two or three 16-row
+# blocks of lookups save, and the Φ matrices have 4 and 16 rows.
+import os as _os
+LUT_MIN_ROWS = int(_os.environ.get("NEEDLE_CY_LUT_MIN_ROWS", "64"))
+
+
+class LutArena:
+    """Memory for the lookup layouts of one model, on transparent huge pages where the
+    OS has them (Linux madvise; elsewhere plain pages).  A decode step streams every
+    layout from DRAM, and with 4 KB pages the TLB misses cost a quarter of the
+    streaming speed: a 50 MB lookup matvec ran at 27 GMAC/s on 4 KB pages against
+    37 on 2 MB pages (Zen 4, one thread).  Blocks of `block` bytes (a whole number of
+    2 MB pages), carved in 64-byte aligned pieces; each piece keeps its block alive."""
+
+    PAGE = 1 << 21
+
+    def __init__(self, block=32 << 20):
+        self.block = -(-int(block) // self.PAGE) * self.PAGE
+        self._buf = None
+        self._used = 0
+
+    def _new_block(self, nbytes):
+        import mmap
+        size = max(self.block, -(-nbytes // self.PAGE) * self.PAGE)
+        # private and anonymous (zeroed): a shared anonymous map is shmem, whose huge
+        # pages are a separate switch that is usually off
+        flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+        mm = mmap.mmap(-1, size + self.PAGE, flags=flags) if flags else mmap.mmap(-1, size + self.PAGE)
+        buf = np.frombuffer(mm, np.uint8)
+        start = (-buf.ctypes.data) % self.PAGE         # the first 2 MB boundary inside
+        advice = getattr(mmap, "MADV_HUGEPAGE", None)
+        if advice is not None:
+            try:
+                mm.madvise(advice, start, size)
+            except (OSError, ValueError):              # no THP here: plain pages
+                pass
+        self._buf, self._used = buf[start:start + size], 0
+
+    def zeros(self, n, dtype):
+        """A zeroed 1-D array of n elements of dtype in the arena."""
+        dtype = np.dtype(dtype)
+        nbytes = int(n) * dtype.itemsize
+        if self._buf is None or self._used + nbytes > len(self._buf):
+            self._new_block(nbytes)
+        piece = self._buf[self._used:self._used + nbytes].view(dtype)
+        self._used += -(-nbytes // 64) * 64
+        return piece
 
 
 _prepared = weakref.WeakKeyDictionary()
@@ -1733,18 +1925,30 @@ def simd_kernel():
     return "avx2" if nc_cq_use_simd(1) else "scalar"
 
 
-_INT_NAMES = {1: "avx512bw", 2: "avx512vnni", 3: "avx2int", 4: "avxvnni", 5: "neon", 6: "neon_dotprod"}
+_INT_NAMES = {1: "avx512bw", 2: "avx512vnni", 3: "avx2int", 4: "avxvnni", 5: "neon", 6: "neon_dotprod",
+              7: "avx512lut"}
 _INT_IDS = {name: k for k, name in _INT_NAMES.items()}
-KERNELS = ("avx512vnni", "avxvnni", "avx512bw", "avx2int", "neon_dotprod", "neon", "avx2", "scalar")  # best first
+KERNELS = ("avx512lut", "avx512vnni", "avxvnni", "avx512bw", "avx2int", "neon_dotprod", "neon", "avx2",
+           "scalar")  # best first
+
+
+def lut_applies(bits, group_size):
+    """Whether the avx512lut kernel runs matrices of this width and group size: 2-bit
+    fields (2 bits or ternary) and a group of whole 16-field dwords within the
+    integer path's 16 … 256 (needle_cy.reference.cq.lut_applies is the same rule)."""
+    return bits in (2, TERNARY_BITS) and 16 <= group_size <= 256
 INT_KERNELS = tuple(k for k in KERNELS if k in _INT_IDS)   # the integer ones (A8 inputs)
 
 
 def available_kernels():
-    """Kernels this CPU can run, best first: 'avx512vnni', 'avxvnni', 'avx512bw' and
+    """Kernels this CPU can run, best first: 'avx512lut' (2-bit matrices by table
+    lookup, the others on the next AVX-512 kernel), 'avx512vnni', 'avxvnni', 'avx512bw' and
     'avx2int' (integer, A8 inputs; float inputs then take 'avx2'), 'neon_dotprod' and
     'neon' (integer, aarch64; float inputs take 'scalar'), 'avx2' (float), 'scalar'
     (portable)."""
     found = []
+    if NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw():
+        found.append("avx512lut")
     if nc_cq_cpu_has_avx512vnni():
         found.append("avx512vnni")
     if nc_cq_cpu_has_avxvnni():
@@ -1774,6 +1978,14 @@ def pick_int_kernel(avx512bw=False, avx512vnni=False, avxvnni=False, avx2=False,
         int256 = AUTO_INT256
     k = nc_cq_pick_int_kernel(bool(avx512bw), bool(avx512vnni), bool(avxvnni), bool(avx2), bool(int256))
     return _INT_NAMES.get(k)
+
+
+def lut_base_kernel():
+    """The kernel avx512lut runs the matrices that its lookups do not (lut_applies) on:
+    'avx512vnni' where the CPU has VNNI, else 'avx512bw' (None without AVX-512)."""
+    if not (NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw()):
+        return None
+    return _INT_NAMES.get(nc_cq_lut_base())
 
 
 def kernel_name(a8=True):
@@ -1872,6 +2084,8 @@ def matvec(W, x, out=None, threads=None, a8=False):
     a8=True: x is an A8 vector (deploy numerics); the integer kernel runs where it
     can (an x that is not one takes the float kernel)."""
     cdef CQWeight cw = W if type(W) is CQWeight else prepare(W)
+    if a8 and not cw.view.lut_ok:
+        cw.enable_lut()
     cdef CQView va = cw.view
     va.a8_input = 1 if a8 else 0
     cdef const CQView* v = &va
@@ -1901,6 +2115,8 @@ def matmul(W, X, out=None, threads=None, a8=False):
     """Y = X · Wᵀ: X [T, cols] → float32 [T, rows] (every token in one pass over W).
     a8: as for matvec (the integer matmul runs when every row of X is an A8 vector)."""
     cdef CQWeight cw = prepare(W)
+    if a8:
+        cw.enable_lut()
     cdef CQView va = cw.view
     va.a8_input = 1 if a8 else 0
     cdef const CQView* v = &va
@@ -1933,6 +2149,8 @@ def _matmul_pieces(W, X, row_cut, token_cut, a8=False):
     engine's parallel regions make; for tests: it must equal matmul bit for bit).
     row_cut: a multiple of 16 (the float kernel's row block)."""
     cdef CQWeight cw = prepare(W)
+    if a8:
+        cw.enable_lut()
     cdef CQView va = cw.view
     va.a8_input = 1 if a8 else 0
     cdef const CQView* v = &va
@@ -1962,6 +2180,8 @@ def _matvec_pieces(W, x, row_cut, a8=False):
     """matvec computed as rows [0, row_cut) and [row_cut, rows) by cq_matvec_rotated_rows
     (the decode step's split; for tests: it must equal matvec bit for bit)."""
     cdef CQWeight cw = prepare(W)
+    if a8:
+        cw.enable_lut()
     cdef CQView va = cw.view
     va.a8_input = 1 if a8 else 0
     cdef const CQView* v = &va
@@ -1992,6 +2212,9 @@ def multiply_shared(weights, x, threads=None, a8=False):
     cdef list cws = [prepare(W) for W in weights]
     if not cws:
         return []
+    if a8:
+        for each in cws:
+            each.enable_lut()
     cdef CQWeight first = cws[0], other
     cdef CQView va0 = first.view, vb
     va0.a8_input = 1 if a8 else 0
@@ -1999,6 +2222,7 @@ def multiply_shared(weights, x, threads=None, a8=False):
     for other in cws[1:]:
         vb = other.view
         vb.a8_input = va0.a8_input
+        vb.lut_ok = va0.lut_ok     # (lookup and integer views share an input, not a rotation: see below)
         if not cq_same_rotation(v0, &vb):
             _fail("multiply_shared weights",
                   f"equal cols / group_size / field width ({v0.cols}, {v0.group_size}, {v0.field_bits})",
@@ -2015,9 +2239,12 @@ def multiply_shared(weights, x, threads=None, a8=False):
     if T == 0:
         return results
     cdef const float* xp = <const float*>cnp.PyArray_DATA(X)
-    cdef Py_ssize_t nwork = cq_work_floats(v0, T, n)
+    cdef Py_ssize_t nwork = 0
+    for other in cws:
+        nwork = max(nwork, cq_work_floats(&other.view, T, n))
     cdef float* work = <float*>malloc(nwork * sizeof(float))
     cdef float* yp
+    cdef CQView vr = va0       # the view the workspace was rotated for
     if work == NULL:
         raise MemoryError(f"multiply_shared: cannot allocate {nwork * 4} bytes of workspace")
     try:
@@ -2028,6 +2255,11 @@ def multiply_shared(weights, x, threads=None, a8=False):
             vb = other.view
             vb.a8_input = va0.a8_input
             with nogil:
+                if not cq_same_rotation(&vr, &vb):
+                    # a lookup view after an integer one or the reverse (2-bit matrices
+                    # of fewer than LUT_MIN_ROWS rows keep the integer kernel): rotate again
+                    vr = vb
+                    cq_rotate(&vr, xp, T, vr.cols, work, n)
                 if T == 1:
                     cq_matvec_rotated(&vb, work, yp, n)
                 else:

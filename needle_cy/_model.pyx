@@ -84,7 +84,7 @@ from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c
                              conv_step_c, attend_group_c, attend_group_i8_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
                              sinkhorn_c, monarch_mlp_c, pool_update_c, dot_c)
 
-from needle_cy._cq import prepare
+from needle_cy._cq import LutArena, kernel_name, prepare
 from needle_cy import _ops as ops
 from needle_cy.errors import ContextOverflowError, ModelStateError
 
@@ -326,6 +326,7 @@ cdef class CythonEngine:
     cdef const float* rope_cos
     cdef const float* rope_sin
     cdef list _keep
+    cdef object _lut_arena        # the lookup layouts of this engine's 2-bit matrices (deploy)
     cdef bytes _layers_buf
     cdef bytes _sites_buf
     cdef object _head_names
@@ -408,6 +409,7 @@ cdef class CythonEngine:
         self.threads = int(get_num_threads(threads))
         self._run_threads = self.threads
         self._keep = []
+        self._lut_arena = None
         self._head_dense = {}
 
         # geometry
@@ -468,6 +470,12 @@ cdef class CythonEngine:
     cdef CQView _view(self, W):
         cdef CQWeight cw = prepare(W)
         self._keep.append(cw)
+        if self.quant and kernel_name() == "avx512lut":
+            # 2-bit matrices: the lookup layout of the avx512lut kernel (one arena per
+            # engine, on huge pages); not made when another kernel was forced
+            if self._lut_arena is None:
+                self._lut_arena = LutArena()
+            cw.enable_lut(self._lut_arena)
         cdef CQView v = cw.view
         v.a8_input = 1 if self.quant else 0   # deploy: every CQ input is an A8 vector (integer kernel)
         return v

@@ -13,7 +13,10 @@ is not one must take the float kernel and give its exact result (for the matmul:
 one such token sends the whole chunk to the float kernel).  Every kernel gives
 the reference's integer numerics (reference.cq.matmul_int) bit for bit, so the
 kernels of one CPU agree with each other (the 256-bit ones mirror the AVX-512
-lanes and float steps), and the run-time choice follows pick_int_kernel.
+lanes and float steps), and the run-time choice follows pick_int_kernel.  The
+exception is avx512lut's table lookups, which run the matrices of 2-bit fields
+(reference.cq.lut_applies) in their own numerics, reference.cq.matmul_lut, also bit
+for bit; its other matrices take the next AVX-512 kernel.
 """
 import os
 import subprocess
@@ -26,7 +29,7 @@ from needle_cy import _cq
 from needle_cy.reference import cq as ref
 
 INT_KERNELS = list(_cq.INT_KERNELS)
-NEEDS = {"avx512vnni": "AVX-512 F/BW/VL + VNNI", "avx512bw": "AVX-512 F/BW/VL",
+NEEDS = {"avx512lut": "AVX-512 F/BW/VL", "avx512vnni": "AVX-512 F/BW/VL + VNNI", "avx512bw": "AVX-512 F/BW/VL",
          "avxvnni": "AVX2+FMA + AVX-VNNI", "avx2int": "AVX2+FMA",
          "neon_dotprod": "aarch64 NEON + the dot product extension (asimddp)", "neon": "aarch64 NEON"}
 
@@ -38,7 +41,10 @@ def int_kernel(request):
         pytest.skip(f"CPU lacks {NEEDS[name]}: the {name} kernel cannot run here")
     previous = _cq.set_kernel(name)
     assert _cq.kernel_name() == name
+    min_rows = _cq.LUT_MIN_ROWS
+    _cq.LUT_MIN_ROWS = 1      # every shape below through the lookups (the engine keeps them for >= 64 rows)
     yield name
+    _cq.LUT_MIN_ROWS = min_rows
     _cq.set_kernel("auto")
     assert _cq.kernel_name() == previous or previous not in _cq.available_kernels()
 
@@ -56,6 +62,23 @@ def rel_err(found, expected):
     return float(np.abs(np.asarray(found, np.float64) - expected).max()) / scale
 
 
+def runs_lut(kernel, W):
+    """Whether this kernel runs W with the table lookups (else with the integer numerics)."""
+    return kernel == "avx512lut" and ref.lut_applies(W.bits, W.group_size) and W.rows >= _cq.LUT_MIN_ROWS
+
+
+def exact_numerics(kernel, W, X):
+    """The reference of what this kernel computes for W, bit for bit."""
+    return ref.matmul_lut(W, X) if runs_lut(kernel, W) else ref.matmul_int(W, X)
+
+
+def kernel_of(kernel, W):
+    """The name CQWeight.kernel(a8=True) reports for W under this kernel."""
+    if kernel == "avx512lut" and not runs_lut(kernel, W):
+        return _cq.lut_base_kernel()
+    return kernel
+
+
 def random_cq(rng, rows, cols, bits, g):
     W = rng.standard_normal((rows, cols)).astype(np.float32)
     W *= rng.uniform(0.1, 3.0, size=(rows, 1)).astype(np.float32)
@@ -69,15 +92,15 @@ def test_int_matvec_matches_reference(int_kernel, bits, g):
     for rows, cols in [(37, 2 * g), (5, 3 * g + 7), (1, g + 5), (3, max(1, g // 2 - 3)), (70, 768)]:
         W = random_cq(rng, rows, cols, bits, g)
         cw = _cq.prepare(W)
-        assert cw.int_tables and cw.kernel(a8=True) == int_kernel
+        assert cw.int_tables and cw.kernel(a8=True) == kernel_of(int_kernel, W)
         x = a8(rng.standard_normal(cols) * rng.uniform(0.01, 100))
         want = ref.matvec(W, x)
-        exact = ref.matmul_int(W, x[None])[0]
+        exact = exact_numerics(int_kernel, W, x[None])[0]
         for threads in (1, 2):
             got = _cq.matvec(W, x, threads=threads, a8=True)
             assert got.dtype == np.float32 and got.shape == (rows,)
             assert rel_err(got, want) <= 1e-5, (rows, cols, threads)
-            # the integer numerics of the reference, bit for bit (every kernel, every ISA)
+            # the integer (or lookup) numerics of the reference, bit for bit (every kernel, every ISA)
             np.testing.assert_array_equal(got, exact)
         # one token through matmul and multiply_shared takes the same kernel
         np.testing.assert_array_equal(_cq.matmul(W, x[None], a8=True)[0], got)
@@ -100,7 +123,7 @@ def test_int_matmul_matches_reference_and_matvec(int_kernel, bits, g):
             assert rel_err(got, want) <= 1e-5, (rows, cols, T, threads)
             # each token's row sums are the matvec's, bit for bit
             np.testing.assert_array_equal(got, per_token)
-        np.testing.assert_array_equal(per_token, ref.matmul_int(W, X))
+        np.testing.assert_array_equal(per_token, exact_numerics(int_kernel, W, X))
         np.testing.assert_array_equal(_cq.multiply_shared([W, W], X, a8=True)[1], per_token)
 
 
@@ -230,6 +253,8 @@ def test_int_kernels_agree_bitwise(int_kernel, bits):
                           _cq.matmul(W, X, a8=True, threads=1), _cq.matmul(W, X[:5], a8=True, threads=2)]
             _cq.set_kernel(int_kernel)
             for k in others:
+                if runs_lut(int_kernel, W) != runs_lut(k, W):
+                    continue    # the lookups and the integer products: two numerics (each tested above)
                 for a, b in zip(got[int_kernel], got[k]):
                     np.testing.assert_array_equal(a, b, err_msg=f"{int_kernel} vs {k}, g={g}, {rows}x{cols}")
             assert rel_err(got[int_kernel][2], ref.matmul(W, X)) <= 1e-5, (g, rows, cols)
@@ -242,17 +267,17 @@ def test_int_kernel_selection_rule():
     assert pick(avx2=True) == "avx2int"                           # Zen 3, Intel client before Alder Lake
     assert pick(avx2=True, avxvnni=True) == "avxvnni"             # Alder Lake and later client cores
     assert pick(avxvnni=True) is None                             # (AVX-VNNI is VEX: needs AVX2 too)
-    assert pick(avx2=True, avx512bw=True) == "avx512bw"           # Skylake-SP
-    assert pick(avx2=True, avx512bw=True, avx512vnni=True) == "avx512vnni"   # Cascade Lake, Zen 4
-    assert pick(avx2=True, avx512bw=True, avx512vnni=True, avxvnni=True) == "avx512vnni"  # Sapphire Rapids
-    assert pick(avx2=True, avx512bw=True, avxvnni=True) == "avxvnni"          # VNNI before width
+    # AVX-512: the 2-bit lookups (their other matrices on avx512vnni, else avx512bw)
+    assert pick(avx2=True, avx512bw=True) == "avx512lut"          # Skylake-SP
+    assert pick(avx2=True, avx512bw=True, avx512vnni=True) == "avx512lut"    # Cascade Lake, Zen 4
+    assert pick(avx2=True, avx512bw=True, avx512vnni=True, avxvnni=True) == "avx512lut"  # Sapphire Rapids
     # without int256 (the default while the 256-bit kernels measure slower than the
     # float ones) those CPUs keep the float kernels; AVX-512 CPUs are not affected
     off = dict(int256=False)
     assert _cq.pick_int_kernel(avx2=True, **off) is None
     assert _cq.pick_int_kernel(avx2=True, avxvnni=True, **off) is None
-    assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avxvnni=True, **off) == "avx512bw"
-    assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avx512vnni=True, **off) == "avx512vnni"
+    assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avxvnni=True, **off) == "avx512lut"
+    assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avx512vnni=True, **off) == "avx512lut"
     assert _cq.pick_int_kernel(avx2=True) == _cq.pick_int_kernel(avx2=True, int256=_cq.AUTO_INT256)
     # this CPU: 'auto' is the rule applied to what it has
     have = set(_cq.available_kernels())
@@ -271,6 +296,9 @@ def test_int_kernel_selection_rule():
     assert ("avx2int" in have) == ("avx2" in have)
     assert "avxvnni" not in have or "avx2" in have
     assert "avx512vnni" not in have or "avx512bw" in have
+    assert ("avx512lut" in have) == ("avx512bw" in have)
+    if "avx512lut" in have:   # the kernel of the matrices the lookups do not run
+        assert _cq.lut_base_kernel() == ("avx512vnni" if "avx512vnni" in have else "avx512bw")
 
 
 @pytest.mark.parametrize("name", ["avx2int", "avxvnni"])
@@ -335,3 +363,84 @@ def test_neon_dotprod_detection_and_override():
                PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(_cq.__file__))] + sys.path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["neon", "scalar"]
+
+
+# ---------------------------------------------------------------------------
+# avx512lut: the table lookups of 2-bit matrices (cq_lut_kernel.h)
+# ---------------------------------------------------------------------------
+
+def _need_lut():
+    if "avx512lut" not in _cq.available_kernels():
+        pytest.skip(f"CPU lacks {NEEDS['avx512lut']}: the avx512lut kernel cannot run here")
+
+
+@pytest.fixture
+def lut_kernel():
+    _need_lut()
+    previous = _cq.set_kernel("avx512lut")
+    yield
+    _cq.set_kernel(previous if previous in _cq.available_kernels() else "auto")
+
+
+@pytest.mark.parametrize("bits", [2, 5])
+def test_lut_row_and_token_pieces_equal_the_whole(lut_kernel, bits):
+    """Rows cut anywhere (a 16-row block computed by both sides of the cut, each storing
+    its own lanes) and tokens cut anywhere: the whole product bit for bit."""
+    rng = np.random.default_rng(70 + bits)
+    for rows, cols, g in [(75, 768, 128), (64, 300, 32), (100, 96, 16)]:
+        W = random_cq(rng, rows, cols, bits, g)
+        X = a8(rng.standard_normal((11, cols)) * rng.uniform(0.01, 100, size=(11, 1)))
+        assert _cq.prepare(W).kernel(a8=True) == "avx512lut"
+        whole = _cq.matmul(W, X, a8=True)
+        np.testing.assert_array_equal(whole, ref.matmul_lut(W, X))
+        for cut in (0, 5, 16, 37, rows):
+            np.testing.assert_array_equal(_cq._matvec_pieces(W, X[4], cut, a8=True), whole[4])
+        for row_cut, token_cut in ((16, 3), (48, 5), (64, 1), (0, 7)):
+            np.testing.assert_array_equal(_cq._matmul_pieces(W, X, row_cut, token_cut, a8=True), whole)
+        for threads in (2, 3):
+            np.testing.assert_array_equal(_cq.matmul(W, X, a8=True, threads=threads), whole)
+
+
+def test_lut_layout_where_it_applies(lut_kernel):
+    """The layout is made for 2-bit fields in groups of 16 … 256 with at least
+    LUT_MIN_ROWS rows, on the first A8 product (not for float inputs); other matrices
+    keep the integer kernel and its numerics."""
+    rng = np.random.default_rng(80)
+    x = a8(rng.standard_normal(256))
+    W = random_cq(rng, _cq.LUT_MIN_ROWS, 256, 2, 128)
+    cw = _cq.prepare(W)
+    _cq.matvec(W, x)                               # float input: no layout
+    assert not cw.lut_layout and cw.kernel(a8=True) == "avx512lut"
+    np.testing.assert_array_equal(_cq.matvec(W, x, a8=True), ref.matmul_lut(W, x[None])[0])
+    assert cw.lut_layout and cw.enable_lut()
+    for rows, bits, g in [(_cq.LUT_MIN_ROWS - 1, 2, 128), (80, 4, 128), (80, 1, 128), (80, 3, 64), (80, 2, 8)]:
+        W = random_cq(rng, rows, 2 * g, bits, g)
+        cw = _cq.prepare(W)
+        xg = a8(rng.standard_normal(2 * g))
+        got = _cq.matvec(W, xg, a8=True)
+        assert not cw.lut_layout, (rows, bits, g)
+        if cw.int_tables:
+            assert cw.kernel(a8=True) == _cq.lut_base_kernel()
+            np.testing.assert_array_equal(got, ref.matmul_int(W, xg[None])[0])
+
+
+def test_lut_and_integer_views_share_an_input(lut_kernel):
+    """multiply_shared over a lookup matrix and a 2-bit matrix too short for the lookups:
+    each gets its own kernel's result (the input is rotated again between them)."""
+    rng = np.random.default_rng(81)
+    big, small = random_cq(rng, 96, 384, 2, 128), random_cq(rng, 8, 384, 2, 128)
+    X = a8(rng.standard_normal((5, 384)))
+    for inputs in (X, X[2]):
+        got = _cq.multiply_shared([big, small, big], inputs, a8=True)
+        for W, y in zip([big, small, big], got):
+            np.testing.assert_array_equal(y, _cq.matvec(W, inputs, a8=True) if inputs.ndim == 1
+                                          else _cq.matmul(W, inputs, a8=True))
+
+
+def test_lut_arena_pieces_are_aligned_and_zeroed():
+    arena = _cq.LutArena(block=1 << 20)
+    pieces = [arena.zeros(n, dt) for n, dt in ((5, np.uint32), (17, np.float32), (3 << 20, np.uint8), (1, np.float32))]
+    for p, (n, dt) in zip(pieces, ((5, np.uint32), (17, np.float32), (3 << 20, np.uint8), (1, np.float32))):
+        assert p.shape == (n,) and p.dtype == dt and p.ctypes.data % 64 == 0 and not p.any()
+        p[:] = 1
+    assert pieces[0].sum() == 5 and pieces[1].sum() == 17     # no overlap

@@ -294,6 +294,39 @@ def test_prefill_row_shares_are_bit_identical_across_thread_counts(archive_dir):
         np.testing.assert_array_equal(Model.load(path, backend="cython", threads=threads).forward(ids), one)
 
 
+def test_lut_kernel_in_the_model(archive_dir):
+    """Deploy numerics on an AVX-512 CPU run the 2-bit matrices of >= LUT_MIN_ROWS rows
+    by table lookup (avx512lut).  The logits are the same bits at 1, 2 and 3 threads and
+    stay within float rounding of the two-product integer kernel's: the 8-bit
+    activation roundings they feed may flip on a near tie, so the comparison is the
+    fixtures' (mean |Δ|, greedy where the margin is clear)."""
+    from needle_cy import _cq
+    if "avx512lut" not in _cq.available_kernels():
+        pytest.skip("CPU lacks AVX-512 F/BW/VL: the avx512lut kernel cannot run here")
+    path = archive(archive_dir, "rows_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
+                   qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
+    ids = ids_for(300, 100, seed=8)
+    runs = {}
+    for kernel, threads in (("avx512lut", 1), ("avx512lut", 2), ("avx512lut", 3), (_cq.lut_base_kernel(), 1)):
+        previous = _cq.set_kernel(kernel)
+        try:
+            m = Model.load(path, backend="cython", threads=threads)
+            assert _cq.prepare(m.weights.layers[0].q_proj).lut_layout == (kernel == "avx512lut")
+            rows = [m.prefill(ids[:70])] + [m.step(int(t)) for t in ids[70:]]
+            runs[kernel, threads] = np.stack(rows)
+        finally:
+            _cq.set_kernel(previous)
+    lut = runs["avx512lut", 1]
+    for threads in (2, 3):
+        np.testing.assert_array_equal(runs["avx512lut", threads], lut)
+    other = runs[_cq.lut_base_kernel(), 1]
+    assert not np.array_equal(lut, other)            # the lookups did run
+    assert np.abs(lut - other).mean() <= 0.01 * np.abs(other).mean()
+    top = np.sort(other, axis=-1)
+    sure = top[:, -1] - top[:, -2] > 0.1
+    assert np.array_equal(lut.argmax(-1)[sure], other.argmax(-1)[sure])
+
+
 def test_snapshot_restore_reset(archive_dir):
     path = archive(archive_dir, "w4_kv8", bits=4)
     m = Model.load(path, backend="cython", threads=2)

@@ -347,3 +347,58 @@ def matmul_int(W, X):
     descale = np.float32(math.ldexp(1.0, -E) / math.sqrt(g))
     scale = np.array([c[1] for c in codes], np.float32) * descale
     return (dot * scale[:, None]).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# the lookup kernel's numerics (2-bit fields, A8 inputs; _cq's cq_lut_kernel.h)
+# ---------------------------------------------------------------------------
+
+def lut_applies(bits, group_size):
+    """Whether the lookup kernel (avx512lut) runs a matrix of this width and group size:
+    2-bit fields (2 bits or ternary) and a group of whole 16-field dwords, 16 … 256."""
+    return bits in (2, TERNARY_BITS) and 16 <= group_size <= 256
+
+
+def matmul_lut(W, X):
+    """Y = X · Wᵀ as the lookup kernel computes it for A8 rows of X, bit for bit (float32 [T, rows]).
+
+    Every token x = s·k (a8_codes) is rotated exactly, z = k·(Hg·√g) per group (integers,
+    exact as float32).  Pair p of a row (fields 2p, 2p+1, raw values a and b) reads its
+    token's table entry
+        tab = fma(cb[b], z[2p+1], cb[a]·z[2p])
+    and per group the entries of the pairs p ≡ j (mod 4) are added in order into a_j
+    (float32, from 0); then
+        u = (a0 + a1) + (a2 + a3),   acc = fma(ν, u, acc) over the groups in order,
+        y = acc · (s · float32(1/√g)).
+    Raises ValueError for a row of X that is not an A8 vector or a matrix the kernel
+    does not run (lut_applies)."""
+    X = np.asarray(X, np.float32)
+    if X.ndim != 2 or X.shape[1] != W.cols:
+        raise ValueError(f"matmul_lut expects X of shape [T, {W.cols}], got {X.shape}")
+    if not lut_applies(W.bits, W.group_size):
+        raise ValueError(f"the lookup kernel does not run {W.bits}-bit rows in groups of {W.group_size}")
+    codes = [a8_codes(x) for x in X]
+    if any(c is None for c in codes):
+        raise ValueError("matmul_lut: a row of X is not an A8 vector")
+    T, g, n_groups = len(X), W.group_size, W.n_groups
+    k = np.zeros((T, W.cols_padded), np.int64)
+    if T:
+        k[:, : W.cols] = np.stack([c[0] for c in codes])
+    z = (k.reshape(T, n_groups, g) @ _sylvester_signs(g).astype(np.int64)).reshape(T, -1).astype(np.float32)
+    fields = unpack_indices(W.packed, W.bits, W.cols_padded).astype(np.int64)
+    cb = np.asarray(W.codebook, np.float32)
+    low = cb[fields[:, 0::2]][None] * z[:, None, 0::2]                     # [T, rows, pairs], float32
+    tab = _fma32(cb[fields[:, 1::2]][None], z[:, None, 1::2], low)
+    per = g // 2                                                           # pairs per group
+    norms = np.asarray(W.norms, np.float32)
+    acc = np.zeros((T, W.rows), np.float32)
+    for gi in range(n_groups):
+        block = tab[:, :, gi * per:(gi + 1) * per].reshape(T, W.rows, per // 4, 4)
+        a = np.zeros((T, W.rows, 4), np.float32)
+        for q in range(per // 4):
+            a = a + block[:, :, q]                                          # float32 adds, in order
+        u = (a[..., 0] + a[..., 1]) + (a[..., 2] + a[..., 3])
+        acc = _fma32(norms[None, :, gi], u, acc)
+    descale = np.float32(1.0 / math.sqrt(g))
+    scale = np.array([c[1] for c in codes], np.float32) * descale
+    return (acc * scale[:, None]).astype(np.float32)
