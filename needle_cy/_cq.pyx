@@ -845,9 +845,9 @@ cdef extern from *:
     static void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
                             int g, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {}
     static void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                               int g, const float* tab, ptrdiff_t tab_stride, ptrdiff_t n_tokens,
-                               const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
-                               float* Y, ptrdiff_t y_stride) {}
+                               int g, const float* kf, ptrdiff_t kf_stride, const float* codebook,
+                               ptrdiff_t n_tokens, const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
+                               float* Y, ptrdiff_t y_stride, float* scratch, ptrdiff_t scratch_floats) {}
     #endif
 
     /* Run-time switch for tests and comparisons (1 = use AVX2 where possible). */
@@ -923,9 +923,9 @@ cdef extern from *:
     void nc_cql_rows(const uint32_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
                      int g, const float* tab, float scale, Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
     void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
-                        int g, const float* tab, Py_ssize_t tab_stride, Py_ssize_t n_tokens,
-                        const float* s, float descale, Py_ssize_t r0, Py_ssize_t r1,
-                        float* Y, Py_ssize_t y_stride) noexcept nogil
+                        int g, const float* kf, Py_ssize_t kf_stride, const float* codebook,
+                        Py_ssize_t n_tokens, const float* s, float descale, Py_ssize_t r0, Py_ssize_t r1,
+                        float* Y, Py_ssize_t y_stride, float* scratch, Py_ssize_t scratch_floats) noexcept nogil
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
     void nc_cq_int_rows(int kernel, const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
@@ -950,6 +950,8 @@ cdef enum:
     # compile-time sizes (an enum, not DEF, which Cython 3 deprecates)
     TOKEN_TILE = 64                # tokens per pass over a block of decoded rows (one prefill chunk)
     DECODE_FLOATS = 12288          # decoded-weight buffer: 16 rows × 768 fields (48 KB, per thread on the heap)
+    SCRATCH_FLOATS = 24576         # a thread's scratch (cq_decode_scratch): the decode buffer, or the
+                                   # lookup tables of a tile of tokens (4 × 8 floats per input at 768)
 cdef Py_ssize_t MATVEC_ROW_BLOCK = 32  # rows per parallel task of the matvec
 cdef Py_ssize_t SLICE_FIELDS = 768   # matmul column slice (see _matmul_rows_simd)
 cdef Py_ssize_t LOW_BIT_DECODE_FIELDS = 384  # widest slice decoded once at 1–2 bits (_decode_once)
@@ -1076,11 +1078,12 @@ cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads
     rotation took), then the rotated tokens twice (plain and lane order), or in the
     integer form the int16 codes, the A8 scales and one token's float scratch (which
     fit in the same space; 32 spare floats cover the rounding of the scales' block),
-    or in the lookup form (a view with the avx512lut layout) a 16-float table per
-    pair of codes of every token, the scales and the scratch.  Independent of threads
+    or in the lookup form (a view with the avx512lut layout) the rotated codes as
+    floats, one token's tables (16 floats per pair of codes), the scales and the
+    scratch.  Independent of threads
     (kept in the signature so callers need not change)."""
     cdef Py_ssize_t plain = WORK_HEADER + 2 * n_tokens * w.padded_len + 32
-    cdef Py_ssize_t lut = WORK_HEADER + 8 * n_tokens * w.padded_len + (n_tokens + 15) // 16 * 16 + w.padded_len + 32
+    cdef Py_ssize_t lut = WORK_HEADER + (n_tokens + 9) * w.padded_len + (n_tokens + 15) // 16 * 16 + 32
     return lut if w.lut_ok and lut > plain else plain
 
 
@@ -1116,19 +1119,24 @@ cdef inline bint _lut_path(const CQView* w) noexcept nogil:
 # Integer forms of a workspace, for T tokens of padded length P.  Header word 0 = 1:
 #   int16 codes [T, P] at WORK_HEADER, then the A8 scales [T] (a block of 16-float
 #   multiples), then P floats of scratch for one token's float codes.  Word 0 = 2
-#   (lookup form): float tables [T, P/2, 16] at WORK_HEADER, then the scales and the
-#   scratch as above.
+#   (lookup form): the rotated codes as floats [T, P] at WORK_HEADER, one token's
+#   tables [P/2, 16] (made when T = 1: the matvec's, shared by every matrix and thread;
+#   a matmul makes each tile's own), then the scales and the scratch as above.
 cdef inline int16_t* _int_codes(float* work) noexcept nogil:
     return <int16_t*>(work + WORK_HEADER)
 
 
-cdef inline float* _lut_tables(float* work) noexcept nogil:
+cdef inline float* _lut_codes(float* work) noexcept nogil:
     return work + WORK_HEADER
+
+
+cdef inline float* _lut_tables(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
+    return work + WORK_HEADER + n_tokens * w.padded_len
 
 
 cdef inline float* _int_scales(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
     if (<const int*>work)[0] == 2:
-        return work + WORK_HEADER + 8 * n_tokens * w.padded_len
+        return work + WORK_HEADER + (n_tokens + 8) * w.padded_len
     return work + WORK_HEADER + n_tokens * w.padded_len // 2   # P is a multiple of 64
 
 
@@ -1145,7 +1153,8 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
     split between up to `threads` threads, each with its own float scratch (the
     rotation was 4 % of a 2-thread prefill, on one thread while the other waited);
     a refused token marks its scale -1.  In the lookup form (_lut_path) each token's
-    rotated codes become its tables (nc_cql_tables) instead of int16 codes."""
+    rotated codes stay floats (and become the tables, nc_cql_tables, for one token)
+    instead of int16 codes."""
     cdef Py_ssize_t t, t0, t1, P = w.padded_len
     (<int*>work)[0] = 2 if _lut_path(w) else 1     # the form, read by _int_scales from here on
     cdef float* scales = _int_scales(w, work, n_tokens)
@@ -1170,6 +1179,8 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
     for t in range(n_tokens):
         if scales[t] < 0:
             return False
+    if (<int*>work)[0] == 2 and n_tokens == 1:
+        nc_cql_tables(_lut_codes(work), P, w.codebook, _lut_tables(w, work, 1))
     return True
 
 
@@ -1181,18 +1192,17 @@ cdef void _rotate_int_tokens(const CQView* w, const float* X, Py_ssize_t t0, Py_
     cdef int kernel = nc_cq_active_int_kernel()
     cdef bint lut = (<const int*>work)[0] == 2
     cdef int16_t* z = _int_codes(work)
-    cdef float* tab = _lut_tables(work)
     cdef float* scales = _int_scales(w, work, n_tokens)
     for t in range(t0, t1):
+        if lut:
+            kf = _lut_codes(work) + t * P      # the rotated codes are kept as they are
         if not nc_cq_int_a8_codes(kernel, X + t * x_stride, w.cols, kf, &scales[t]):
             scales[t] = -1.0
             continue
         memset(kf + w.cols, 0, (P - w.cols) * sizeof(float))
         for c in range(w.n_groups):
             cq_fwht_scaled(kf + c * g, g, <float>1.0)
-        if lut:
-            nc_cql_tables(kf, P, w.codebook, tab + t * 8 * P)
-        else:
+        if not lut:
             nc_cq_int_pack_codes(kernel, kf, w.n_chunks, w.int_fb, z + t * P)
 
 
@@ -1227,7 +1237,7 @@ cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* 
     cdef Py_ssize_t rb, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
     cdef int i
     if (<const int*>work)[0] == 2:
-        # token tiles outside, one contiguous share of 16-row blocks per thread
+        # one contiguous share of 16-row blocks per thread, token tiles outside
         if n == 1:
             _lut_mm_share(w, work, n_tokens, 0, 1, Y, y_stride)
         else:
@@ -1245,13 +1255,17 @@ cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* 
 
 cdef inline void _lut_mm_share(const CQView* w, float* work, Py_ssize_t n_tokens, int i, int n,
                                float* Y, Py_ssize_t y_stride) noexcept nogil:
-    """Share i of n (whole 16-row blocks) of the lookup matmul, every token."""
+    """Share i of n (whole 16-row blocks) of the lookup matmul, every token (the tables
+    of each tile in this thread's scratch)."""
     cdef Py_ssize_t n_rb = (w.rows + 15) // 16
     cdef Py_ssize_t r0 = 16 * (n_rb * i // n), r1 = min(16 * (n_rb * (i + 1) // n), w.rows)
+    cdef float* scratch
     if r0 < r1:
-        nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, _lut_tables(work),
-                       8 * w.padded_len, n_tokens, _int_scales(w, work, n_tokens), w.lut_descale,
-                       r0, r1, Y, y_stride)
+        scratch = cq_decode_scratch()
+        nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, _lut_codes(work),
+                       w.padded_len, w.codebook, n_tokens, _int_scales(w, work, n_tokens), w.lut_descale,
+                       r0, r1, Y, y_stride, scratch, SCRATCH_FLOATS if scratch != NULL else 0)
+        cq_free_decode_scratch(scratch)
 
 
 cdef inline void _matmul_int_block(const CQView* w, int kernel, const int16_t* z, const float* scales,
@@ -1281,8 +1295,8 @@ cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
     if (<const int*>work)[0] == 2:
         # the lookup form (2-bit rows, kernel avx512lut)
         scale = _int_scales(w, <float*>work, 1)[0] * w.lut_descale
-        nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, _lut_tables(<float*>work),
-                    scale, r0, r1, y)
+        nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size,
+                    _lut_tables(w, <float*>work, 1), scale, r0, r1, y)
     elif (<const int*>work)[0] == 1:
         # the integer form (cq_rotate took it for this view's rotation family)
         scale = _int_scales(w, <float*>work, 1)[0] * w.int_descale
@@ -1518,15 +1532,15 @@ cdef void cq_matmul_rotated_rows(const CQView* w, float* work, Py_ssize_t n_toke
     if nt < 1 or r0 >= r1:
         return
     if (<const int*>work)[0] == 2:
-        if nt == 1:
+        if n_tokens == 1:       # the tables cq_rotate made
             nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size,
-                        _lut_tables(work) + t0 * 8 * P,
-                        _int_scales(w, work, n_tokens)[t0] * w.lut_descale, r0, r1, Y + t0 * y_stride)
-        else:
+                        _lut_tables(w, work, 1), _int_scales(w, work, 1)[0] * w.lut_descale,
+                        r0, r1, Y)
+        else:                   # each tile's tables in wdec (SCRATCH_FLOATS floats)
             nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size,
-                           _lut_tables(work) + t0 * 8 * P, 8 * P, nt,
+                           _lut_codes(work) + t0 * P, P, w.codebook, nt,
                            _int_scales(w, work, n_tokens) + t0, w.lut_descale, r0, r1,
-                           Y + t0 * y_stride, y_stride)
+                           Y + t0 * y_stride, y_stride, wdec, SCRATCH_FLOATS if wdec != NULL else 0)
     elif (<const int*>work)[0] == 1:
         kernel = nc_cq_active_int_kernel()
         b0 = r0
@@ -1559,7 +1573,7 @@ cdef float* cq_decode_scratch() noexcept nogil:
     """A thread's decode scratch for cq_matmul_rotated_rows (free it with
     cq_free_decode_scratch); NULL if malloc fails (the float kernel then reads the
     packed rows directly)."""
-    cdef void* raw = malloc(DECODE_FLOATS * sizeof(float) + 64 + sizeof(void*))
+    cdef void* raw = malloc(SCRATCH_FLOATS * sizeof(float) + 64 + sizeof(void*))
     cdef float* aligned
     if raw == NULL:
         return NULL
@@ -2143,11 +2157,12 @@ def matmul(W, X, out=None, threads=None, a8=False):
     return Y
 
 
-def _matmul_pieces(W, X, row_cut, token_cut, a8=False):
+def _matmul_pieces(W, X, row_cut, token_cut, a8=False, scratch=True):
     """matmul computed in four pieces on one thread, rows [0, row_cut) / [row_cut, rows)
     × tokens [0, token_cut) / [token_cut, T), by cq_matmul_rotated_rows (the split the
     engine's parallel regions make; for tests: it must equal matmul bit for bit).
-    row_cut: a multiple of 16 (the float kernel's row block)."""
+    row_cut: a multiple of 16 (the float kernel's row block).  scratch=False: no
+    thread scratch (what a failed malloc leaves), for the kernels' fallbacks."""
     cdef CQWeight cw = prepare(W)
     if a8:
         cw.enable_lut()
@@ -2162,7 +2177,7 @@ def _matmul_pieces(W, X, row_cut, token_cut, a8=False):
     cdef const float[:, ::1] xv = Xa
     cdef float[:, ::1] yv = Y
     cdef float* work = <float*>malloc(cq_work_floats(v, T, 1) * sizeof(float))
-    cdef float* wdec = cq_decode_scratch()
+    cdef float* wdec = cq_decode_scratch() if scratch else NULL
     try:
         with nogil:
             cq_rotate(v, &xv[0, 0], T, v.cols, work, 1)

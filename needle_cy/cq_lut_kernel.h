@@ -65,7 +65,7 @@ static void nc_cql_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_
 
 /* The tables of one token: tab[16·p + e] = fma(cb[e >> 2], z[2p+1], cb[e & 3]·z[2p])
    for 0 ≤ p < n/2 (z = kf[0:n], the rotated codes). */
-NC_CQL_FN void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook, float* tab) {
+NC_CQL_AI void nc_cql_tables_inl(const float* kf, ptrdiff_t n, const float* codebook, float* tab) {
     float lo[16], hi[16];
     for (int e = 0; e < 16; e++) { lo[e] = codebook[e & 3]; hi[e] = codebook[e >> 2]; }
     const __m512 cl = _mm512_loadu_ps(lo), ch = _mm512_loadu_ps(hi);
@@ -74,26 +74,33 @@ NC_CQL_FN void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook
                                                        _mm512_mul_ps(cl, _mm512_set1_ps(kf[2 * p]))));
 }
 
+NC_CQL_FN void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook, float* tab) {
+    nc_cql_tables_inl(kf, n, codebook, tab);
+}
+
+/* u of one group of a 16-row block: wb its first dword vector, tab its first pair's table. */
+NC_CQL_AI __m512 nc_cql_group(const uint32_t* wb, const float* tab, int dpg) {
+    __m512 a[4];
+    for (int j = 0; j < 4; j++) a[j] = _mm512_setzero_ps();
+    for (int d = 0; d < dpg; d++, wb += 16) {
+        __m512i v = _mm512_loadu_si512((const void*)wb);
+        _mm_prefetch((const char*)wb + NC_CQL_PF_BYTES, _MM_HINT_T0);
+        const float* t = tab + d * 128;
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            a[k & 3] = _mm512_add_ps(a[k & 3], _mm512_permutexvar_ps(v, _mm512_loadu_ps(t + 16 * k)));
+            v = _mm512_srli_epi32(v, 4);
+        }
+    }
+    return _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+}
+
 /* One token's sum of a 16-row block (before the scale). */
 NC_CQL_AI __m512 nc_cql_block(const uint32_t* wb, const float* nb, const float* tab, ptrdiff_t n_groups,
                              int dpg) {
     __m512 acc = _mm512_setzero_ps();
-    for (ptrdiff_t g = 0; g < n_groups; g++) {
-        __m512 a[4];
-        for (int j = 0; j < 4; j++) a[j] = _mm512_setzero_ps();
-        for (int d = 0; d < dpg; d++, wb += 16) {
-            __m512i v = _mm512_loadu_si512((const void*)wb);
-            _mm_prefetch((const char*)wb + NC_CQL_PF_BYTES, _MM_HINT_T0);
-            const float* t = tab + (g * dpg + d) * 128;
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                a[k & 3] = _mm512_add_ps(a[k & 3], _mm512_permutexvar_ps(v, _mm512_loadu_ps(t + 16 * k)));
-                v = _mm512_srli_epi32(v, 4);
-            }
-        }
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(nb + 16 * g),
-                              _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])), acc);
-    }
+    for (ptrdiff_t g = 0; g < n_groups; g++)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(nb + 16 * g), nc_cql_group(wb + g * dpg * 16, tab + g * dpg * 128, dpg), acc);
     return acc;
 }
 
@@ -146,28 +153,54 @@ NC_CQL_AI void nc_cql_mm_tile(const uint32_t* wb, const float* nb, const float* 
         _mm512_mask_storeu_ps(Y + t * y_stride + r, lanes, _mm512_mul_ps(acc[t], _mm512_set1_ps(s[t] * descale)));
 }
 
-/* Y[t·y_stride + r] for r0 ≤ r < r1 and 0 ≤ t < n_tokens (tab: token 0's tables, one
-   token every tab_stride floats; s[t] the tokens' A8 scales): token tiles outside,
-   so a tile's tables stay in L2 while the row blocks stream past. */
+/* Y[t·y_stride + r] for r0 ≤ r < r1 and 0 ≤ t < n_tokens, from the tokens' rotated
+   codes (kf: token 0's, one token every kf_stride floats; s[t] their A8 scales).  A
+   tile of up to NC_CQL_MM_TOKENS tokens gets its tables in scratch (scratch_floats
+   floats, 8·cols_padded per token: in L2 while the row blocks stream past), made by
+   every thread that runs a share of the rows: making them costs about what 3 row
+   blocks of lookups do, and written out for a whole chunk they left L2 (64 tokens
+   × 24 KB) and were read back from L3 (that was 17 % of a prefill).  Without room
+   for one token (scratch NULL) each group's tables are made on the stack for each
+   row block: the same bits, slowly. */
 NC_CQL_FN void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                              int g, const float* tab, ptrdiff_t tab_stride, ptrdiff_t n_tokens,
-                              const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
-                              float* Y, ptrdiff_t y_stride) {
+                              int g, const float* kf, ptrdiff_t kf_stride, const float* codebook,
+                              ptrdiff_t n_tokens, const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
+                              float* Y, ptrdiff_t y_stride, float* scratch, ptrdiff_t scratch_floats) {
     const int dpg = g / 16;
-    for (ptrdiff_t t0 = 0; t0 < n_tokens; t0 += NC_CQL_MM_TOKENS) {
+    const ptrdiff_t per_token = 128 * n_dw;          /* table floats of one token */
+    ptrdiff_t fit = scratch ? scratch_floats / per_token : 0;
+    if (fit > NC_CQL_MM_TOKENS) fit = NC_CQL_MM_TOKENS;
+    if (fit < 1) {
+        __attribute__((aligned(64))) float tab[128 * 16];   /* one group (≤ 256 fields) */
+        for (ptrdiff_t t = 0; t < n_tokens; t++) {
+            const __m512 sc = _mm512_set1_ps(s[t] * descale);
+            for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
+                __m512 acc = _mm512_setzero_ps();
+                for (ptrdiff_t gi = 0; gi < n_groups; gi++) {
+                    nc_cql_tables_inl(kf + t * kf_stride + gi * g, g, codebook, tab);
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(pnorms + (rb * n_groups + gi) * 16),
+                                          nc_cql_group(bits + (rb * n_dw + gi * dpg) * 16, tab, dpg), acc);
+                }
+                _mm512_mask_storeu_ps(Y + t * y_stride + 16 * rb, nc_cql_lanes(16 * rb, r0, r1), _mm512_mul_ps(acc, sc));
+            }
+        }
+        return;
+    }
+    for (ptrdiff_t t0 = 0; t0 < n_tokens; t0 += fit) {
         const ptrdiff_t left = n_tokens - t0;
-        const int nt = (int)(left < NC_CQL_MM_TOKENS ? left : NC_CQL_MM_TOKENS);
-        const float* tt = tab + t0 * tab_stride;
+        const int nt = (int)(left < fit ? left : fit);
+        for (int t = 0; t < nt; t++)
+            nc_cql_tables_inl(kf + (t0 + t) * kf_stride, 16 * n_dw, codebook, scratch + t * per_token);
         float* Yt = Y + t0 * y_stride;
         for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
             const uint32_t* wb = bits + rb * n_dw * 16;
             const float* nb = pnorms + rb * n_groups * 16;
             const __mmask16 lanes = nc_cql_lanes(16 * rb, r0, r1);
             switch (nt) {
-            case 1: nc_cql_mm_tile(wb, nb, tt, tab_stride, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 1); break;
-            case 2: nc_cql_mm_tile(wb, nb, tt, tab_stride, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 2); break;
-            case 3: nc_cql_mm_tile(wb, nb, tt, tab_stride, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 3); break;
-            default: nc_cql_mm_tile(wb, nb, tt, tab_stride, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 4); break;
+            case 1: nc_cql_mm_tile(wb, nb, scratch, per_token, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 1); break;
+            case 2: nc_cql_mm_tile(wb, nb, scratch, per_token, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 2); break;
+            case 3: nc_cql_mm_tile(wb, nb, scratch, per_token, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 3); break;
+            default: nc_cql_mm_tile(wb, nb, scratch, per_token, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 4); break;
             }
         }
     }

@@ -397,6 +397,9 @@ def test_lut_row_and_token_pieces_equal_the_whole(lut_kernel, bits):
             np.testing.assert_array_equal(_cq._matvec_pieces(W, X[4], cut, a8=True), whole[4])
         for row_cut, token_cut in ((16, 3), (48, 5), (64, 1), (0, 7)):
             np.testing.assert_array_equal(_cq._matmul_pieces(W, X, row_cut, token_cut, a8=True), whole)
+        # without a thread scratch for the tiles' tables (a failed malloc): each group's
+        # tables on the stack, the same bits
+        np.testing.assert_array_equal(_cq._matmul_pieces(W, X, 16, 4, a8=True, scratch=False), whole)
         for threads in (2, 3):
             np.testing.assert_array_equal(_cq.matmul(W, X, a8=True, threads=threads), whole)
 
