@@ -1083,7 +1083,7 @@ cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads
     scratch.  Independent of threads
     (kept in the signature so callers need not change)."""
     cdef Py_ssize_t plain = WORK_HEADER + 2 * n_tokens * w.padded_len + 32
-    cdef Py_ssize_t lut = WORK_HEADER + (n_tokens + 9) * w.padded_len + (n_tokens + 15) // 16 * 16 + 32
+    cdef Py_ssize_t lut = WORK_HEADER + (n_tokens + 9) * w.padded_len + (n_tokens + 15) // 16 * 16 + 48
     return lut if w.lut_ok and lut > plain else plain
 
 
@@ -1131,12 +1131,13 @@ cdef inline float* _lut_codes(float* work) noexcept nogil:
 
 
 cdef inline float* _lut_tables(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
-    return work + WORK_HEADER + n_tokens * w.padded_len
+    # on a cache line (16 spare floats): every lookup reads 64 bytes of it
+    return _align64(work + WORK_HEADER + n_tokens * w.padded_len)
 
 
 cdef inline float* _int_scales(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
     if (<const int*>work)[0] == 2:
-        return work + WORK_HEADER + (n_tokens + 8) * w.padded_len
+        return work + WORK_HEADER + (n_tokens + 8) * w.padded_len + 16
     return work + WORK_HEADER + n_tokens * w.padded_len // 2   # P is a multiple of 64
 
 
