@@ -108,6 +108,11 @@ cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
 cdef void cq_matmul_rotated_rows(const CQView* w, float* work, Py_ssize_t n_tokens,
                                  Py_ssize_t t0, Py_ssize_t t1, float* Y, Py_ssize_t y_stride,
                                  Py_ssize_t r0, Py_ssize_t r1, float* wdec) noexcept nogil
+# rows r0[i] <= r < r1[i] of every token for count matrices that share work's rotation
+# (the lookup form makes each token tile's tables once for all of them)
+cdef void cq_matmul_rotated_rows_list(const CQView** ws, int count, float* work, Py_ssize_t n_tokens,
+                                      const Py_ssize_t* r0, const Py_ssize_t* r1, float** ys,
+                                      const Py_ssize_t* ystr, float* wdec) noexcept nogil
 cdef float* cq_decode_scratch() noexcept nogil
 cdef void cq_free_decode_scratch(float* scratch) noexcept nogil
 cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,

@@ -848,6 +848,11 @@ cdef extern from *:
                                int g, const float* kf, ptrdiff_t kf_stride, const float* codebook,
                                ptrdiff_t n_tokens, const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
                                float* Y, ptrdiff_t y_stride, float* scratch, ptrdiff_t scratch_floats) {}
+    static void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_t n_dw, const float* codebook,
+                                   int nt, float* tab) {}
+    static void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
+                                 int g, const float* tab, int nt, const float* s, float descale,
+                                 ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {}
     #endif
 
     /* Run-time switch for tests and comparisons (1 = use AVX2 where possible). */
@@ -926,6 +931,11 @@ cdef extern from *:
                         int g, const float* kf, Py_ssize_t kf_stride, const float* codebook,
                         Py_ssize_t n_tokens, const float* s, float descale, Py_ssize_t r0, Py_ssize_t r1,
                         float* Y, Py_ssize_t y_stride, float* scratch, Py_ssize_t scratch_floats) noexcept nogil
+    void nc_cql_tile_tables(const float* kf, Py_ssize_t kf_stride, Py_ssize_t n_dw, const float* codebook,
+                            int nt, float* tab) noexcept nogil
+    void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
+                          int g, const float* tab, int nt, const float* s, float descale,
+                          Py_ssize_t r0, Py_ssize_t r1, float* Y, Py_ssize_t y_stride) noexcept nogil
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
     void nc_cq_int_rows(int kernel, const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
@@ -1103,7 +1113,49 @@ cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil:
     """True when a workspace rotated for a serves b too (same cols, group, field width, path)."""
     return (a.cols == b.cols and a.group_size == b.group_size
             and a.field_bits == b.field_bits and a.simd == b.simd
-            and a.a8_input == b.a8_input and a.int_ok == b.int_ok and a.lut_ok == b.lut_ok)
+            and a.a8_input == b.a8_input and a.int_ok == b.int_ok and a.lut_ok == b.lut_ok
+            and (not a.lut_ok or _same_codebook(a, b)))
+
+
+cdef inline bint _same_codebook(const CQView* a, const CQView* b) noexcept nogil:
+    """(The lookup tables hold codewords: a 2-bit and a ternary matrix rotate alike but
+    look up different tables.)"""
+    cdef int i
+    for i in range(4):
+        if a.codebook[i] != b.codebook[i]:
+            return False
+    return True
+
+
+cdef void cq_matmul_rotated_rows_list(const CQView** ws, int count, float* work, Py_ssize_t n_tokens,
+                                      const Py_ssize_t* r0, const Py_ssize_t* r1, float** ys,
+                                      const Py_ssize_t* ystr, float* wdec) noexcept nogil:
+    """cq_matmul_rotated_rows(ws[i], work, T, 0, T, ys[i], ystr[i], r0[i], r1[i], wdec) for
+    every i < count, for matrices that share the rotation in work (cq_same_rotation).
+    In the lookup form the token tiles go outside the list, so a tile's tables are made
+    once for all the matrices (made per matrix, for the q/k/v/gate share of a thread
+    they were 2–3 times the work).  The same bits as the calls one by one."""
+    cdef int i, nt
+    cdef Py_ssize_t t0, fit, P = ws[0].padded_len, per_token = 128 * ws[0].lut_n_dw
+    cdef const float* scales
+    fit = SCRATCH_FLOATS // per_token if per_token > 0 else 0
+    if fit > 4:
+        fit = 4
+    if (<const int*>work)[0] != 2 or n_tokens == 1 or wdec == NULL or fit < 1:
+        for i in range(count):
+            cq_matmul_rotated_rows(ws[i], work, n_tokens, 0, n_tokens, ys[i], ystr[i], r0[i], r1[i], wdec)
+        return
+    scales = _int_scales(ws[0], work, n_tokens)
+    t0 = 0
+    while t0 < n_tokens:
+        nt = <int>min(fit, n_tokens - t0)
+        nc_cql_tile_tables(_lut_codes(work) + t0 * P, P, ws[0].lut_n_dw, ws[0].codebook, nt, wdec)
+        for i in range(count):
+            if r0[i] < r1[i]:
+                nc_cql_tile_rows(ws[i].lut_bits, ws[i].lut_norms, ws[i].lut_n_dw, ws[i].n_groups,
+                                 ws[i].group_size, wdec, nt, scales + t0, ws[i].lut_descale, r0[i], r1[i],
+                                 ys[i] + t0 * ystr[i], ystr[i])
+        t0 += nt
 
 
 cdef inline bint _int_path(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
@@ -2237,9 +2289,7 @@ def multiply_shared(weights, x, threads=None, a8=False):
     cdef const CQView* v0 = &va0
     for other in cws[1:]:
         vb = other.view
-        vb.a8_input = va0.a8_input
-        vb.lut_ok = va0.lut_ok     # (lookup and integer views share an input, not a rotation: see below)
-        if not cq_same_rotation(v0, &vb):
+        if (vb.cols, vb.group_size, vb.field_bits) != (v0.cols, v0.group_size, v0.field_bits):
             _fail("multiply_shared weights",
                   f"equal cols / group_size / field width ({v0.cols}, {v0.group_size}, {v0.field_bits})",
                   (other.view.cols, other.view.group_size, other.view.field_bits))

@@ -77,7 +77,8 @@ from libc.string cimport memcpy, memset, memmove
 
 from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row,
                             cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated,
-                            cq_matvec_rotated_rows, cq_matmul_rotated_rows, cq_decode_scratch,
+                            cq_matvec_rotated_rows, cq_matmul_rotated_rows, cq_matmul_rotated_rows_list,
+                            cq_decode_scratch,
                             cq_free_decode_scratch)
 from needle_cy._parallel cimport nc_team_barrier, nc_team_size, nc_barrier, nc_barrier_init, nc_barrier_wait
 from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
@@ -1339,9 +1340,16 @@ cdef class CythonEngine:
         one thread ran while the other waited.  Same bits at any split (cq_matmul_rotated_rows)."""
         cdef int nthr = self._run_threads, i
         cdef Py_ssize_t total = 0
+        cdef Py_ssize_t r0[4]
+        cdef Py_ssize_t r1[4]
+        cdef float* wdec
         if nthr == 1:
+            # one call for the list: the lookup kernel makes each token tile's tables once
             for i in range(count):
-                cq_matmul_rotated(ws[i], self.s_cq_work, T, ys[i], ystr[i], 1)
+                r0[i], r1[i] = 0, ws[i].rows
+            wdec = cq_decode_scratch()
+            cq_matmul_rotated_rows_list(ws, count, self.s_cq_work, T, r0, r1, ys, ystr, wdec)
+            cq_free_decode_scratch(wdec)
             return
         for i in range(count):
             total += (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
@@ -1354,13 +1362,17 @@ cdef class CythonEngine:
         locals are the thread's own: a Cython parallel block shares any variable it only
         writes through a pointer)."""
         cdef float* wdec = cq_decode_scratch()
-        cdef Py_ssize_t r0, r1, t0 = T * tid // nt, t1 = T * (tid + 1) // nt
+        cdef Py_ssize_t t0 = T * tid // nt, t1 = T * (tid + 1) // nt
+        cdef Py_ssize_t r0[4]
+        cdef Py_ssize_t r1[4]
         cdef int i
-        for i in range(count):
-            if by_rows:
-                if _list_share(ws, count, i, tid, nt, &r0, &r1):
-                    cq_matmul_rotated_rows(ws[i], self.s_cq_work, T, 0, T, ys[i], ystr[i], r0, r1, wdec)
-            else:
+        if by_rows:
+            for i in range(count):
+                if not _list_share(ws, count, i, tid, nt, &r0[i], &r1[i]):
+                    r0[i] = r1[i] = 0
+            cq_matmul_rotated_rows_list(ws, count, self.s_cq_work, T, r0, r1, ys, ystr, wdec)
+        else:
+            for i in range(count):
                 cq_matmul_rotated_rows(ws[i], self.s_cq_work, T, t0, t1, ys[i], ystr[i], 0, ws[i].rows, wdec)
         cq_free_decode_scratch(wdec)
 

@@ -158,6 +158,34 @@ NC_CQL_AI void nc_cql_mm_tile(const uint32_t* wb, const float* nb, const float* 
         _mm512_mask_storeu_ps(Y + t * y_stride + r, lanes, _mm512_mul_ps(acc[t], _mm512_set1_ps(s[t] * descale)));
 }
 
+/* The tables of nt ≤ NC_CQL_MM_TOKENS tokens (rotated codes kf, one every kf_stride
+   floats) for rows of n_dw dwords: token t's at tab + t·128·n_dw. */
+NC_CQL_FN void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_t n_dw, const float* codebook,
+                                  int nt, float* tab) {
+    for (int t = 0; t < nt; t++)
+        nc_cql_tables_inl(kf + t * kf_stride, 16 * n_dw, codebook, tab + t * 128 * n_dw);
+}
+
+/* Rows r0 ≤ r < r1 of the nt tokens whose tables nc_cql_tile_tables made
+   (Y[t·y_stride + r]; s[t] their A8 scales). */
+NC_CQL_FN void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
+                                int g, const float* tab, int nt, const float* s, float descale,
+                                ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
+    const int dpg = g / 16;
+    const ptrdiff_t per_token = 128 * n_dw;
+    for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
+        const uint32_t* wb = bits + rb * n_dw * 16;
+        const float* nb = pnorms + rb * n_groups * 16;
+        const __mmask16 lanes = nc_cql_lanes(16 * rb, r0, r1);
+        switch (nt) {
+        case 1: nc_cql_mm_tile(wb, nb, tab, per_token, n_groups, dpg, s, descale, Y, y_stride, 16 * rb, lanes, 1); break;
+        case 2: nc_cql_mm_tile(wb, nb, tab, per_token, n_groups, dpg, s, descale, Y, y_stride, 16 * rb, lanes, 2); break;
+        case 3: nc_cql_mm_tile(wb, nb, tab, per_token, n_groups, dpg, s, descale, Y, y_stride, 16 * rb, lanes, 3); break;
+        default: nc_cql_mm_tile(wb, nb, tab, per_token, n_groups, dpg, s, descale, Y, y_stride, 16 * rb, lanes, 4); break;
+        }
+    }
+}
+
 /* Y[t·y_stride + r] for r0 ≤ r < r1 and 0 ≤ t < n_tokens, from the tokens' rotated
    codes (kf: token 0's, one token every kf_stride floats; s[t] their A8 scales).  A
    tile of up to NC_CQL_MM_TOKENS tokens gets its tables in scratch (scratch_floats
@@ -194,20 +222,9 @@ NC_CQL_FN void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff
     for (ptrdiff_t t0 = 0; t0 < n_tokens; t0 += fit) {
         const ptrdiff_t left = n_tokens - t0;
         const int nt = (int)(left < fit ? left : fit);
-        for (int t = 0; t < nt; t++)
-            nc_cql_tables_inl(kf + (t0 + t) * kf_stride, 16 * n_dw, codebook, scratch + t * per_token);
-        float* Yt = Y + t0 * y_stride;
-        for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
-            const uint32_t* wb = bits + rb * n_dw * 16;
-            const float* nb = pnorms + rb * n_groups * 16;
-            const __mmask16 lanes = nc_cql_lanes(16 * rb, r0, r1);
-            switch (nt) {
-            case 1: nc_cql_mm_tile(wb, nb, scratch, per_token, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 1); break;
-            case 2: nc_cql_mm_tile(wb, nb, scratch, per_token, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 2); break;
-            case 3: nc_cql_mm_tile(wb, nb, scratch, per_token, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 3); break;
-            default: nc_cql_mm_tile(wb, nb, scratch, per_token, n_groups, dpg, s + t0, descale, Yt, y_stride, 16 * rb, lanes, 4); break;
-            }
-        }
+        nc_cql_tile_tables(kf + t0 * kf_stride, kf_stride, n_dw, codebook, nt, scratch);
+        nc_cql_tile_rows(bits, pnorms, n_dw, n_groups, g, scratch, nt, s + t0, descale, r0, r1,
+                         Y + t0 * y_stride, y_stride);
     }
 }
 

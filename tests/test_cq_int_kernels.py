@@ -428,14 +428,16 @@ def test_lut_layout_where_it_applies(lut_kernel):
 
 
 def test_lut_and_integer_views_share_an_input(lut_kernel):
-    """multiply_shared over a lookup matrix and a 2-bit matrix too short for the lookups:
-    each gets its own kernel's result (the input is rotated again between them)."""
+    """multiply_shared over a lookup matrix, a 2-bit matrix too short for the lookups and
+    a ternary one (other codewords in its tables): each gets its own kernel's result
+    (the input is rotated again between them)."""
     rng = np.random.default_rng(81)
     big, small = random_cq(rng, 96, 384, 2, 128), random_cq(rng, 8, 384, 2, 128)
+    trits = random_cq(rng, 80, 384, 5, 128)      # 2-bit fields too, other codewords: other tables
     X = a8(rng.standard_normal((5, 384)))
     for inputs in (X, X[2]):
-        got = _cq.multiply_shared([big, small, big], inputs, a8=True)
-        for W, y in zip([big, small, big], got):
+        got = _cq.multiply_shared([big, small, big, trits, big], inputs, a8=True)
+        for W, y in zip([big, small, big, trits, big], got):
             np.testing.assert_array_equal(y, _cq.matvec(W, inputs, a8=True) if inputs.ndim == 1
                                           else _cq.matmul(W, inputs, a8=True))
 
