@@ -64,8 +64,29 @@ Three inner loops:
   the AVX2 float kernel per matrix, 2 bits 1.1–1.7× (the float one is noisy);
   whole-model decode 4 bits 1.27–1.40×, 2 bits 1.07–1.19× (64 and 600 tokens of
   context).  ``set_kernel``/``kernel_name``/
-  ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512vnni, avxvnni,
-  avx512bw, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
+  ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512lut, avx512vnni,
+  avxvnni, avx512bw, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
+* Table lookups for 2-bit fields (2 bits and ternary) on A8 inputs, AVX-512
+  (cq_lut_kernel.h, kernel ``avx512lut``, what 'auto' takes on AVX-512 CPUs; the
+  other matrices then run on avx512vnni, else avx512bw: ``lut_base_kernel``).  Per
+  token every pair of rotated codes gets a 16-float table of its codewords'
+  products, fma(cb[b], z[2p+1], cb[a]·z[2p]) (T-MAC style), and a vpermps on the
+  packed nibbles looks up 16 rows at once: the rows are re-laid out at load in
+  16-row blocks of interleaved dwords (``CQWeight.enable_lut``; a copy as large as
+  the packed rows, on huge pages in the engine's ``LutArena``; the .cact mapping
+  is left alone).  Its own numerics (reference.cq.matmul_lut, bit for bit, within
+  float32 rounding of the float kernels): per group the pairs' entries summed in
+  four float lanes, then fma(ν, ·, acc).  The 2-bit Lloyd–Max codebook is not
+  symmetric (cb0 + cb3 ≠ 0), so integer sign-plane tables (2.1× rather than 1.7×
+  the two-product kernel in a microbenchmark) would not be exact.  Matrices of
+  fewer than LUT_MIN_ROWS (64) rows keep the integer kernel: a token's tables cost
+  what two or three 16-row blocks of lookups save.  The matvec's tables are made
+  once per rotation (shared by q/k/v/gate and by the threads); the matmul makes
+  each tile of 4 tokens' tables in the thread's scratch, once for a list of
+  products (``cq_matmul_rotated_rows_list``).  Measured (one thread, Zen 4,
+  benchmarks/bench_cq.py): matvec 1.4–1.5× avx512vnni on the 576–16384-row
+  matrices, matmul of 64 tokens 1.35×; whole-model 2-bit decode 1.2–1.3×, prefill
+  1.3× (README).
 * Integer with 256-bit vectors (cq_int_avx2.h), for x86-64 CPUs without AVX-512:
   ``avx2int`` (AVX2+FMA: vpmaddwd + vpaddd) and ``avxvnni`` (VEX vpdpwssd; cpuid
   leaf 7 subleaf 1 EAX bit 4; compiled where the compiler knows AVX-VNNI).  The

@@ -468,10 +468,12 @@ cdef class CythonEngine:
         self._keep.append(a)
         return fptr(a)
 
-    cdef CQView _view(self, W):
+    cdef CQView _view(self, W, bint products=True):
+        """The kernels' view of CQ matrix W; products=False for one whose rows are only
+        gathered (the engram tables: no lookup layout, 17 MB at 2 bits)."""
         cdef CQWeight cw = prepare(W)
         self._keep.append(cw)
-        if self.quant and kernel_name() == "avx512lut":
+        if products and self.quant and kernel_name() == "avx512lut":
             # 2-bit matrices: the lookup layout of the avx512lut kernel (one arena per
             # engine, on huge pages); not made when another kernel was forced
             if self._lut_arena is None:
@@ -553,7 +555,7 @@ cdef class CythonEngine:
             lc.site = -1 if layer.engram_site is None else int(layer.engram_site)
         for i, site in enumerate(w.engram_sites):
             sc = &self.sites[i]
-            sc.tables = self._view(site.tables)
+            sc.tables = self._view(site.tables, False)
             sc.key_proj = self._view(site.key_proj)
             sc.value_proj = self._view(site.value_proj)
             self._check_view(sc.tables, self.NT * self.slots, self.sub, f"engram site {i} tables")
