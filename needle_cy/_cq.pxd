@@ -101,6 +101,9 @@ cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
 cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil
 cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
                     float* work, int threads) noexcept nogil
+# one token rotated on the calling thread, the lookup tables left to the team (decode step)
+cdef bint cq_rotate_deferred(const CQView* w, const float* x, float* work) noexcept nogil
+cdef void cq_team_tables(const CQView* w, float* work, int tid, int nt) noexcept nogil
 cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
                             int threads) noexcept nogil
 cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
