@@ -137,16 +137,18 @@ def test_perf_rows_are_parsed_demangled_and_grouped():
      5.00%  [k] clear_page_erms
      5.00%  [.] __pyx_f_9needle_cy_3_cq__rotate_int
     10.00%  [.] something_else
+     4.00%  [.] nc_cql_tile_rows
+     2.00%  [.] nc_cql_tables
 """
     rows = report.parse_perf_report(text)
     assert rows[0] == (50.0, "nc_cqi_rows_avx512vnni")
     assert rows[1][1] == "_model.CythonEngine._attend_step_heads"
     assert rows[3] == (5.0, "[k] clear_page_erms")
     groups = report.group_operators(rows)
-    assert groups["CQ products (matvec / matmul)"] == 50.0
+    assert groups["CQ products (matvec / matmul)"] == 54.0          # integer and lookup kernels
     assert groups["attention (scores, softmax, P·V)"] == 20.0
     assert groups["Monarch MLP"] == 10.0
-    assert groups["rotations (A8 codes, FWHT, gathers)"] == 5.0
+    assert groups["rotations (A8 codes, FWHT, gathers, lookup tables)"] == 7.0
     assert groups["other"] == 10.0
     assert report.demangle_cython("__pyx_f_9needle_cy_4_ops_a8_inplace") == "_ops.a8_inplace"
     assert report.demangle_cython("gc_collect_main") == "gc_collect_main"
