@@ -30,6 +30,12 @@ Typical use from the forward pass (``_model.pyx``)::
     cq_matmul_rotated(q, work, T, Yq, rows_q, threads)
     cq_matmul_rotated(k, work, T, Yk, rows_k, threads)     # T = 1: cq_matvec_rotated(k, work, yk, threads)
 
+In a parallel region of its own (the engine's decode step): thread 0 calls
+``cq_rotate_deferred`` and, when it returns True (the 2-bit lookup form), every thread
+calls ``cq_team_tables(w, work, tid, nt)`` between two barriers; then each thread runs
+``cq_matvec_rotated_rows`` on its rows.  ``cq_matmul_rotated_rows_list`` is the matmul of
+a thread's share of a list of products (q/k/v/gate) that share one rotation.
+
 Threads: ``threads`` is an upper bound (resolve it once with
 ``needle_cy.threads.get_num_threads``); small products use fewer threads
 because an OpenMP fork costs more than it saves below ~64 K multiply–adds per

@@ -1164,11 +1164,13 @@ cdef class CythonEngine:
                            float* vhist, Py_ssize_t n_heads, float** pmax, float** pden,
                            float** psum, float* logits) noexcept nogil:
         """Every block of a one-token step and the output head, run by each of the nt
-        threads of the caller's parallel region (thread tid): the operations of
-        _run_chunk's block loop, in one region instead of one per product.
+        threads of the caller's parallel region (thread tid): the engram sites, the
+        blocks and the head as _run_chunk computes them for one token, in one region
+        instead of one per product.
 
-        Threads meet at a barrier (parallel_barrier.h) between dependent steps.  The
-        engram and block CQ products are split by rows (_products), the KV heads of the
+        Threads meet at a barrier (parallel_barrier.h) between dependent steps.  Each
+        rotation is thread 0's, its lookup tables (2-bit matrices) the team's
+        (_rotate_team).  The engram and block CQ products are split by rows (_products), the KV heads of the
         attention go to thread kh mod nt, the Monarch MLP is split by rows
         (monarch_mlp_c's team form), and the other per-token operations run on thread 0;
         every value is computed as on one thread, so the logits are the same bits at any
