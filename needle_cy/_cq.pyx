@@ -1890,6 +1890,13 @@ cdef class CQWeight:
         for i in range(C):  # step s = i // 32 reads field s of byte w = i % 32
             v.int_perm[i] = <int16_t>((i % 32) * (8 // int_fb) + i // 32)
 
+    def _lut_possible(self):
+        """Whether enable_lut would make the layout (or made it): the one rule, for
+        enable_lut and for kernel()."""
+        cdef CQView* v = &self.view
+        return bool(v.lut_ok or (lut_applies(v.bits, v.group_size) and v.int_ok and NC_CQ_HAVE_LUT
+                                 and nc_cq_cpu_has_avx512bw() and v.rows >= LUT_MIN_ROWS))
+
     def enable_lut(self, arena=None):
         """Make the lookup layout of the avx512lut kernel (cq_lut_kernel.h) if this
         matrix can take it (lut_applies: 2-bit fields, a group size of 16 … 256) and
@@ -1901,8 +1908,7 @@ cdef class CQWeight:
         cdef CQView* v = &self.view
         if v.lut_ok:
             return True
-        if not lut_applies(v.bits, v.group_size) or not v.int_ok or not NC_CQ_HAVE_LUT \
-                or not nc_cq_cpu_has_avx512bw() or v.rows < LUT_MIN_ROWS:
+        if not self._lut_possible():
             return False
         cdef Py_ssize_t n_rb = (v.rows + 15) // 16, n_dw = v.cols_padded // 16
         if arena is not None:
@@ -1959,8 +1965,7 @@ cdef class CQWeight:
         """Name of the inner loop a matvec of this matrix runs now (A8 input or float input)."""
         cdef int k = nc_cq_active_int_kernel()
         if a8 and self.view.int_ok and k > 0:
-            if k == 7 and not (self.view.lut_ok or (lut_applies(self.view.bits, self.view.group_size)
-                                                    and self.view.rows >= LUT_MIN_ROWS)):
+            if k == 7 and not self._lut_possible():
                 return _INT_NAMES[nc_cq_lut_base()]   # (the wrappers make the layout when they can)
             return _INT_NAMES[k]
         return "avx2" if self.simd else "scalar"
