@@ -129,12 +129,13 @@ group, i.e. 1/32 bit per weight at g = 128) instead of converting on the fly.
 Python-level ``matvec``/``matmul`` pay the conversion once per matrix.
 """
 import math
+import os
 import weakref
 
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel, threadid
-from libc.stdint cimport uint8_t, uint32_t, int16_t, int32_t, int64_t, uintptr_t
+from libc.stdint cimport uint8_t, uint32_t, int16_t, int64_t, uintptr_t
 from libc.math cimport rintf, fabsf
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
@@ -869,6 +870,7 @@ cdef extern from *:
                                int g, const float* kf, ptrdiff_t kf_stride, const float* codebook,
                                ptrdiff_t n_tokens, const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
                                float* Y, ptrdiff_t y_stride, float* scratch, ptrdiff_t scratch_floats) {}
+    static ptrdiff_t nc_cql_tile_tokens(ptrdiff_t n_dw, ptrdiff_t scratch_floats) { return 0; }
     static void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_t n_dw, const float* codebook,
                                    int nt, float* tab) {}
     static void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
@@ -952,6 +954,7 @@ cdef extern from *:
                         int g, const float* kf, Py_ssize_t kf_stride, const float* codebook,
                         Py_ssize_t n_tokens, const float* s, float descale, Py_ssize_t r0, Py_ssize_t r1,
                         float* Y, Py_ssize_t y_stride, float* scratch, Py_ssize_t scratch_floats) noexcept nogil
+    Py_ssize_t nc_cql_tile_tokens(Py_ssize_t n_dw, Py_ssize_t scratch_floats) noexcept nogil
     void nc_cql_tile_tables(const float* kf, Py_ssize_t kf_stride, Py_ssize_t n_dw, const float* codebook,
                             int nt, float* tab) noexcept nogil
     void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
@@ -1157,11 +1160,10 @@ cdef void cq_matmul_rotated_rows_list(const CQView** ws, int count, float* work,
     once for all the matrices (made per matrix, for the q/k/v/gate share of a thread
     they were 2–3 times the work).  The same bits as the calls one by one."""
     cdef int i, nt
-    cdef Py_ssize_t t0, fit, P = ws[0].padded_len, per_token = 128 * ws[0].lut_n_dw
+    cdef Py_ssize_t t0, fit = 0, P = ws[0].padded_len
     cdef const float* scales
-    fit = SCRATCH_FLOATS // per_token if per_token > 0 else 0
-    if fit > 4:
-        fit = 4
+    if ws[0].lut_ok:
+        fit = nc_cql_tile_tokens(ws[0].lut_n_dw, SCRATCH_FLOATS)
     if (<const int*>work)[0] != 2 or n_tokens == 1 or wdec == NULL or fit < 1:
         for i in range(count):
             cq_matmul_rotated_rows(ws[i], work, n_tokens, 0, n_tokens, ys[i], ystr[i], r0[i], r1[i], wdec)
@@ -1979,8 +1981,7 @@ cdef class CQWeight:
 # Fewer rows than this keep the two-product kernel: a token's tables (64 bytes per two
 # inputs, 96 KB for the 3072 inputs of the mHC Φ) cost about what two or three 16-row
 # blocks of lookups save, and the Φ matrices have 4 and 16 rows.
-import os as _os
-LUT_MIN_ROWS = int(_os.environ.get("NEEDLE_CY_LUT_MIN_ROWS", "64"))
+LUT_MIN_ROWS = int(os.environ.get("NEEDLE_CY_LUT_MIN_ROWS", "64"))
 
 
 class LutArena:
@@ -2145,7 +2146,6 @@ def set_kernel(name):
 
 
 def _kernel_from_environment():
-    import os
     import warnings
     name = os.environ.get("NEEDLE_CY_CQ_KERNEL", "auto").strip() or "auto"
     try:

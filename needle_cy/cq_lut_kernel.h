@@ -158,6 +158,12 @@ NC_CQL_AI void nc_cql_mm_tile(const uint32_t* wb, const float* nb, const float* 
         _mm512_mask_storeu_ps(Y + t * y_stride + r, lanes, _mm512_mul_ps(acc[t], _mm512_set1_ps(s[t] * descale)));
 }
 
+/* Tokens per tile whose tables fit in scratch_floats floats (0: not one token's). */
+static inline ptrdiff_t nc_cql_tile_tokens(ptrdiff_t n_dw, ptrdiff_t scratch_floats) {
+    const ptrdiff_t fit = scratch_floats / (128 * n_dw);
+    return fit < NC_CQL_MM_TOKENS ? fit : NC_CQL_MM_TOKENS;
+}
+
 /* The tables of nt ≤ NC_CQL_MM_TOKENS tokens (rotated codes kf, one every kf_stride
    floats) for rows of n_dw dwords: token t's at tab + t·128·n_dw. */
 NC_CQL_FN void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_t n_dw, const float* codebook,
@@ -201,8 +207,7 @@ NC_CQL_FN void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff
                               float* Y, ptrdiff_t y_stride, float* scratch, ptrdiff_t scratch_floats) {
     const int dpg = g / 16;
     const ptrdiff_t per_token = 128 * n_dw;          /* table floats of one token */
-    ptrdiff_t fit = scratch ? scratch_floats / per_token : 0;
-    if (fit > NC_CQL_MM_TOKENS) fit = NC_CQL_MM_TOKENS;
+    const ptrdiff_t fit = scratch ? nc_cql_tile_tokens(n_dw, scratch_floats) : 0;
     if (fit < 1) {
         __attribute__((aligned(64))) float tab[128 * 16];   /* one group (≤ 256 fields) */
         for (ptrdiff_t t = 0; t < n_tokens; t++) {
