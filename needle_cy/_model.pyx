@@ -365,6 +365,8 @@ cdef class CythonEngine:
     cdef cnp.ndarray _scratch_i8
     cdef float* s_row        # [threads, group]
     cdef float* s_cq_work    # CQ kernel workspace
+    cdef float* s_step_work  # [threads, step_work_len]: each thread's own one-token CQ workspace (_step_blocks)
+    cdef Py_ssize_t step_work_len
     cdef nc_barrier team_bar   # the barrier of _step_blocks' team (parallel_barrier.h)
     cdef Py_ssize_t mlp_work_len, row_len
     cdef int64_t* s_ctx      # [n_tok_hist + CH] token context
@@ -604,7 +606,7 @@ cdef class CythonEngine:
 
     cdef _alloc_scratch(self):
         cdef Py_ssize_t CH = CHUNK_MAX, d = self.d, n = self.n, T = self.threads
-        cdef Py_ssize_t nd = n * d, work = 0, i
+        cdef Py_ssize_t nd = n * d, work = 0, i, step = 0
         sizes = [("lanes", CH * nd), ("nx", CH * nd), ("phi", CH * (2 * n + n * n)),
                  ("u", CH * d), ("x", CH * d), ("a", CH * d),
                  ("q", CH * self.H * self.dq), ("k", CH * self.K * self.dq), ("v", CH * self.K * self.dv),
@@ -620,8 +622,10 @@ cdef class CythonEngine:
         self.row_len = 1024
         sizes.append(("row", T * self.row_len + 1024))
         # CQ workspace: enough for the widest matrix at a full chunk
+        # (and each thread's one-token workspace for the matrices of a decode step)
         cdef LayerC* lc
         work = self._need(&self.emb_out, work)
+        step = self._need_step(&self.emb_out, step)
         for i in range(self.L):
             lc = &self.layers[i]
             work = self._need(&lc.q_proj, work)
@@ -632,13 +636,26 @@ cdef class CythonEngine:
             work = self._need(&lc.phi_pre, work)
             work = self._need(&lc.phi_post, work)
             work = self._need(&lc.phi_res, work)
+            step = self._need_step(&lc.q_proj, step)
+            step = self._need_step(&lc.k_proj, step)
+            step = self._need_step(&lc.v_proj, step)
+            step = self._need_step(&lc.gate_proj, step)
+            step = self._need_step(&lc.out_proj, step)
+            step = self._need_step(&lc.phi_pre, step)
+            step = self._need_step(&lc.phi_post, step)
+            step = self._need_step(&lc.phi_res, step)
         for i in range(self.n_sites):
             work = self._need(&self.sites[i].key_proj, work)
             work = self._need(&self.sites[i].value_proj, work)
             work = self._need(&self.sites[i].tables, work)
+            step = self._need_step(&self.sites[i].key_proj, step)
+            step = self._need_step(&self.sites[i].value_proj, step)
         work = self._need(&self.emb, work)
         sizes[-1] = ("row", T * self.row_len + 1024)
         sizes.append(("cq", work + 64))
+        # whole cache lines apart, so that no two threads write one
+        self.step_work_len = (step + 15) // 16 * 16
+        sizes.append(("step", T * self.step_work_len + 16))
         total = sum(s for _, s in sizes) + 16 * len(sizes)
         self._scratch = np.zeros(total, np.float32)
         cdef float* base = fptr(self._scratch)
@@ -679,8 +696,14 @@ cdef class CythonEngine:
         self.s_kcode = self.s_qcode + n_qcode + 64
         self.s_row = base + <Py_ssize_t>ptrs["row"]
         self.s_cq_work = base + <Py_ssize_t>ptrs["cq"]
+        self.s_step_work = base + (<Py_ssize_t>ptrs["step"] + 15) // 16 * 16   # (the array is 64-byte aligned)
         self._ctx_arr = np.zeros(self.n_tok_hist + CH, np.int64)
         self.s_ctx = iptr(self._ctx_arr)
+
+    cdef Py_ssize_t _need_step(self, const CQView* v, Py_ssize_t work):
+        """Grow a thread's one-token step workspace to fit matrix v."""
+        cdef Py_ssize_t need = cq_work_floats(v, 1, 1)
+        return need if need > work else work
 
     cdef Py_ssize_t _need(self, const CQView* v, Py_ssize_t work):
         """Grow the CQ workspace / row scratch sizes to fit matrix v at a full chunk."""
@@ -1168,16 +1191,15 @@ cdef class CythonEngine:
         blocks and the head as _run_chunk computes them for one token, in one region
         instead of one per product.
 
-        Threads meet at a barrier (parallel_barrier.h) between dependent steps.  Each
-        rotation is thread 0's, its lookup tables (2-bit matrices) the team's
-        (_rotate_team).  The engram and block CQ products are split by rows (_products), the KV heads of the
+        Threads meet at a barrier (parallel_barrier.h) between dependent steps.  Every
+        thread rotates each product input into its own workspace (_rotate_team).  The engram and block CQ products are split by rows (_products), the KV heads of the
         attention go to thread kh mod nt, the Monarch MLP is split by rows
         (monarch_mlp_c's team form), and the other per-token operations run on thread 0;
         every value is computed as on one thread, so the logits are the same bits at any
         thread count.
-        The probe pools of block l's cell run on the last thread beside thread 0's start
-        of block l + 1 (the cell is next written by block l + 1's _block_out, several
-        barriers later)."""
+        The probe pools of block l's cell run on the last thread, half beside thread 0's
+        router input of block l + 1, half beside its router weights and block input (the
+        cell is next written by block l + 1's lane update, several barriers later)."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, K = self.K
         cdef Py_ssize_t gw = self.H * self.dv
         cdef Py_ssize_t l, kh, hd, s
@@ -1190,30 +1212,32 @@ cdef class CythonEngine:
         cdef const CQView* ws[4]
         cdef float* ys[4]
         cdef nc_barrier* bar = &self.team_bar
+        # this thread's own rotations: made where they are read, no table or code crosses
+        # to another core (_rotate_team)
+        cdef float* mine = self.s_step_work + tid * self.step_work_len
         # the team's own barrier (no system call per meeting, unlike OpenMP's): set up
         # by thread 0 for the team's real size, behind one OpenMP barrier
         if tid == 0:
             nc_barrier_init(bar, nt)
         nc_team_barrier()
-        # engram sites (spec §4.4): input and its rotation on thread 0, the key and value
+        # engram sites (spec §4.4): input on thread 0, the key and value
         # products split by rows, the value conv on thread 0 (read by thread 0's
         # _block_in only; the next site's products write s_evraw after a barrier)
         for s in range(self.n_sites):
             sc = &self.sites[s]
             if tid == 0:
                 self._engram_input(sc, 1, pos0)
-            self._rotate_team(&sc.key_proj, self.s_e, tid, nt, bar)
+            self._rotate_team(mine, &sc.key_proj, self.s_e, tid, nt, bar)
             ws[0] = &sc.key_proj
             ys[0] = self.s_ekey + s * CHUNK_MAX * d
             ws[1] = &sc.value_proj
             ys[1] = self.s_evraw
             if cq_same_rotation(&sc.key_proj, &sc.value_proj):
-                self._products(ws, ys, 2, tid, nt)
+                self._products(mine, ws, ys, 2, tid, nt)
             else:
-                self._products(ws, ys, 1, tid, nt)
-                nc_barrier_wait(bar)
-                self._rotate_team(&sc.value_proj, self.s_e, tid, nt, bar)
-                self._products(ws + 1, ys + 1, 1, tid, nt)
+                self._products(mine, ws, ys, 1, tid, nt)
+                cq_rotate(&sc.value_proj, self.s_e, 1, sc.value_proj.cols, mine, 1)
+                self._products(mine, ws + 1, ys + 1, 1, tid, nt)
             nc_barrier_wait(bar)
             if tid == 0:
                 self._engram_values(s, sc, 1, pos0, vhist)
@@ -1222,25 +1246,28 @@ cdef class CythonEngine:
             # mHC router input and its rotation (spec §4.5)
             if tid == 0:
                 self._router_input(0)
-            self._rotate_team(&lc.phi_pre, self.s_nx, tid, nt, bar)
+            self._rotate_team(mine, &lc.phi_pre, self.s_nx, tid, nt, bar)
             if lc.phi_shared:
                 self._phi_list(lc, ws, ys)
-                self._products(ws, ys, 3, tid, nt)
+                self._products(mine, ws, ys, 3, tid, nt)
             elif tid == 0:
-                _project_shared(&lc.phi_pre, &lc.phi_pre, self.s_nx, 1, nd, phi, 0, cqw, 1)
+                _project_shared(&lc.phi_pre, &lc.phi_pre, self.s_nx, 1, nd, phi, 0, mine, 1)
                 _project(&lc.phi_post, self.s_nx, 1, nd, phi + n, 0, cqw, 1)
                 _project(&lc.phi_res, self.s_nx, 1, nd, phi + 2 * n, 0, cqw, 1)
             nc_barrier_wait(bar)
-            # router weights, block input, a = A8(ZCRMS(x)) and its rotation
+            # router weights, block input, a = A8(ZCRMS(x)) and its rotation; the second
+            # half of the previous cell's pools beside them
             if tid == 0:
                 self._mhc_in(lc, 0)
                 self._block_in(lc, 0)
-            self._rotate_team(&lc.q_proj, self.s_a, tid, nt, bar)
+            if tid == nt - 1 and l > 0:
+                self._pool_half(l, 1, ids, n_heads, pmax, pden, psum)
+            self._rotate_team(mine, &lc.q_proj, self.s_a, tid, nt, bar)
             if lc.qkvg_shared:
                 self._qkvg_list(lc, ws, ys)
-                self._products(ws, ys, 4, tid, nt)
+                self._products(mine, ws, ys, 4, tid, nt)
             elif tid == 0:
-                _project_shared(&lc.q_proj, &lc.q_proj, self.s_a, 1, d, self.s_q, 0, cqw, 1)
+                _project_shared(&lc.q_proj, &lc.q_proj, self.s_a, 1, d, self.s_q, 0, mine, 1)
                 _project(&lc.k_proj, self.s_a, 1, d, self.s_k, 0, cqw, 1)
                 _project(&lc.v_proj, self.s_a, 1, d, self.s_v, 0, cqw, 1)
                 _project(&lc.gate_proj, self.s_a, 1, d, self.s_g, 0, cqw, 1)
@@ -1255,10 +1282,10 @@ cdef class CythonEngine:
             nc_barrier_wait(bar)
             if tid == 0:
                 self._attend_gate(0)
-            self._rotate_team(&lc.out_proj, self.s_o, tid, nt, bar)
+            self._rotate_team(mine, &lc.out_proj, self.s_o, tid, nt, bar)
             ws[0] = &lc.out_proj
             ys[0] = self.s_ao
-            self._products(ws, ys, 1, tid, nt)
+            self._products(mine, ws, ys, 1, tid, nt)
             nc_barrier_wait(bar)
             # rest of the block: the Monarch MLP split between the threads; lanes, cell
             if tid == 0:
@@ -1272,31 +1299,30 @@ cdef class CythonEngine:
                 self._lane_update(lc, 0)
             nc_barrier_wait(bar)
             if tid == nt - 1:
-                for hd in range(n_heads):
-                    self._pool_row(hd, l + 1, self.s_cell, ids, 1, pmax[hd], pden[hd], psum[hd])
+                self._pool_half(l + 1, 0, ids, n_heads, pmax, pden, psum)
+                if l == self.L - 1:
+                    self._pool_half(l + 1, 1, ids, n_heads, pmax, pden, psum)
         # output: final norm, A8, tied head (spec §4.9)
         if logits != NULL:
             if tid == 0:
                 zc_rmsnorm_c(self.s_cell, self.final_norm, self.s_hid, d)
                 if self.quant:
                     a8_inplace(self.s_hid, d, A8_QMAX)
-            self._rotate_team(&self.emb_out, self.s_hid, tid, nt, bar)
+            self._rotate_team(mine, &self.emb_out, self.s_hid, tid, nt, bar)
             ws[0] = &self.emb_out
             ys[0] = logits
-            self._products(ws, ys, 1, tid, nt)
+            self._products(mine, ws, ys, 1, tid, nt)
 
-    cdef inline void _rotate_team(self, const CQView* w, const float* x, int tid, int nt,
+    cdef inline void _rotate_team(self, float* mine, const CQView* w, const float* x, int tid, int nt,
                                   nc_barrier* bar) noexcept nogil:
-        """One token's input to w rotated for the team, ready for every thread on return:
-        thread 0 rotates it, then (lookup form) every thread makes its share of the
-        tables (cq_team_tables, behind one more meeting).  Thread 0 made them alone: 24
-        KB of stores a rotation, about 5 % of its step while the others waited."""
-        if tid == 0:
-            cq_rotate_deferred(w, x, self.s_cq_work)
+        """One token's input to w, which thread 0 has just written, rotated by every thread
+        of the team into its own workspace `mine` (the same bits on each): one meeting.
+        Thread 0 rotated it into the shared workspace, then the team made the lookup
+        tables (two meetings); the codes and tables the other threads then read were
+        lines of another core's cache, and the rotation and tables took thread 0 two to
+        five times as long as on one thread."""
         nc_barrier_wait(bar)
-        if (<const int*>self.s_cq_work)[1] == 1:
-            cq_team_tables(w, self.s_cq_work, tid, nt)
-            nc_barrier_wait(bar)
+        cq_rotate(w, x, 1, w.cols, mine, 1)
 
     cdef inline void _phi_list(self, LayerC* lc, const CQView** ws, float** ys) noexcept nogil:
         """The three mHC Φ products of a layer as a list (outputs: hpre, hpost, P in s_phi)."""
@@ -1318,9 +1344,10 @@ cdef class CythonEngine:
         ys[2] = self.s_v
         ys[3] = self.s_g
 
-    cdef void _products(self, const CQView** ws, float** ys, int count, int tid, int nt) noexcept nogil:
+    cdef void _products(self, float* work, const CQView** ws, float** ys, int count, int tid,
+                        int nt) noexcept nogil:
         """Thread tid's part of y_i = W_i·x for `count` matrices whose input cq_rotate
-        left in the CQ workspace (_list_share: one contiguous share of the list's rows
+        left in the CQ workspace `work` (_list_share: one contiguous share of the list's rows
         per thread, so each thread streams its rows in order, one kernel call per matrix
         it touches).  Handing the blocks out one at a time by an atomic ticket was
         slower (median 399 against 476 tok/s, 2-bit decode, 2 threads, Zen 4):
@@ -1330,7 +1357,7 @@ cdef class CythonEngine:
         cdef int i
         for i in range(count):
             if _list_share(ws, count, i, tid, nt, &r0, &r1):
-                cq_matvec_rotated_rows(ws[i], self.s_cq_work, ys[i], r0, r1)
+                cq_matvec_rotated_rows(ws[i], work, ys[i], r0, r1)
 
     cdef void _group_products(self, const CQView** ws, float** ys, Py_ssize_t y_stride, int count,
                               Py_ssize_t T) noexcept nogil:
@@ -1659,6 +1686,20 @@ cdef class CythonEngine:
         cdef Py_ssize_t j
         for j in range(self.heads_c[hd].k):
             self._pool_probe(hd, r, j, rows, ids, T, pmax, pden, psum)
+
+    cdef void _pool_half(self, Py_ssize_t r, int half, const int64_t* ids, Py_ssize_t n_heads,
+                         float** pmax, float** pden, float** psum) noexcept nogil:
+        """Half `half` (0: the first ⌊n/2⌋ of the n (head, probe) pools, 1: the rest) of
+        _pool_row for cell row r of a one-token step, every head (two places of
+        _step_blocks where the last thread waits for thread 0; in one it waited for them)."""
+        cdef Py_ssize_t hd, j, task = 0, total = 0
+        for hd in range(n_heads):
+            total += self.heads_c[hd].k
+        for hd in range(n_heads):
+            for j in range(self.heads_c[hd].k):
+                if (task < total // 2) == (half == 0):
+                    self._pool_probe(hd, r, j, self.s_cell, ids, 1, pmax[hd], pden[hd], psum[hd])
+                task += 1
 
     cdef void _pool_probe(self, Py_ssize_t hd, Py_ssize_t r, Py_ssize_t j, const float* rows,
                           const int64_t* ids, Py_ssize_t T, float* pmax, float* pden,
