@@ -30,10 +30,9 @@ Typical use from the forward pass (``_model.pyx``)::
     cq_matmul_rotated(q, work, T, Yq, rows_q, threads)
     cq_matmul_rotated(k, work, T, Yk, rows_k, threads)     # T = 1: cq_matvec_rotated(k, work, yk, threads)
 
-In a parallel region of its own (the engine's decode step): thread 0 calls
-``cq_rotate_deferred`` and, when it returns True (the 2-bit lookup form), every thread
-calls ``cq_team_tables(w, work, tid, nt)`` between two barriers; then each thread runs
-``cq_matvec_rotated_rows`` on its rows.  ``cq_matmul_rotated_rows_list`` is the matmul of
+In a parallel region of its own (the engine's decode step): every thread calls
+``cq_rotate(w, x, 1, cols, work, 1)`` into a workspace of its own (the same bits on each),
+then runs ``cq_matvec_rotated_rows`` on its rows.  ``cq_matmul_rotated_rows_list`` is the matmul of
 a thread's share of a list of products (q/k/v/gate) that share one rotation.
 
 Threads: ``threads`` is an upper bound (resolve it once with
@@ -107,9 +106,6 @@ cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
 cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil
 cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
                     float* work, int threads) noexcept nogil
-# one token rotated on the calling thread, the lookup tables left to the team (decode step)
-cdef bint cq_rotate_deferred(const CQView* w, const float* x, float* work) noexcept nogil
-cdef void cq_team_tables(const CQView* w, float* work, int tid, int nt) noexcept nogil
 cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
                             int threads) noexcept nogil
 cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,

@@ -1217,7 +1217,7 @@ cdef inline float* _int_scales(const CQView* w, float* work, Py_ssize_t n_tokens
 
 
 cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
-                      float* work, int threads, bint defer) noexcept nogil:
+                      float* work, int threads) noexcept nogil:
     """The integer form of T tokens, if every one is an A8 vector (x_j = k_j·s, |k_j| ≤ 127).
 
     s is recovered as max|x|/127 (as the quantizer computed it, to the last bit or
@@ -1256,10 +1256,7 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
         if scales[t] < 0:
             return False
     if (<int*>work)[0] == 2 and n_tokens == 1:
-        if defer:
-            (<int*>work)[1] = 1         # cq_rotate_deferred: the team makes them (cq_team_tables)
-        else:
-            nc_cql_tables(_lut_codes(work), P, w.codebook, _lut_tables(w, work, 1))
+        nc_cql_tables(_lut_codes(work), P, w.codebook, _lut_tables(w, work, 1))
     return True
 
 
@@ -1289,20 +1286,12 @@ cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
                     float* work, int threads) noexcept nogil:
     """Rotate T = n_tokens inputs (row stride x_stride) into work, once for every matrix
     that cq_same_rotation accepts.  work: cq_work_floats(w, n_tokens, threads) floats."""
-    _rotate(w, X, n_tokens, x_stride, work, threads, False)
-
-
-cdef void _rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
-                  float* work, int threads, bint defer) noexcept nogil:
-    """cq_rotate; defer: leave one token's lookup tables to cq_team_tables (header word 1
-    says whether they were left)."""
     cdef bint simd = nc_cq_use_simd(w.simd)
     cdef Py_ssize_t P = w.padded_len, t
     cdef float* xt = work + WORK_HEADER
     cdef float* xp = xt + n_tokens * P
     cdef int n = cq_effective_threads(w, n_tokens, threads)
-    (<int*>work)[1] = 0
-    if _int_path(w, n_tokens) and _rotate_int(w, X, n_tokens, x_stride, work, n, defer):
+    if _int_path(w, n_tokens) and _rotate_int(w, X, n_tokens, x_stride, work, n):
         return
     (<int*>work)[0] = 0
     if n == 1 or n_tokens == 1:
@@ -1311,25 +1300,6 @@ cdef void _rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize
     else:
         for t in prange(n_tokens, num_threads=n, schedule="static"):
             _rotate_token(w, X + t * x_stride, xt + t * P, xp + t * P, simd)
-
-
-cdef bint cq_rotate_deferred(const CQView* w, const float* x, float* work) noexcept nogil:
-    """cq_rotate of one token, on the calling thread, leaving the lookup form's tables to
-    the threads of the caller's team (cq_team_tables, after a barrier); True when they
-    are left (the lookup form), False when work is ready.  For the decode step: the
-    tables of a 768-input token are 24 KB of stores that thread 0 made alone while the
-    other threads waited at the next barrier."""
-    _rotate(w, x, 1, w.cols, work, 1, True)
-    return (<const int*>work)[1] == 1
-
-
-cdef void cq_team_tables(const CQView* w, float* work, int tid, int nt) noexcept nogil:
-    """Thread tid of nt's share of the tables cq_rotate_deferred left (pairs of codes in
-    whole 16-pair pieces); every thread of the team calls it, then meets the others."""
-    cdef Py_ssize_t pieces = w.padded_len // 32, p0 = pieces * tid // nt, p1 = pieces * (tid + 1) // nt
-    if p0 < p1:
-        nc_cql_tables(_lut_codes(work) + 32 * p0, 32 * (p1 - p0), w.codebook,
-                      _lut_tables(w, work, 1) + 256 * p0)
 
 
 cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* Y,

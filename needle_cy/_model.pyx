@@ -78,7 +78,6 @@ from libc.string cimport memcpy, memset, memmove
 from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row,
                             cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated,
                             cq_matvec_rotated_rows, cq_matmul_rotated_rows, cq_matmul_rotated_rows_list,
-                            cq_rotate_deferred, cq_team_tables,
                             cq_decode_scratch,
                             cq_free_decode_scratch)
 from needle_cy._parallel cimport nc_team_barrier, nc_team_size, nc_barrier, nc_barrier_init, nc_barrier_wait
