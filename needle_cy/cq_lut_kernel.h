@@ -1,4 +1,4 @@
-/* 2-bit CQ products on A8 inputs by table lookup (T-MAC style), AVX-512 F.
+/* 2-bit CQ products on A8 inputs by table lookup (T-MAC style), AVX-512 F/BW.
 
    Included once by _cq.pyx (kernel 7, "avx512lut").  See the module docstring of
    _cq.pyx for where it runs; needle_cy.reference.cq.matmul_lut is its executable
@@ -7,31 +7,40 @@
    What it computes.  For one token with A8 scale s and exactly rotated codes z
    (integers, |z| ≤ 127·g, held as floats), pair p of a row (fields 2p and 2p+1,
    the low and high half of a nibble of the packed row) has the table
-       tab_p[e] = fma(cb[e >> 2], z[2p+1], cb[e & 3]·z[2p])      e = 0 … 15
-   (16 floats, 64 bytes; 24 KB for 768 inputs), made once per token and shared by
-   every row and every matrix that shares the input.  Row r then sums, per group γ,
-       a[k & 3] += tab_p[nibble p of r]   for the group's dwords d in order and the
-                                          nibbles k = 0 … 7 of each (p = 8d + k)
-       u_γ = (a0 + a1) + (a2 + a3),   acc = fma(ν_γ, u_γ, acc) over γ in order,
-       y = acc · (s · descale),        descale = float32(1/√g),
-   the same float steps for every row whatever block, tile or thread computes it,
-   and within float32 rounding of the float kernels (any 4-entry codebook: 2 bits
-   and ternary).
+       f_p[e] = fma(cb[e >> 2], z[2p+1], cb[e & 3]·z[2p])      e = 0 … 15  (float32)
+       q_p[e] = rint(f_p[e] · S)                                (int16)
+   where S = 2^k is the token's one table scale, the largest power of two with
+   max|cb| · M · S ≤ 32767, M = max_p (|z[2p]| + |z[2p+1]|) (S = 1 when that is 0):
+   every entry fits an int16 and keeps 14–15 bits.  Made once per token (12 KB for
+   768 inputs), shared by every row and every matrix that shares the input.  Row r
+   then sums, per group γ, the entries of its nibbles exactly (int32),
+       acc = fma(ν_γ, float32(Σ_γ q), acc) over γ in order,
+       y = acc · ((s · descale) · 2^-k),   descale = float32(1/√g),
+   the same steps for every row whatever block, tile, thread or instruction set
+   computes it.  The table rounding costs a relative error of about 2^-15 of the
+   token's largest entry per lookup (about 1e-5 of a row's value, against the A8
+   input's 4e-3); any 4-entry codebook (2 bits and ternary).
 
-   Why it is fast.  One vpermps looks up 16 rows at once (its index is the low 4
-   bits of each dword), so each 32-bit lane of the layout holds one row and the
-   rows of a 16-row block are interleaved.  Per 16 rows × 2 fields: a shift, a
-   vpermps and an add, where the two-product integer kernel spends per row and 32
-   fields 2 vpermw, 2 vpdpwssd and a shift: measured 1.7× its speed (768x768 and
-   16384x768 matvec, one thread, Zen 4).  (Integer tables of ±z sums over sign
-   planes are faster still, 2.1×, but exact only for a symmetric codebook, and the
-   2-bit Lloyd–Max codebook is not: cb0 + cb3 ≠ 0.)
+   Why it is fast.  One vpermw looks up 32 words: for 16 rows, the low word of a
+   row's dword holds pairs 8d … 8d+3 and the high word pairs 8d+4 … 8d+7, and step k
+   looks up pair 8d+k in the low words and 8d+4+k in the high words at once (32
+   entries: the two pairs' tables side by side, the index bit 4 set in the high
+   words).  vpdpwssd against ones then adds each row's two words into its int32
+   lane.  Per 16 rows × 4 fields: a shift, a ternary op, a vpermw and a vpdpwssd
+   (vpmaddwd + vpaddd without VNNI), against a shift, a vpermps and a float add per
+   16 rows × 2 fields for float32 tables (the kernel of session 14): measured 2.2×
+   its speed on a 768-input matvec from L2 and 1.8× from L3 (one thread, Zen 4), and
+   half its table bytes.  (Integer tables of ±z sums over sign planes would need a
+   symmetric codebook, and the 2-bit Lloyd–Max codebook is not: cb0 + cb3 ≠ 0.)
 
    Layout (made once by nc_cql_relayout when the engine enables it; the .cact
    mapping is left as it is):
      bits  [row block][dword d of the row][16 rows]  uint32: packed bytes 4d … 4d+3
      norms [row block][group][16 rows]               float32
-   rows past the last are zero (their lanes are computed and never stored). */
+   rows past the last are zero (their lanes are computed and never stored).
+   Tables of one token (nc_cql_table_floats(n_dw) floats, 64-byte aligned by the
+   caller): a 16-float header (float 0: 2^-k), then per dword d and step k the 32
+   int16 entries [q_{8d+k}[0:16], q_{8d+4+k}[0:16]]. */
 
 #define NC_CQL_TGT "avx512f,avx512bw,avx512vl,prfchw"
 #define NC_CQL_AI static inline __attribute__((always_inline, target(NC_CQL_TGT)))
@@ -63,50 +72,56 @@ static void nc_cql_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_
     }
 }
 
-/* The tables of one token: tab[16·p + e] = fma(cb[e >> 2], z[2p+1], cb[e & 3]·z[2p])
-   for 0 ≤ p < n/2 (z = kf[0:n], the rotated codes). */
-NC_CQL_AI void nc_cql_tables_inl(const float* kf, ptrdiff_t n, const float* codebook, float* tab) {
+/* Floats of one token's tables for rows of n_dw dwords (the header, then the entries). */
+static inline ptrdiff_t nc_cql_table_floats(ptrdiff_t n_dw) { return 16 + 64 * n_dw; }
+
+static inline const int16_t* nc_cql_entries(const float* tab) { return (const int16_t*)(tab + 16); }
+
+/* The table scale S = 2^k of a token (kf[0:n], n even): the largest power of two with
+   max|cb| · M · S ≤ 32767, M = max_p |kf[2p]| + |kf[2p+1]| (exact: small integers); 1
+   when that product is 0.  k is kept within [-126, 100] (a float, never reached by
+   A8 codes). */
+static float nc_cql_token_scale(const float* kf, ptrdiff_t n, const float* codebook) {
+    float m = 0.0f, cbmax = 0.0f;
+    int e;
+    for (ptrdiff_t p = 0; 2 * p < n; p++) {
+        const float v = fabsf(kf[2 * p]) + fabsf(kf[2 * p + 1]);
+        m = v > m ? v : m;
+    }
+    for (int i = 0; i < 4; i++) cbmax = fabsf(codebook[i]) > cbmax ? fabsf(codebook[i]) : cbmax;
+    if (!(m > 0.0f && cbmax > 0.0f)) return 1.0f;
+    frexp(32767.0 / ((double)cbmax * (double)m), &e);     /* 2^(e-1) ≤ limit < 2^e */
+    e = e - 1 < -126 ? -126 : (e - 1 > 100 ? 100 : e - 1);
+    return ldexpf(1.0f, e);
+}
+
+/* The int16 entries of pairs [0, n/2) of a token at table scale S (kf[0:n], n a multiple
+   of 16: whole dwords), in the layout above. */
+NC_CQL_AI void nc_cql_entries_at(const float* kf, ptrdiff_t n, const float* codebook, float S, int16_t* out) {
     float lo[16], hi[16];
     for (int e = 0; e < 16; e++) { lo[e] = codebook[e & 3]; hi[e] = codebook[e >> 2]; }
-    const __m512 cl = _mm512_loadu_ps(lo), ch = _mm512_loadu_ps(hi);
+    const __m512 cl = _mm512_loadu_ps(lo), ch = _mm512_loadu_ps(hi), vs = _mm512_set1_ps(S);
     for (ptrdiff_t p = 0; 2 * p < n; p++) {
+        const ptrdiff_t d = p / 8, k = p % 8;
+        int16_t* at = out + (d * 4 + (k & 3)) * 32 + (k >= 4 ? 16 : 0);
         /* the tables were evicted by the weights streamed since they were last made:
-           ask for the lines to write 16 tables (1 KB) ahead, or each store waits for
-           its line (store-bound: 6 % of a 2-thread decode step, all on thread 0) */
-        __builtin_prefetch(tab + 16 * p + 256, 1, 3);
-        _mm512_storeu_ps(tab + 16 * p, _mm512_fmadd_ps(ch, _mm512_set1_ps(kf[2 * p + 1]),
-                                                       _mm512_mul_ps(cl, _mm512_set1_ps(kf[2 * p]))));
+           ask for the lines 1 KB ahead, or each store waits for its line */
+        __builtin_prefetch(at + 512, 1, 3);
+        const __m512 f = _mm512_fmadd_ps(ch, _mm512_set1_ps(kf[2 * p + 1]), _mm512_mul_ps(cl, _mm512_set1_ps(kf[2 * p])));
+        _mm256_storeu_si256((__m256i*)at, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(f, vs))));
     }
+}
+
+/* The tables of one token (kf[0:n], n = 16·n_dw): header and entries. */
+NC_CQL_AI void nc_cql_tables_inl(const float* kf, ptrdiff_t n, const float* codebook, float* tab) {
+    const float S = nc_cql_token_scale(kf, n, codebook);
+    for (int i = 0; i < 16; i++) tab[i] = 0.0f;
+    tab[0] = 1.0f / S;                                   /* exact: a power of two */
+    nc_cql_entries_at(kf, n, codebook, S, (int16_t*)(tab + 16));
 }
 
 NC_CQL_FN void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook, float* tab) {
     nc_cql_tables_inl(kf, n, codebook, tab);
-}
-
-/* u of one group of a 16-row block: wb its first dword vector, tab its first pair's table. */
-NC_CQL_AI __m512 nc_cql_group(const uint32_t* wb, const float* tab, int dpg) {
-    __m512 a[4];
-    for (int j = 0; j < 4; j++) a[j] = _mm512_setzero_ps();
-    for (int d = 0; d < dpg; d++, wb += 16) {
-        __m512i v = _mm512_loadu_si512((const void*)wb);
-        _mm_prefetch((const char*)wb + NC_CQL_PF_BYTES, _MM_HINT_T0);
-        const float* t = tab + d * 128;
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            a[k & 3] = _mm512_add_ps(a[k & 3], _mm512_permutexvar_ps(v, _mm512_loadu_ps(t + 16 * k)));
-            v = _mm512_srli_epi32(v, 4);
-        }
-    }
-    return _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-}
-
-/* One token's sum of a 16-row block (before the scale). */
-NC_CQL_AI __m512 nc_cql_block(const uint32_t* wb, const float* nb, const float* tab, ptrdiff_t n_groups,
-                             int dpg) {
-    __m512 acc = _mm512_setzero_ps();
-    for (ptrdiff_t g = 0; g < n_groups; g++)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(nb + 16 * g), nc_cql_group(wb + g * dpg * 16, tab + g * dpg * 128, dpg), acc);
-    return acc;
 }
 
 /* lanes [lo, hi) of a block whose first row is r */
@@ -115,112 +130,88 @@ static inline __mmask16 nc_cql_lanes(ptrdiff_t r, ptrdiff_t r0, ptrdiff_t r1) {
     return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
 }
 
-/* y[r] for r0 ≤ r < r1 (one token; tab its tables, scale = s·descale). */
-NC_CQL_FN void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                           int g, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
-    const int dpg = g / 16;
-    const __m512 sc = _mm512_set1_ps(scale);
-    for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
-        const __m512 acc = nc_cql_block(bits + rb * n_dw * 16, pnorms + rb * n_groups * 16, tab, n_groups, dpg);
-        _mm512_mask_storeu_ps(y + 16 * rb, nc_cql_lanes(16 * rb, r0, r1), _mm512_mul_ps(acc, sc));
-    }
+/* the row loops, once per instruction set (cq_lut_rows.h) */
+#define NC_CQL_SUF vnni
+#define NC_CQL_RTGT "avx512f,avx512bw,avx512vl,avx512vnni,prfchw"
+#define NC_CQL_DOT(acc, x) _mm512_dpwssd_epi32(acc, x, ones)
+#include "cq_lut_rows.h"
+#undef NC_CQL_SUF
+#undef NC_CQL_RTGT
+#undef NC_CQL_DOT
+#define NC_CQL_SUF bw
+#define NC_CQL_RTGT NC_CQL_TGT
+#define NC_CQL_DOT(acc, x) _mm512_add_epi32(acc, _mm512_madd_epi16(x, ones))
+#include "cq_lut_rows.h"
+#undef NC_CQL_SUF
+#undef NC_CQL_RTGT
+#undef NC_CQL_DOT
+
+/* which instantiation runs: VNNI where the CPU has it (read once) */
+static int nc_cql_vnni = -1;
+static inline int nc_cql_use_vnni(void) {
+    if (nc_cql_vnni < 0) nc_cql_vnni = nc_cq_cpu_has_avx512vnni();
+    return nc_cql_vnni;
 }
 
-/* NT ≤ NC_CQL_MM_TOKENS tokens of one 16-row block: each token's lanes take exactly
-   nc_cql_block's steps (so a token's outputs are bitwise the matvec's); the weight
-   vector and its shifts are shared by the tokens. */
-NC_CQL_AI void nc_cql_mm_tile(const uint32_t* wb, const float* nb, const float* tab, ptrdiff_t tab_stride,
-                              ptrdiff_t n_groups, int dpg, const float* s, float descale, float* Y,
-                              ptrdiff_t y_stride, ptrdiff_t r, __mmask16 lanes, const int NT) {
-    __m512 acc[NC_CQL_MM_TOKENS];
-    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
-    for (ptrdiff_t g = 0; g < n_groups; g++) {
-        __m512 a[NC_CQL_MM_TOKENS][4];
-        for (int t = 0; t < NT; t++)
-            for (int j = 0; j < 4; j++) a[t][j] = _mm512_setzero_ps();
-        for (int d = 0; d < dpg; d++, wb += 16) {
-            __m512i v = _mm512_loadu_si512((const void*)wb);
-            const float* td = tab + (g * dpg + d) * 128;
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                for (int t = 0; t < NT; t++)
-                    a[t][k & 3] = _mm512_add_ps(a[t][k & 3],
-                                                _mm512_permutexvar_ps(v, _mm512_loadu_ps(td + t * tab_stride + 16 * k)));
-                v = _mm512_srli_epi32(v, 4);
-            }
-        }
-        const __m512 nv = _mm512_loadu_ps(nb + 16 * g);
-        for (int t = 0; t < NT; t++)
-            acc[t] = _mm512_fmadd_ps(nv, _mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]),
-                                                       _mm512_add_ps(a[t][2], a[t][3])), acc[t]);
-    }
-    for (int t = 0; t < NT; t++)
-        _mm512_mask_storeu_ps(Y + t * y_stride + r, lanes, _mm512_mul_ps(acc[t], _mm512_set1_ps(s[t] * descale)));
+/* y[r] for r0 ≤ r < r1 (one token; tab its tables, scale = s·descale). */
+static void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
+                        int g, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
+    if (nc_cql_use_vnni()) nc_cql_rows_vnni(bits, pnorms, n_dw, n_groups, g, tab, scale, r0, r1, y);
+    else nc_cql_rows_bw(bits, pnorms, n_dw, n_groups, g, tab, scale, r0, r1, y);
+}
+
+/* Rows r0 ≤ r < r1 of the nt ≤ NC_CQL_MM_TOKENS tokens whose tables nc_cql_tile_tables
+   made (Y[t·y_stride + r]; s[t] their A8 scales). */
+static void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
+                             int g, const float* tab, int nt, const float* s, float descale,
+                             ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
+    if (nc_cql_use_vnni())
+        nc_cql_tile_rows_vnni(bits, pnorms, n_dw, n_groups, g, tab, nt, s, descale, r0, r1, Y, y_stride);
+    else
+        nc_cql_tile_rows_bw(bits, pnorms, n_dw, n_groups, g, tab, nt, s, descale, r0, r1, Y, y_stride);
 }
 
 /* Tokens per tile whose tables fit in scratch_floats floats (0: not one token's). */
 static inline ptrdiff_t nc_cql_tile_tokens(ptrdiff_t n_dw, ptrdiff_t scratch_floats) {
-    const ptrdiff_t fit = scratch_floats / (128 * n_dw);
+    const ptrdiff_t fit = scratch_floats / nc_cql_table_floats(n_dw);
     return fit < NC_CQL_MM_TOKENS ? fit : NC_CQL_MM_TOKENS;
 }
 
 /* The tables of nt ≤ NC_CQL_MM_TOKENS tokens (rotated codes kf, one every kf_stride
-   floats) for rows of n_dw dwords: token t's at tab + t·128·n_dw. */
+   floats) for rows of n_dw dwords: token t's at tab + t·nc_cql_table_floats(n_dw). */
 NC_CQL_FN void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_t n_dw, const float* codebook,
                                   int nt, float* tab) {
     for (int t = 0; t < nt; t++)
-        nc_cql_tables_inl(kf + t * kf_stride, 16 * n_dw, codebook, tab + t * 128 * n_dw);
-}
-
-/* Rows r0 ≤ r < r1 of the nt tokens whose tables nc_cql_tile_tables made
-   (Y[t·y_stride + r]; s[t] their A8 scales). */
-NC_CQL_FN void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                                int g, const float* tab, int nt, const float* s, float descale,
-                                ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
-    const int dpg = g / 16;
-    const ptrdiff_t per_token = 128 * n_dw;
-    for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
-        const uint32_t* wb = bits + rb * n_dw * 16;
-        const float* nb = pnorms + rb * n_groups * 16;
-        const __mmask16 lanes = nc_cql_lanes(16 * rb, r0, r1);
-        switch (nt) {
-        case 1: nc_cql_mm_tile(wb, nb, tab, per_token, n_groups, dpg, s, descale, Y, y_stride, 16 * rb, lanes, 1); break;
-        case 2: nc_cql_mm_tile(wb, nb, tab, per_token, n_groups, dpg, s, descale, Y, y_stride, 16 * rb, lanes, 2); break;
-        case 3: nc_cql_mm_tile(wb, nb, tab, per_token, n_groups, dpg, s, descale, Y, y_stride, 16 * rb, lanes, 3); break;
-        default: nc_cql_mm_tile(wb, nb, tab, per_token, n_groups, dpg, s, descale, Y, y_stride, 16 * rb, lanes, 4); break;
-        }
-    }
+        nc_cql_tables_inl(kf + t * kf_stride, 16 * n_dw, codebook, tab + t * nc_cql_table_floats(n_dw));
 }
 
 /* Y[t·y_stride + r] for r0 ≤ r < r1 and 0 ≤ t < n_tokens, from the tokens' rotated
    codes (kf: token 0's, one token every kf_stride floats; s[t] their A8 scales).  A
    tile of up to NC_CQL_MM_TOKENS tokens gets its tables in scratch (scratch_floats
-   floats, 8·cols_padded per token: in L2 while the row blocks stream past), made by
+   floats, 4·cols_padded per token: in L2 while the row blocks stream past), made by
    every thread that runs a share of the rows: making them costs about what 3 row
-   blocks of lookups do, and written out for a whole chunk they left L2 (64 tokens
-   × 24 KB) and were read back from L3 (that was 17 % of a prefill).  Without room
-   for one token (scratch NULL) each group's tables are made on the stack for each
-   row block: the same bits, slowly. */
+   blocks of lookups do, and written out for a whole chunk they left L2 and were
+   read back from L3 (that was 17 % of a prefill).  Without room for one token
+   (scratch NULL) each group's tables are made on the stack for each row block, at
+   the token's one scale: the same bits, slowly. */
 NC_CQL_FN void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
                               int g, const float* kf, ptrdiff_t kf_stride, const float* codebook,
                               ptrdiff_t n_tokens, const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
                               float* Y, ptrdiff_t y_stride, float* scratch, ptrdiff_t scratch_floats) {
-    const int dpg = g / 16;
-    const ptrdiff_t per_token = 128 * n_dw;          /* table floats of one token */
     const ptrdiff_t fit = scratch ? nc_cql_tile_tokens(n_dw, scratch_floats) : 0;
     if (fit < 1) {
-        __attribute__((aligned(64))) float tab[128 * 16];   /* one group (≤ 256 fields) */
+        /* one group's entries (≤ 256 fields: 16 dwords) */
+        __attribute__((aligned(64))) int16_t entries[128 * 16];
         for (ptrdiff_t t = 0; t < n_tokens; t++) {
-            const __m512 sc = _mm512_set1_ps(s[t] * descale);
-            for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
-                __m512 acc = _mm512_setzero_ps();
-                for (ptrdiff_t gi = 0; gi < n_groups; gi++) {
-                    nc_cql_tables_inl(kf + t * kf_stride + gi * g, g, codebook, tab);
-                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(pnorms + (rb * n_groups + gi) * 16),
-                                          nc_cql_group(bits + (rb * n_dw + gi * dpg) * 16, tab, dpg), acc);
-                }
-                _mm512_mask_storeu_ps(Y + t * y_stride + 16 * rb, nc_cql_lanes(16 * rb, r0, r1), _mm512_mul_ps(acc, sc));
-            }
+            const float* z = kf + t * kf_stride;
+            const float S = nc_cql_token_scale(z, 16 * n_dw, codebook);
+            const float scale = (s[t] * descale) * (1.0f / S);
+            if (nc_cql_use_vnni())
+                nc_cql_rows_by_group_vnni(bits, pnorms, n_dw, n_groups, g, z, codebook, S, scale, r0, r1,
+                                          Y + t * y_stride, entries);
+            else
+                nc_cql_rows_by_group_bw(bits, pnorms, n_dw, n_groups, g, z, codebook, S, scale, r0, r1,
+                                        Y + t * y_stride, entries);
         }
         return;
     }

@@ -62,6 +62,14 @@ def rel_err(found, expected):
     return float(np.abs(np.asarray(found, np.float64) - expected).max()) / scale
 
 
+def rel_tol(kernel, W):
+    """How far this kernel may be from the float reference: float32 rounding for the
+    integer numerics; the lookups' int16 tables add a rounding of up to 2^-16 of the
+    token's largest entry to every lookup: about 1e-5 of a row's value, up to 3e-4 of
+    a lone row whose sum cancels (1 row, 133 ternary inputs)."""
+    return 1e-3 if runs_lut(kernel, W) else 1e-5
+
+
 def runs_lut(kernel, W):
     """Whether this kernel runs W with the table lookups (else with the integer numerics)."""
     return kernel == "avx512lut" and ref.lut_applies(W.bits, W.group_size) and W.rows >= _cq.LUT_MIN_ROWS
@@ -99,7 +107,7 @@ def test_int_matvec_matches_reference(int_kernel, bits, g):
         for threads in (1, 2):
             got = _cq.matvec(W, x, threads=threads, a8=True)
             assert got.dtype == np.float32 and got.shape == (rows,)
-            assert rel_err(got, want) <= 1e-5, (rows, cols, threads)
+            assert rel_err(got, want) <= rel_tol(int_kernel, W), (rows, cols, threads)
             # the integer (or lookup) numerics of the reference, bit for bit (every kernel, every ISA)
             np.testing.assert_array_equal(got, exact)
         # one token through matmul and multiply_shared takes the same kernel
@@ -120,7 +128,7 @@ def test_int_matmul_matches_reference_and_matvec(int_kernel, bits, g):
         for threads in (1, 2):
             got = _cq.matmul(W, X, threads=threads, a8=True)
             assert got.dtype == np.float32 and got.shape == (T, rows)
-            assert rel_err(got, want) <= 1e-5, (rows, cols, T, threads)
+            assert rel_err(got, want) <= rel_tol(int_kernel, W), (rows, cols, T, threads)
             # each token's row sums are the matvec's, bit for bit
             np.testing.assert_array_equal(got, per_token)
         np.testing.assert_array_equal(per_token, exact_numerics(int_kernel, W, X))
@@ -134,7 +142,7 @@ def test_int_matmul_token_counts(int_kernel, T):
         W = random_cq(rng, 33, 300, bits, 128)
         X = a8(rng.standard_normal((T, 300)))
         got = _cq.matmul(W, X, a8=True)
-        assert rel_err(got, ref.matmul(W, X)) <= 1e-5, (bits, T)
+        assert rel_err(got, ref.matmul(W, X)) <= rel_tol(int_kernel, W), (bits, T)
         np.testing.assert_array_equal(got, np.stack([_cq.matvec(W, x, a8=True) for x in X]))
 
 
@@ -158,8 +166,8 @@ def test_int_extreme_codes_do_not_overflow(int_kernel):
             W = random_cq(rng, 9, 2 * g, bits, g)
             X = a8(np.stack([np.full(2 * g, 3.5, np.float32), np.tile(ref.hadamard_matrix(g)[5] > 0, 2) * 2.0 - 1.0]))
             for x in X:
-                assert rel_err(_cq.matvec(W, x, a8=True), ref.matvec(W, x)) <= 1e-5, (g, bits)
-            assert rel_err(_cq.matmul(W, X, a8=True), ref.matmul(W, X)) <= 1e-5, (g, bits)
+                assert rel_err(_cq.matvec(W, x, a8=True), ref.matvec(W, x)) <= rel_tol(int_kernel, W), (g, bits)
+            assert rel_err(_cq.matmul(W, X, a8=True), ref.matmul(W, X)) <= rel_tol(int_kernel, W), (g, bits)
 
 
 def test_zero_input(int_kernel):
@@ -257,7 +265,7 @@ def test_int_kernels_agree_bitwise(int_kernel, bits):
                     continue    # the lookups and the integer products: two numerics (each tested above)
                 for a, b in zip(got[int_kernel], got[k]):
                     np.testing.assert_array_equal(a, b, err_msg=f"{int_kernel} vs {k}, g={g}, {rows}x{cols}")
-            assert rel_err(got[int_kernel][2], ref.matmul(W, X)) <= 1e-5, (g, rows, cols)
+            assert rel_err(got[int_kernel][2], ref.matmul(W, X)) <= rel_tol(int_kernel, W), (g, rows, cols)
 
 
 def test_int_kernel_selection_rule():

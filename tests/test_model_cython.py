@@ -23,6 +23,7 @@ from needle_cy.testing.make_random_archive import make_random_archive
 pytest.importorskip("needle_cy._model")
 
 RTOL = 1e-5
+DEPLOY_FIRST_RTOL = 1e-4
 SMALL = dict(d_model=32, vocab=300, group_size=32, num_heads=4, num_kv_heads=2, qk_head_dim=8,
              v_head_dim=12, max_seq_len=160, engram_slots=97)
 _ARCHIVES = {}
@@ -47,7 +48,9 @@ def assert_deploy_agrees(got, want, first_row_is_position_0=True):
     and the same greedy token wherever the top-2 margin exceeds 0.1."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     if got.ndim == 2 and first_row_is_position_0:
-        assert_close(got[0], want[0])              # the first position: no history to carry a flip
+        # the first position: no history to carry a flip (the 2-bit lookups' int16 tables,
+        # avx512lut, round each lookup by up to 2^-16 of the token's largest entry)
+        assert_close(got[0], want[0], rtol=DEPLOY_FIRST_RTOL)
     assert np.abs(got - want).mean() <= 0.01
     top2 = np.sort(want, axis=-1)[..., -2:]
     sure = (top2[..., 1] - top2[..., 0]) > 0.1

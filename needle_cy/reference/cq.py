@@ -359,17 +359,30 @@ def lut_applies(bits, group_size):
     return bits in (2, TERNARY_BITS) and 16 <= group_size <= 256
 
 
+def lut_table_scale(z, codebook):
+    """The lookup kernel's table scale S = 2^k of one token's rotated codes z (float32
+    integers): the largest power of two with max|cb| · M · S ≤ 32767, M = max over the
+    pairs of |z[2p]| + |z[2p+1]|, k within [-126, 100]; 1 when max|cb| · M is 0.  So
+    every table entry rint(f·S) fits an int16 (|f| ≤ max|cb|·M, to float32 rounding)."""
+    z = np.asarray(z, np.float32)
+    m = float(np.max(np.abs(z[0::2]) + np.abs(z[1::2]))) if z.size else 0.0
+    cbmax = float(np.max(np.abs(np.asarray(codebook, np.float32)[:4])))
+    if not (m > 0 and cbmax > 0):
+        return np.float32(1.0)
+    e = math.frexp(32767.0 / (cbmax * m))[1] - 1            # 2^e ≤ limit < 2^(e+1)
+    return np.float32(2.0 ** min(max(e, -126), 100))
+
+
 def matmul_lut(W, X):
     """Y = X · Wᵀ as the lookup kernel computes it for A8 rows of X, bit for bit (float32 [T, rows]).
 
     Every token x = s·k (a8_codes) is rotated exactly, z = k·(Hg·√g) per group (integers,
     exact as float32).  Pair p of a row (fields 2p, 2p+1, raw values a and b) reads its
-    token's table entry
-        tab = fma(cb[b], z[2p+1], cb[a]·z[2p])
-    and per group the entries of the pairs p ≡ j (mod 4) are added in order into a_j
-    (float32, from 0); then
-        u = (a0 + a1) + (a2 + a3),   acc = fma(ν, u, acc) over the groups in order,
-        y = acc · (s · float32(1/√g)).
+    token's int16 table entry
+        q = rint(fma(cb[b], z[2p+1], cb[a]·z[2p]) · S),   S = lut_table_scale(z) = 2^k;
+    per group the entries are summed exactly, then
+        acc = fma(ν, float32(Σ q), acc) over the groups in order,
+        y = acc · ((s · float32(1/√g)) · 2^-k).
     Raises ValueError for a row of X that is not an A8 vector or a matrix the kernel
     does not run (lut_applies)."""
     X = np.asarray(X, np.float32)
@@ -387,18 +400,16 @@ def matmul_lut(W, X):
     z = (k.reshape(T, n_groups, g) @ _sylvester_signs(g).astype(np.int64)).reshape(T, -1).astype(np.float32)
     fields = unpack_indices(W.packed, W.bits, W.cols_padded).astype(np.int64)
     cb = np.asarray(W.codebook, np.float32)
+    S = np.array([lut_table_scale(zt, cb) for zt in z], np.float32).reshape(T, 1, 1)
     low = cb[fields[:, 0::2]][None] * z[:, None, 0::2]                     # [T, rows, pairs], float32
-    tab = _fma32(cb[fields[:, 1::2]][None], z[:, None, 1::2], low)
+    f = _fma32(cb[fields[:, 1::2]][None], z[:, None, 1::2], low)
+    q = np.rint(f * S).astype(np.int64)                                    # exact: S is a power of two
     per = g // 2                                                           # pairs per group
+    sums = q.reshape(T, W.rows, n_groups, per).sum(axis=3).astype(np.float32)   # exact (< 2^24)
     norms = np.asarray(W.norms, np.float32)
     acc = np.zeros((T, W.rows), np.float32)
     for gi in range(n_groups):
-        block = tab[:, :, gi * per:(gi + 1) * per].reshape(T, W.rows, per // 4, 4)
-        a = np.zeros((T, W.rows, 4), np.float32)
-        for q in range(per // 4):
-            a = a + block[:, :, q]                                          # float32 adds, in order
-        u = (a[..., 0] + a[..., 1]) + (a[..., 2] + a[..., 3])
-        acc = _fma32(norms[None, :, gi], u, acc)
+        acc = _fma32(norms[None, :, gi], sums[:, :, gi], acc)
     descale = np.float32(1.0 / math.sqrt(g))
-    scale = np.array([c[1] for c in codes], np.float32) * descale
+    scale = (np.array([c[1] for c in codes], np.float32) * descale) * (np.float32(1.0) / S[:, 0, 0])
     return (acc * scale[:, None]).astype(np.float32)
