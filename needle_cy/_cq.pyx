@@ -860,6 +860,7 @@ cdef extern from *:
     #if !defined(NC_CQ_HAVE_LUT)   /* no AVX-512: kernel 7 is never chosen, the layout never made */
     #define NC_CQ_HAVE_LUT 0
     static int nc_cq_lut_base(void) { return 0; }
+    static int nc_cql_vnni = 0;
     static void nc_cql_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_t rows, ptrdiff_t n_dw,
                                 const float* norms, ptrdiff_t norm_stride, ptrdiff_t n_groups,
                                 uint32_t* bits, float* pnorms) {}
@@ -943,6 +944,7 @@ cdef extern from *:
     int nc_cq_cpu_has_neon_dotprod() nogil
     int nc_cq_int_kernel
     int NC_CQ_HAVE_LUT
+    int nc_cql_vnni
     int nc_cq_lut_base() noexcept nogil
     void nc_cql_relayout(const uint8_t* packed, Py_ssize_t row_bytes, Py_ssize_t rows, Py_ssize_t n_dw,
                          const float* norms, Py_ssize_t norm_stride, Py_ssize_t n_groups,
@@ -2080,6 +2082,23 @@ def lut_base_kernel():
     if not (NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw()):
         return None
     return _INT_NAMES.get(nc_cq_lut_base())
+
+
+def lut_dot(name=None):
+    """Which instantiation of the lookup rows runs (cq_lut_rows.h): 'vnni' (vpdpwssd) or
+    'bw' (vpmaddwd + vpaddd; the same bits); name: force one for a test ('vnni' only
+    where the CPU has it).  Returns the previous one (None without the lookup kernel)."""
+    if not (NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw()):
+        return None
+    global nc_cql_vnni
+    if nc_cql_vnni < 0:
+        nc_cql_vnni = nc_cq_cpu_has_avx512vnni()
+    previous = "vnni" if nc_cql_vnni else "bw"
+    if name is not None:
+        if name not in ("vnni", "bw") or (name == "vnni" and not nc_cq_cpu_has_avx512vnni()):
+            raise ValueError(f"lut_dot: expected 'bw' or (with AVX-512 VNNI) 'vnni', got {name!r}")
+        nc_cql_vnni = 1 if name == "vnni" else 0
+    return previous
 
 
 def kernel_name(a8=True):

@@ -450,6 +450,28 @@ def test_lut_and_integer_views_share_an_input(lut_kernel):
                                           else _cq.matmul(W, inputs, a8=True))
 
 
+@pytest.mark.parametrize("dot", ["vnni", "bw"])
+def test_lut_dot_instantiations_give_the_reference_bits(lut_kernel, dot):
+    """Both row loops of the lookups (vpdpwssd, or vpmaddwd + vpaddd without VNNI) sum
+    exact integers: the same bits as matmul_lut, matvec and matmul, 2 bits and ternary."""
+    if dot == "vnni" and "avx512vnni" not in _cq.available_kernels():
+        pytest.skip("CPU lacks AVX-512 VNNI: the vnni row loops cannot run here")
+    previous = _cq.lut_dot(dot)
+    try:
+        assert _cq.lut_dot() == dot
+        rng = np.random.default_rng(77)
+        for bits, g, rows, cols, T in [(2, 64, 70, 768, 9), (5, 32, 65, 200, 5), (2, 256, 80, 600, 1)]:
+            W = random_cq(rng, rows, cols, bits, g)
+            X = a8(rng.standard_normal((T, cols)) * rng.uniform(0.01, 100, size=(T, 1)))
+            want = ref.matmul_lut(W, X)
+            np.testing.assert_array_equal(_cq.matmul(W, X, a8=True), want)
+            np.testing.assert_array_equal(_cq.matvec(W, X[0], a8=True), want[0])
+    finally:
+        _cq.lut_dot(previous)
+    with pytest.raises(ValueError, match="lut_dot"):
+        _cq.lut_dot("sse2")
+
+
 def test_lut_arena_pieces_are_aligned_and_zeroed():
     arena = _cq.LutArena(block=1 << 20)
     pieces = [arena.zeros(n, dt) for n, dt in ((5, np.uint32), (17, np.float32), (3 << 20, np.uint8), (1, np.float32))]
