@@ -191,6 +191,15 @@ cdef inline int64_t* iptr(cnp.ndarray a):
     return <int64_t*>cnp.PyArray_DATA(a)
 
 
+cdef extern from *:
+    """
+    static inline void nc_prefetch_floats(const float* p, Py_ssize_t n) {
+        for (Py_ssize_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 2);
+    }
+    """
+    void _prefetch_floats "nc_prefetch_floats"(const float* p, Py_ssize_t n) noexcept nogil
+
+
 cdef inline bint _visible(Py_ssize_t t, Py_ssize_t j, Py_ssize_t recent, Py_ssize_t sinks,
                           Py_ssize_t band) noexcept nogil:
     """Spec §9.2: key j visible from t (recent/band < 0 = unlimited)."""
@@ -1274,6 +1283,7 @@ cdef class CythonEngine:
             # per KV head (split between the threads): conv, QK norm, RoPE, quantizers,
             # the cache write, the conv histories, the attention
             self._slot_ranges(pos0, lc.band, rng, &n_rng)
+            self._prefetch_mlp(lc, tid, nt)
             kh = tid
             while kh < K:
                 self._group_step(lc, l, kh, pos0, conv_q, conv_k, conv_v, kv, rng, n_rng)
@@ -1311,6 +1321,26 @@ cdef class CythonEngine:
             ws[0] = &self.emb_out
             ys[0] = logits
             self._products(mine, ws, ys, 1, tid, nt)
+
+    cdef void _prefetch_mlp(self, LayerC* lc, int tid, int nt) noexcept nogil:
+        """Ask for block lc's Monarch MLP weights (float32, 116 KB a layer at full size)
+        into this core's caches before the attention: the MLP runs a few stages later and
+        read them from DRAM, on a critical path cut by six meetings (every thread reads
+        nearly all of them)."""
+        cdef Py_ssize_t N = self.N, ba2 = self.ba * self.ba, bb2 = self.bb * self.bb
+        _prefetch_floats(lc.cond_v, self.d * self.R_cond)
+        _prefetch_floats(lc.cond_u, self.R_cond * N)
+        _prefetch_floats(lc.d1, N)
+        _prefetch_floats(lc.d2, N)
+        _prefetch_floats(lc.b2, N)
+        _prefetch_floats(lc.d3, N)
+        _prefetch_floats(lc.d4, N)
+        _prefetch_floats(lc.w1a, ba2)
+        _prefetch_floats(lc.w1b, bb2)
+        _prefetch_floats(lc.w2a, ba2)
+        _prefetch_floats(lc.w2b, bb2)
+        _prefetch_floats(lc.w3a, ba2)
+        _prefetch_floats(lc.w3b, bb2)
 
     cdef inline void _rotate_team(self, float* mine, const CQView* w, const float* x, int tid, int nt,
                                   nc_barrier* bar) noexcept nogil:
