@@ -106,6 +106,10 @@ cdef void cq_matmul(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
 cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil
 cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
                     float* work, int threads) noexcept nogil
+# several tokens rotated by a team, each thread its tokens (prefill chunk; see cq_rotate_tokens)
+cdef bint cq_rotate_tokens(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
+                           float* work, int tid, int nt, float* kf, Py_ssize_t kf_floats) noexcept nogil
+cdef bint cq_rotate_tokens_ok(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil
 cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
                             int threads) noexcept nogil
 cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
@@ -118,6 +122,7 @@ cdef void cq_matmul_rotated_rows(const CQView* w, float* work, Py_ssize_t n_toke
 cdef void cq_matmul_rotated_rows_list(const CQView** ws, int count, float* work, Py_ssize_t n_tokens,
                                       const Py_ssize_t* r0, const Py_ssize_t* r1, float** ys,
                                       const Py_ssize_t* ystr, float* wdec) noexcept nogil
+cdef Py_ssize_t cq_decode_scratch_floats() noexcept nogil
 cdef float* cq_decode_scratch() noexcept nogil
 cdef void cq_free_decode_scratch(float* scratch) noexcept nogil
 cdef void cq_matmul_rotated(const CQView* w, float* work, Py_ssize_t n_tokens,

@@ -1213,7 +1213,11 @@ cdef inline float* _lut_tables(const CQView* w, float* work, Py_ssize_t n_tokens
 
 
 cdef inline float* _int_scales(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
-    if (<const int*>work)[0] == 2:
+    return _int_scales_of(w, work, n_tokens, (<const int*>work)[0] == 2)
+
+
+cdef inline float* _int_scales_of(const CQView* w, float* work, Py_ssize_t n_tokens, bint lut) noexcept nogil:
+    if lut:
         return work + WORK_HEADER + (n_tokens + 8) * w.padded_len + 16
     return work + WORK_HEADER + n_tokens * w.padded_len // 2   # P is a multiple of 64
 
@@ -1266,11 +1270,18 @@ cdef void _rotate_int_tokens(const CQView* w, const float* X, Py_ssize_t t0, Py_
                              Py_ssize_t x_stride, float* work, Py_ssize_t n_tokens,
                              float* kf) noexcept nogil:
     """Tokens [t0, t1) of _rotate_int; kf: P floats of scratch."""
+    _rotate_int_tokens_in(w, X, t0, t1, x_stride, work, n_tokens, kf, (<const int*>work)[0] == 2)
+
+
+cdef void _rotate_int_tokens_in(const CQView* w, const float* X, Py_ssize_t t0, Py_ssize_t t1,
+                                Py_ssize_t x_stride, float* work, Py_ssize_t n_tokens,
+                                float* kf, bint lut) noexcept nogil:
+    """_rotate_int_tokens in the form `lut` (the lookup form or the int16 one), which
+    the header need not hold yet (cq_rotate_tokens: another thread writes it)."""
     cdef Py_ssize_t t, c, P = w.padded_len, g = w.group_size
     cdef int kernel = nc_cq_active_int_kernel()
-    cdef bint lut = (<const int*>work)[0] == 2
     cdef int16_t* z = _int_codes(work)
-    cdef float* scales = _int_scales(w, work, n_tokens)
+    cdef float* scales = _int_scales_of(w, work, n_tokens, lut)
     for t in range(t0, t1):
         if lut:
             kf = _lut_codes(work) + t * P      # the rotated codes are kept as they are
@@ -1302,6 +1313,41 @@ cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
     else:
         for t in prange(n_tokens, num_threads=n, schedule="static"):
             _rotate_token(w, X + t * x_stride, xt + t * P, xp + t * P, simd)
+
+
+cdef bint cq_rotate_tokens(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
+                           float* work, int tid, int nt, float* kf, Py_ssize_t kf_floats) noexcept nogil:
+    """Thread tid of nt's share of cq_rotate of n_tokens ≥ 2 tokens in the integer forms
+    (tokens T·tid/nt … T·(tid+1)/nt), for a team that meets before anyone reads work;
+    kf: kf_floats floats of this thread's own (the int16 form needs padded_len; without
+    them, or NULL, its tokens are marked refused).
+    False, having written nothing, where the integer form does not apply (then thread 0 calls cq_rotate alone).  After the
+    meeting cq_rotate_tokens_ok tells whether every token was an A8 vector; when not,
+    thread 0 calls cq_rotate.  The same bits as cq_rotate (the prefill chunk's one
+    parallel region: a region per rotation was part of libgomp's 10 % of a prefill)."""
+    cdef bint lut
+    cdef Py_ssize_t t0 = n_tokens * tid // nt, t1 = n_tokens * (tid + 1) // nt, t
+    if n_tokens < 2 or not _int_path(w, n_tokens):
+        return False
+    lut = _lut_path(w)
+    if (kf == NULL or kf_floats < w.padded_len) and not lut:   # (its tokens fail the verdict)
+        for t in range(t0, t1):
+            _int_scales_of(w, work, n_tokens, lut)[t] = -1.0
+    else:
+        _rotate_int_tokens_in(w, X, t0, t1, x_stride, work, n_tokens, kf, lut)
+    if tid == 0:
+        (<int*>work)[0] = 2 if lut else 1
+    return True
+
+
+cdef bint cq_rotate_tokens_ok(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
+    """After cq_rotate_tokens and a meeting: whether work holds every token's rotation."""
+    cdef const float* scales = _int_scales(w, work, n_tokens)
+    cdef Py_ssize_t t
+    for t in range(n_tokens):
+        if scales[t] < 0:
+            return False
+    return True
 
 
 cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* Y,
@@ -1645,6 +1691,11 @@ cdef void cq_matmul_rotated_rows(const CQView* w, float* work, Py_ssize_t n_toke
     else:
         for r in range(r0, r1):
             _matmul_row_scalar(w, r, xt + t0 * P, nt, Y + t0 * y_stride, y_stride)
+
+
+cdef Py_ssize_t cq_decode_scratch_floats() noexcept nogil:
+    """Floats of a cq_decode_scratch."""
+    return SCRATCH_FLOATS
 
 
 cdef float* cq_decode_scratch() noexcept nogil:

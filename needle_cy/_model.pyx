@@ -78,7 +78,8 @@ from libc.string cimport memcpy, memset, memmove
 from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row,
                             cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated,
                             cq_matvec_rotated_rows, cq_matmul_rotated_rows, cq_matmul_rotated_rows_list,
-                            cq_decode_scratch,
+                            cq_rotate_tokens, cq_rotate_tokens_ok,
+                            cq_decode_scratch, cq_decode_scratch_floats,
                             cq_free_decode_scratch)
 from needle_cy._parallel cimport nc_team_barrier, nc_team_size, nc_barrier, nc_barrier_init, nc_barrier_wait
 from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
@@ -984,7 +985,7 @@ cdef class CythonEngine:
         cdef Py_ssize_t n_heads = self.n_heads if pool else 0
         cdef float* hid = self.s_hid
         cdef Py_ssize_t first
-        cdef bint stepped
+        cdef bint stepped, teamed
         cdef const CQView* ws[4]
         cdef float* ys[4]
         cdef Py_ssize_t ystr[4]
@@ -1044,7 +1045,13 @@ cdef class CythonEngine:
                 with parallel(num_threads=self._run_threads):
                     self._step_blocks(threadid(), nc_team_size(), pos0, ids, conv_q, conv_k, conv_v,
                                       &kv, vhist, n_heads, pmax, pden, psum, logits)
-            for l in range(0 if stepped else L):
+            # a chunk of several tokens on several threads: the blocks in one region too
+            teamed = T > 1 and ntok > 1 and cells == NULL and L > 0
+            if teamed:
+                with parallel(num_threads=ntok):
+                    self._chunk_blocks(threadid(), nc_team_size(), T, pos0, ids, conv_q, conv_k, conv_v,
+                                       &kv, n_heads, pmax, pden, psum)
+            for l in range(0 if (stepped or teamed) else L):
                 lc = &self.layers[l]
                 band = lc.band
                 # mHC router input nx = A8(RMSunit(flatten X))                        (spec §4.5)
@@ -1189,6 +1196,132 @@ cdef class CythonEngine:
                     hptr[j] = vhist + (s * vh + vh + src) * d
             conv_step_c(sc.taps, e_taps, d, d, hptr, self.s_eval + (s * CHUNK_MAX + t) * d)
         self._shift_history(vhist + s * vh * d, vh, self.s_evraw, T, d)
+
+    cdef void _chunk_blocks(self, int tid, int nt, Py_ssize_t T, Py_ssize_t pos0, const int64_t* ids,
+                            float* conv_q, float* conv_k, float* conv_v, KVCache* kv,
+                            Py_ssize_t n_heads, float** pmax, float** pden, float** psum) noexcept nogil:
+        """Every block of a chunk of T ≥ 2 tokens, run by each of the nt threads of the
+        caller's parallel region (thread tid): _run_chunk's block loop in one region
+        instead of about twelve per block (their joins were 10 % of a 2-thread prefill).
+
+        The per-token steps go to the threads by contiguous token ranges, so a token's
+        lanes, cell and conv inputs stay with one thread from block to block; the
+        rotations by the same ranges (cq_rotate_tokens); the products as
+        _group_products_strided cuts them (_group_share); the attention by interleaved
+        tokens (a token's cost grows with its position); the probe pools by (head,
+        probe).  Threads meet at the team barrier between dependent steps; every value
+        is the one _run_chunk's loop makes."""
+        cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, H = self.H, K = self.K
+        cdef Py_ssize_t qw = H * self.dq, kw = K * self.dq, vw = K * self.dv, gw = H * self.dv
+        cdef Py_ssize_t nphi = 2 * n + n * n
+        cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
+        cdef Py_ssize_t t0 = T * tid // nt, t1 = T * (tid + 1) // nt, t, l, i, total
+        cdef LayerC* lc
+        cdef const CQView* ws[4]
+        cdef float* ys[4]
+        cdef Py_ssize_t ystr[4]
+        cdef float* cqw = self.s_cq_work
+        cdef nc_barrier* bar = &self.team_bar
+        cdef float* kf = cq_decode_scratch()     # this thread's scratch for the rotations
+        if tid == 0:
+            nc_barrier_init(bar, nt)
+        nc_team_barrier()
+        for l in range(self.L):
+            lc = &self.layers[l]
+            # mHC router input, its rotation and the three Φ (spec §4.5)
+            for t in range(t0, t1):
+                self._router_input(t)
+            self._rotate_chunk(&lc.phi_pre, self.s_nx, T, nd, tid, nt, kf, bar)
+            if lc.phi_shared:
+                self._phi_list(lc, ws, ys)
+                for i in range(3):
+                    ystr[i] = nphi
+                self._group_share(ws, ys, ystr, 3, T, self._by_rows(ws, 3, nt), tid, nt)
+            elif tid == 0:
+                _project_shared(&lc.phi_pre, &lc.phi_pre, self.s_nx, T, nd, self.s_phi, nphi, cqw, 1)
+                _project(&lc.phi_post, self.s_nx, T, nd, self.s_phi + n, nphi, cqw, 1)
+                _project(&lc.phi_res, self.s_nx, T, nd, self.s_phi + 2 * n, nphi, cqw, 1)
+            nc_barrier_wait(bar)
+            # router weights, block input, a = A8(ZCRMS(x)), the attention products
+            for t in range(t0, t1):
+                self._mhc_in(lc, t)
+                self._block_in(lc, t)
+            self._rotate_chunk(&lc.q_proj, self.s_a, T, d, tid, nt, kf, bar)
+            if lc.qkvg_shared:
+                self._qkvg_list(lc, ws, ys)
+                ystr[0] = qw
+                ystr[1] = kw
+                ystr[2] = vw
+                ystr[3] = gw
+                self._group_share(ws, ys, ystr, 4, T, self._by_rows(ws, 4, nt), tid, nt)
+            elif tid == 0:
+                _project_shared(&lc.q_proj, &lc.q_proj, self.s_a, T, d, self.s_q, qw, cqw, 1)
+                _project(&lc.k_proj, self.s_a, T, d, self.s_k, kw, cqw, 1)
+                _project(&lc.v_proj, self.s_a, T, d, self.s_v, vw, cqw, 1)
+                _project(&lc.gate_proj, self.s_a, T, d, self.s_g, gw, cqw, 1)
+            nc_barrier_wait(bar)
+            # conv, QK norm, RoPE, quantizers; k and v into the cache (steps 2–6)
+            for t in range(t0, t1):
+                self._qkv_token(lc, l, t, pos0, conv_q, conv_k, conv_v, kv)
+            nc_barrier_wait(bar)
+            # the conv histories (thread 0) beside the attention, gate and A8 (steps 7–9)
+            if tid == 0 and hist > 0:
+                self._shift_history(conv_q + l * hist * qw, hist, self.s_q, T, qw)
+                self._shift_history(conv_k + l * hist * kw, hist, self.s_k, T, kw)
+                self._shift_history(conv_v + l * hist * vw, hist, self.s_v, T, vw)
+            t = tid
+            while t < T:
+                self._attend_token(lc, l, t, pos0, kv)
+                t = t + nt
+            nc_barrier_wait(bar)       # (the rotation reads other threads' tokens' outputs)
+            self._rotate_chunk(&lc.out_proj, self.s_o, T, gw, tid, nt, kf, bar)
+            ws[0] = &lc.out_proj
+            ys[0] = self.s_ao
+            ystr[0] = d
+            self._group_share(ws, ys, ystr, 1, T, self._by_rows(ws, 1, nt), tid, nt)
+            nc_barrier_wait(bar)
+            # rest of the block, lanes, cell (spec §4.5–§4.8), then the cell's pools
+            for t in range(t0, t1):
+                self._block_out(lc, t)
+            nc_barrier_wait(bar)
+            self._pool_team(l + 1, self.s_cell, ids, T, n_heads, pmax, pden, psum, tid, nt)
+        cq_free_decode_scratch(kf)
+
+    cdef inline bint _by_rows(self, const CQView** ws, int count, int nt) noexcept nogil:
+        """_group_products_strided's cut: the rows when the list has 4 blocks a thread."""
+        cdef Py_ssize_t total = 0
+        cdef int i
+        for i in range(count):
+            total += (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
+        return total >= 4 * nt
+
+    cdef inline void _rotate_chunk(self, const CQView* w, const float* X, Py_ssize_t T, Py_ssize_t x_stride,
+                                   int tid, int nt, float* kf, nc_barrier* bar) noexcept nogil:
+        """T tokens of X (each written by the thread of its token range, or before the
+        region) rotated into the shared workspace by the team, ready for every thread on
+        return: each thread its tokens (cq_rotate_tokens), one meeting; where that does
+        not apply, thread 0 rotates them all (the float form, or a token that is not an
+        A8 vector after all), one more."""
+        cdef bint shared = cq_rotate_tokens(w, X, T, x_stride, self.s_cq_work, tid, nt, kf,
+                                            cq_decode_scratch_floats() if kf != NULL else 0)
+        nc_barrier_wait(bar)
+        if shared and cq_rotate_tokens_ok(w, self.s_cq_work, T):
+            return
+        nc_barrier_wait(bar)       # (every thread has read the verdict before thread 0 rewrites it)
+        if tid == 0:
+            cq_rotate(w, X, T, x_stride, self.s_cq_work, 1)
+        nc_barrier_wait(bar)
+
+    cdef void _pool_team(self, Py_ssize_t r, const float* rows, const int64_t* ids, Py_ssize_t T,
+                         Py_ssize_t n_heads, float** pmax, float** pden, float** psum, int tid,
+                         int nt) noexcept nogil:
+        """_pool_chunk's (head, probe) pools in a team: thread tid takes every nt-th."""
+        cdef Py_ssize_t task = 0, hd, j
+        for hd in range(n_heads):
+            for j in range(self.heads_c[hd].k):
+                if task % nt == tid:
+                    self._pool_probe(hd, r, j, rows, ids, T, pmax[hd], pden[hd], psum[hd])
+                task += 1
 
     cdef void _step_blocks(self, int tid, int nt, Py_ssize_t pos0, const int64_t* ids,
                            float* conv_q, float* conv_k, float* conv_v, KVCache* kv,

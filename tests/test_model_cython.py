@@ -260,7 +260,9 @@ def test_kv_storage_choice(archive_dir):
 def test_decode_is_bit_identical_across_thread_counts(archive_dir, key):
     """A step on several threads is one parallel region (CythonEngine._step_blocks: row
     blocks of every product split, KV heads split, the Monarch MLP split by rows,
-    the probe pools on the last thread); prefill splits tokens.  None of it may change
+    the probe pools on the last thread); so is a prefill chunk's block loop
+    (_chunk_blocks: token ranges, rotations by token, row or token shares of the
+    products, interleaved attention, pools by probe).  None of it may change
     a bit of the logits or of the pooled head outputs, in every geometry (shared and
     unshared rotations, float and integer kernels) and at more threads than KV heads."""
     kw, numerics = GEOMETRIES[key]
