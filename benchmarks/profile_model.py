@@ -15,7 +15,7 @@ prompt) or ``prefill BITS TOKENS ROUNDS``, then optionally an archive path;
 NEEDLE_CY_CQ_KERNEL picks the CQ kernel.  The default archive is bench_model.py's random
 full-size model at BITS.  ``benchmarks/report.py`` runs this under perf and groups the symbols.  Each CQ operator class is
 its own symbol: ``nc_cqi_rows_*`` (integer matvec), ``nc_cqi_mm_rows_*`` (integer
-matmul), ``nc_cql_rows``/``nc_cql_tile_rows`` (2-bit lookups) and ``nc_cql_tables``/
+matmul), ``nc_cql_rows_*``/``nc_cql_tile_rows_*`` (2-bit lookups; vnni or bw) and ``nc_cql_tables``/``nc_cql_token_scale``/
 ``nc_cql_tile_tables`` (their tables), ``nc_cq_avx2_rows_dot``/``nc_cq_dot_tiles`` (float), ``nc_attend_avx2``
 (attention), ``nc_kron_half``/``monarch_mlp_c`` (MLP), ``nc_cqi_a8_codes_*`` and
 ``nc_cq_fwht_avx2`` (rotations).  Without PERF_CTL it only prints the CPU time.

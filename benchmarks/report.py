@@ -64,7 +64,7 @@ KERNEL_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "
                 "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm", "sve", "sve2", "bf16")
 # perf symbol -> operator class, first match wins (symbol names in profile_model.py's docstring)
 OPERATOR_CLASSES = [
-    ("rotations (A8 codes, FWHT, gathers, lookup tables)", r"a8_codes|fwht|pack_codes|rotate|cql_tables|cql_tile_tables"),
+    ("rotations (A8 codes, FWHT, gathers, lookup tables)", r"a8_codes|fwht|pack_codes|rotate|cql_tables|cql_tile_tables|cql_token_scale"),
     ("CQ products (matvec / matmul)", r"nc_cqi|nc_cql|nc_cq_|cq_mat|matmul|matvec|_cq_|dot_tiles"),
     ("attention (scores, softmax, P·V)", r"attend|i8_scores|i8_pv|softmax|_attn"),
     ("Monarch MLP", r"kron|monarch"),

@@ -67,26 +67,28 @@ Three inner loops:
   ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512lut, avx512vnni,
   avxvnni, avx512bw, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
 * Table lookups for 2-bit fields (2 bits and ternary) on A8 inputs, AVX-512
-  (cq_lut_kernel.h, kernel ``avx512lut``, what 'auto' takes on AVX-512 CPUs; the
-  other matrices then run on avx512vnni, else avx512bw: ``lut_base_kernel``).  Per
-  token every pair of rotated codes gets a 16-float table of its codewords'
-  products, fma(cb[b], z[2p+1], cb[a]·z[2p]) (T-MAC style), and a vpermps on the
-  packed nibbles looks up 16 rows at once: the rows are re-laid out at load in
-  16-row blocks of interleaved dwords (``CQWeight.enable_lut``; a copy as large as
-  the packed rows, on huge pages in the engine's ``LutArena``; the .cact mapping
-  is left alone).  Its own numerics (reference.cq.matmul_lut, bit for bit, within
-  float32 rounding of the float kernels): per group the pairs' entries summed in
-  four float lanes, then fma(ν, ·, acc).  The 2-bit Lloyd–Max codebook is not
-  symmetric (cb0 + cb3 ≠ 0), so integer sign-plane tables (2.1× rather than 1.7×
-  the two-product kernel in a microbenchmark) would not be exact.  Matrices of
-  fewer than LUT_MIN_ROWS (64) rows keep the integer kernel: a token's tables cost
-  what two or three 16-row blocks of lookups save.  The matvec's tables are made
-  once per rotation (shared by q/k/v/gate and by the threads); the matmul makes
-  each tile of 4 tokens' tables in the thread's scratch, once for a list of
-  products (``cq_matmul_rotated_rows_list``).  Measured (one thread, Zen 4,
-  benchmarks/bench_cq.py): matvec 1.4–1.5× avx512vnni on the 576–16384-row
-  matrices, matmul of 64 tokens 1.35×; whole-model 2-bit decode 1.2–1.3×, prefill
-  1.3× (README).
+  (cq_lut_kernel.h, row loops in cq_lut_rows.h; kernel ``avx512lut``, what 'auto'
+  takes on AVX-512 CPUs; the other matrices then run on avx512vnni, else avx512bw:
+  ``lut_base_kernel``).  Per token every pair of rotated codes gets a 16-entry table
+  of its codewords' products, fma(cb[b], z[2p+1], cb[a]·z[2p]) (T-MAC style), rounded
+  to int16 at one power-of-two scale per token (reference.cq.lut_table_scale); one
+  vpermw on the packed nibbles looks up 16 rows × 4 fields (two pairs' tables side by
+  side), and vpdpwssd against ones (vpmaddwd + vpaddd without VNNI: ``lut_dot``) adds
+  them into exact int32 group sums.  The rows are re-laid out at load in 16-row
+  blocks of interleaved dwords (``CQWeight.enable_lut``; a copy as large as the packed
+  rows, on huge pages in the engine's ``LutArena``; the .cact mapping is left alone).
+  Its own numerics (reference.cq.matmul_lut, bit for bit): per group
+  fma(ν, float(Σ entries), acc), then times s·descale·2^-k; the table rounding is
+  ~1e-5 of a row's value.  The 2-bit Lloyd–Max codebook is not symmetric (cb0 + cb3
+  ≠ 0), so integer sign-plane tables would not be exact.  Matrices of fewer than
+  LUT_MIN_ROWS (64) rows keep the integer kernel: a token's tables cost what two or
+  three 16-row blocks of lookups save.  cq_rotate makes one token's tables (in the
+  decode step each thread its own); the matmul makes each tile of 4 tokens' tables
+  in the thread's scratch, once for a list of products
+  (``cq_matmul_rotated_rows_list``).  Measured (one thread, Zen 4,
+  benchmarks/bench_cq.py): matvec 2.4–3.6× avx512vnni on the 576–16384-row matrices,
+  matmul of 64 tokens 2.4–3.0× (1.5× at 3072 inputs); whole-model 2-bit decode 1.17×, prefill 1.28× over
+  session 14's float32 tables (README).
 * Integer with 256-bit vectors (cq_int_avx2.h), for x86-64 CPUs without AVX-512:
   ``avx2int`` (AVX2+FMA: vpmaddwd + vpaddd) and ``avxvnni`` (VEX vpdpwssd; cpuid
   leaf 7 subleaf 1 EAX bit 4; compiled where the compiler knows AVX-VNNI).  The

@@ -137,8 +137,10 @@ def test_perf_rows_are_parsed_demangled_and_grouped():
      5.00%  [k] clear_page_erms
      5.00%  [.] __pyx_f_9needle_cy_3_cq__rotate_int
     10.00%  [.] something_else
-     4.00%  [.] nc_cql_tile_rows
-     2.00%  [.] nc_cql_tables
+     3.00%  [.] nc_cql_tile_rows_vnni
+     1.00%  [.] nc_cql_rows_bw
+     1.00%  [.] nc_cql_tables
+     1.00%  [.] nc_cql_token_scale
 """
     rows = report.parse_perf_report(text)
     assert rows[0] == (50.0, "nc_cqi_rows_avx512vnni")
