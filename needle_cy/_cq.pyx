@@ -2342,6 +2342,44 @@ def _matmul_pieces(W, X, row_cut, token_cut, a8=False, scratch=True):
     return Y
 
 
+def _matmul_token_shares(W, X, nt, a8=True, scratch=True):
+    """matmul with the rotation made as a team of nt threads makes it in a prefill chunk
+    (cq_rotate_tokens for each tid in turn, each with its own scratch, then the verdict;
+    thread 0's cq_rotate where it fails), then the products on one thread.  Returns (Y,
+    whether the shares stood).  For tests: Y must equal matmul bit for bit.
+    scratch=False: no thread scratch (a failed malloc)."""
+    cdef CQWeight cw = prepare(W)
+    if a8:
+        cw.enable_lut()
+    cdef CQView va = cw.view
+    va.a8_input = 1 if a8 else 0
+    cdef const CQView* v = &va
+    Xa = _as_float32("matmul X", np.asarray(X), (np.asarray(X).shape[0], v.cols))
+    cdef Py_ssize_t T = Xa.shape[0]
+    cdef int n = int(nt), tid
+    if T < 2 or n < 1:
+        raise ValueError("_matmul_token_shares: expects at least 2 tokens and 1 thread")
+    Y = np.full((T, v.rows), np.nan, np.float32)
+    cdef const float[:, ::1] xv = Xa
+    cdef float[:, ::1] yv = Y
+    cdef float* work = <float*>malloc(cq_work_floats(v, T, 1) * sizeof(float))
+    cdef float* kf = cq_decode_scratch() if scratch else NULL
+    cdef bint shared = True, stood
+    try:
+        with nogil:
+            for tid in range(n):
+                shared = cq_rotate_tokens(v, &xv[0, 0], T, v.cols, work, tid, n, kf,
+                                          SCRATCH_FLOATS if kf != NULL else 0) and shared
+            stood = shared and cq_rotate_tokens_ok(v, work, T)
+            if not stood:
+                cq_rotate(v, &xv[0, 0], T, v.cols, work, 1)
+            cq_matmul_rotated(v, work, T, &yv[0, 0], v.rows, 1)
+    finally:
+        free(work)
+        cq_free_decode_scratch(kf)
+    return Y, bool(stood)
+
+
 def _matvec_pieces(W, x, row_cut, a8=False):
     """matvec computed as rows [0, row_cut) and [row_cut, rows) by cq_matvec_rotated_rows
     (the decode step's split; for tests: it must equal matvec bit for bit)."""

@@ -157,6 +157,30 @@ def test_int_matmul_with_one_float_token_takes_the_float_kernel(int_kernel):
     assert np.isnan(_cq.matmul(W, X, a8=True)[2]).all()
 
 
+def test_token_shares_of_a_rotation_equal_the_whole(int_kernel):
+    """A prefill chunk's team rotates each thread's tokens (cq_rotate_tokens): for any
+    team size the same bits as matmul, integer and lookup forms; a token that is not an
+    A8 vector, or no scratch for the int16 form, fails the verdict and thread 0's
+    rotation (the float form there) gives matmul's result again."""
+    rng = np.random.default_rng(31)
+    for bits, g, rows, cols in [(2, 64, 70, 768), (4, 32, 33, 200), (5, 128, 65, 300), (3, 64, 20, 130)]:
+        W = random_cq(rng, rows, cols, bits, g)
+        X = a8(rng.standard_normal((9, cols)) * rng.uniform(0.01, 100, size=(9, 1)))
+        want = _cq.matmul(W, X, a8=True)
+        for nt in (1, 2, 3, 9, 12):
+            got, stood = _cq._matmul_token_shares(W, X, nt)
+            assert stood, (bits, nt)
+            np.testing.assert_array_equal(got, want)
+        bad = X.copy()
+        bad[4, 3] += np.float32(0.37) * np.abs(bad[4]).max() / 127     # row 4 is no longer A8
+        got, stood = _cq._matmul_token_shares(W, bad, 2)
+        assert not stood
+        np.testing.assert_array_equal(got, _cq.matmul(W, bad, a8=True))
+        got, stood = _cq._matmul_token_shares(W, X, 2, scratch=False)
+        assert stood == runs_lut(int_kernel, W)      # the lookup form keeps its codes in place
+        np.testing.assert_array_equal(got, want)
+
+
 def test_int_extreme_codes_do_not_overflow(int_kernel):
     # |k| = 127 everywhere, signs aligned with the rotation: the largest rotated
     # codes (127·g) meet the largest codewords
