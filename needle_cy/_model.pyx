@@ -1215,7 +1215,7 @@ cdef class CythonEngine:
         cdef Py_ssize_t qw = H * self.dq, kw = K * self.dq, vw = K * self.dv, gw = H * self.dv
         cdef Py_ssize_t nphi = 2 * n + n * n
         cdef Py_ssize_t hist = self.C - 1 if self.C > 0 else 0
-        cdef Py_ssize_t t0 = T * tid // nt, t1 = T * (tid + 1) // nt, t, l, i, total
+        cdef Py_ssize_t t0 = T * tid // nt, t1 = T * (tid + 1) // nt, t, l, i
         cdef LayerC* lc
         cdef const CQView* ws[4]
         cdef float* ys[4]
@@ -1315,7 +1315,9 @@ cdef class CythonEngine:
     cdef void _pool_team(self, Py_ssize_t r, const float* rows, const int64_t* ids, Py_ssize_t T,
                          Py_ssize_t n_heads, float** pmax, float** pden, float** psum, int tid,
                          int nt) noexcept nogil:
-        """_pool_chunk's (head, probe) pools in a team: thread tid takes every nt-th."""
+        """_pool_chunk's (head, probe) pools, part tid of nt: every nt-th from the tid-th
+        (a prefill chunk's team; in a decode step the last thread's two halves, where it
+        waits for thread 0)."""
         cdef Py_ssize_t task = 0, hd, j
         for hd in range(n_heads):
             for j in range(self.heads_c[hd].k):
@@ -1402,7 +1404,7 @@ cdef class CythonEngine:
                 self._mhc_in(lc, 0)
                 self._block_in(lc, 0)
             if tid == nt - 1 and l > 0:
-                self._pool_half(l, 1, ids, n_heads, pmax, pden, psum)
+                self._pool_team(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 1, 2)
             self._rotate_team(mine, &lc.q_proj, self.s_a, tid, nt, bar)
             if lc.qkvg_shared:
                 self._qkvg_list(lc, ws, ys)
@@ -1416,7 +1418,7 @@ cdef class CythonEngine:
             # per KV head (split between the threads): conv, QK norm, RoPE, quantizers,
             # the cache write, the conv histories, the attention
             self._slot_ranges(pos0, lc.band, rng, &n_rng)
-            self._prefetch_mlp(lc, tid, nt)
+            self._prefetch_mlp(lc)
             kh = tid
             while kh < K:
                 self._group_step(lc, l, kh, pos0, conv_q, conv_k, conv_v, kv, rng, n_rng)
@@ -1441,9 +1443,9 @@ cdef class CythonEngine:
                 self._lane_update(lc, 0)
             nc_barrier_wait(bar)
             if tid == nt - 1:
-                self._pool_half(l + 1, 0, ids, n_heads, pmax, pden, psum)
+                self._pool_team(l + 1, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, 2)
                 if l == self.L - 1:
-                    self._pool_half(l + 1, 1, ids, n_heads, pmax, pden, psum)
+                    self._pool_team(l + 1, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 1, 2)
         # output: final norm, A8, tied head (spec §4.9)
         if logits != NULL:
             if tid == 0:
@@ -1455,7 +1457,7 @@ cdef class CythonEngine:
             ys[0] = logits
             self._products(mine, ws, ys, 1, tid, nt)
 
-    cdef void _prefetch_mlp(self, LayerC* lc, int tid, int nt) noexcept nogil:
+    cdef void _prefetch_mlp(self, LayerC* lc) noexcept nogil:
         """Ask for block lc's Monarch MLP weights (float32, 116 KB a layer at full size)
         into this core's caches before the attention: the MLP runs a few stages later and
         read them from DRAM, on a critical path cut by six meetings (every thread reads
@@ -1539,7 +1541,6 @@ cdef class CythonEngine:
         k (96 rows) and v (128) made 3 and 4 blocks of 32 for 2 threads and Φ one, which
         one thread ran while the other waited.  Same bits at any split (cq_matmul_rotated_rows)."""
         cdef int nthr = self._run_threads, i
-        cdef Py_ssize_t total = 0
         cdef Py_ssize_t r0[4]
         cdef Py_ssize_t r1[4]
         cdef float* wdec
@@ -1551,10 +1552,9 @@ cdef class CythonEngine:
             cq_matmul_rotated_rows_list(ws, count, self.s_cq_work, T, r0, r1, ys, ystr, wdec)
             cq_free_decode_scratch(wdec)
             return
-        for i in range(count):
-            total += (ws[i].rows + STEP_BLOCK_ROWS - 1) // STEP_BLOCK_ROWS
         with parallel(num_threads=nthr):
-            self._group_share(ws, ys, ystr, count, T, total >= 4 * nc_team_size(), threadid(), nc_team_size())
+            self._group_share(ws, ys, ystr, count, T, self._by_rows(ws, count, nc_team_size()), threadid(),
+                              nc_team_size())
 
     cdef void _group_share(self, const CQView** ws, float** ys, const Py_ssize_t* ystr, int count,
                            Py_ssize_t T, bint by_rows, int tid, int nt) noexcept nogil:
@@ -1848,20 +1848,6 @@ cdef class CythonEngine:
         cdef Py_ssize_t j
         for j in range(self.heads_c[hd].k):
             self._pool_probe(hd, r, j, rows, ids, T, pmax, pden, psum)
-
-    cdef void _pool_half(self, Py_ssize_t r, int half, const int64_t* ids, Py_ssize_t n_heads,
-                         float** pmax, float** pden, float** psum) noexcept nogil:
-        """Half `half` (0: the first ⌊n/2⌋ of the n (head, probe) pools, 1: the rest) of
-        _pool_row for cell row r of a one-token step, every head (two places of
-        _step_blocks where the last thread waits for thread 0; in one it waited for them)."""
-        cdef Py_ssize_t hd, j, task = 0, total = 0
-        for hd in range(n_heads):
-            total += self.heads_c[hd].k
-        for hd in range(n_heads):
-            for j in range(self.heads_c[hd].k):
-                if (task < total // 2) == (half == 0):
-                    self._pool_probe(hd, r, j, self.s_cell, ids, 1, pmax[hd], pden[hd], psum[hd])
-                task += 1
 
     cdef void _pool_probe(self, Py_ssize_t hd, Py_ssize_t r, Py_ssize_t j, const float* rows,
                           const int64_t* ids, Py_ssize_t T, float* pmax, float* pden,
