@@ -1239,27 +1239,19 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
     a refused token marks its scale -1.  In the lookup form (_lut_path) each token's
     rotated codes stay floats (and become the tables, nc_cql_tables, for one token)
     instead of int16 codes."""
-    cdef Py_ssize_t t, t0, t1, P = w.padded_len
+    cdef Py_ssize_t t, P = w.padded_len
     (<int*>work)[0] = 2 if _lut_path(w) else 1     # the form, read by _int_scales from here on
     cdef float* scales = _int_scales(w, work, n_tokens)
     cdef float* kf
-    cdef int tid, nt
     if threads <= 1 or n_tokens < 2:
         _rotate_int_tokens(w, X, 0, n_tokens, x_stride, work, n_tokens,
                            scales + (n_tokens + 15) // 16 * 16)
     else:
         with parallel(num_threads=threads if threads < n_tokens else <int>n_tokens):
-            tid = threadid()
-            nt = nc_team_size()
-            t0 = n_tokens * tid // nt
-            t1 = n_tokens * (tid + 1) // nt
             kf = <float*>malloc(P * sizeof(float))
-            if kf == NULL:
-                for t in range(t0, t1):
-                    scales[t] = -1.0
-            else:
-                _rotate_int_tokens(w, X, t0, t1, x_stride, work, n_tokens, kf)
-                free(kf)
+            cq_rotate_tokens(w, X, n_tokens, x_stride, work, threadid(), nc_team_size(), kf,
+                             P if kf != NULL else 0)
+            free(kf)
     for t in range(n_tokens):
         if scales[t] < 0:
             return False
