@@ -1199,8 +1199,9 @@ cdef inline bint _lut_path(const CQView* w) noexcept nogil:
 #   int16 codes [T, P] at WORK_HEADER, then the A8 scales [T] (a block of 16-float
 #   multiples), then P floats of scratch for one token's float codes.  Word 0 = 2
 #   (lookup form): the rotated codes as floats [T, P] at WORK_HEADER, one token's
-#   tables [P/2, 16] (made when T = 1: the matvec's, shared by every matrix and thread;
-#   a matmul makes each tile's own), then the scales and the scratch as above.
+#   tables (cq_lut_kernel.h's header and int16 entries, made when T = 1: the matvec's,
+#   shared by every matrix that shares the rotation; a matmul makes each tile's own),
+#   then the scales and the scratch as above.
 cdef inline int16_t* _int_codes(float* work) noexcept nogil:
     return <int16_t*>(work + WORK_HEADER)
 
