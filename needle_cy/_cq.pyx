@@ -2236,16 +2236,23 @@ cdef inline bint _is_f32_vector(object a, Py_ssize_t n, bint writeable):
             and (not writeable or cnp.PyArray_ISWRITEABLE(arr)))
 
 
+cdef CQView _call_view(CQWeight cw, bint a8):
+    """cw's view for one call of the wrappers below: a8, the inputs are A8 vectors
+    (deploy numerics: the integer kernels, the lookup layout made where it applies)."""
+    if a8 and not cw.view.lut_ok:
+        cw.enable_lut()
+    cdef CQView va = cw.view
+    va.a8_input = 1 if a8 else 0
+    return va
+
+
 def matvec(W, x, out=None, threads=None, a8=False):
     """y = W · x: W a CQMatrix (or CQWeight) [rows, cols], x [cols] → float32 [rows].
 
     a8=True: x is an A8 vector (deploy numerics); the integer kernel runs where it
     can (an x that is not one takes the float kernel)."""
     cdef CQWeight cw = W if type(W) is CQWeight else prepare(W)
-    if a8 and not cw.view.lut_ok:
-        cw.enable_lut()
-    cdef CQView va = cw.view
-    va.a8_input = 1 if a8 else 0
+    cdef CQView va = _call_view(cw, a8)
     cdef const CQView* v = &va
     cdef cnp.ndarray xa = x if _is_f32_vector(x, v.cols, False) else _as_float32("matvec x", x, (v.cols,))
     cdef cnp.ndarray y
@@ -2273,10 +2280,7 @@ def matmul(W, X, out=None, threads=None, a8=False):
     """Y = X · Wᵀ: X [T, cols] → float32 [T, rows] (every token in one pass over W).
     a8: as for matvec (the integer matmul runs when every row of X is an A8 vector)."""
     cdef CQWeight cw = prepare(W)
-    if a8:
-        cw.enable_lut()
-    cdef CQView va = cw.view
-    va.a8_input = 1 if a8 else 0
+    cdef CQView va = _call_view(cw, a8)
     cdef const CQView* v = &va
     Xa = np.asarray(X)
     if Xa.ndim != 2:
@@ -2308,10 +2312,7 @@ def _matmul_pieces(W, X, row_cut, token_cut, a8=False, scratch=True):
     row_cut: a multiple of 16 (the float kernel's row block).  scratch=False: no
     thread scratch (what a failed malloc leaves), for the kernels' fallbacks."""
     cdef CQWeight cw = prepare(W)
-    if a8:
-        cw.enable_lut()
-    cdef CQView va = cw.view
-    va.a8_input = 1 if a8 else 0
+    cdef CQView va = _call_view(cw, a8)
     cdef const CQView* v = &va
     Xa = _as_float32("matmul X", np.asarray(X), (np.asarray(X).shape[0], v.cols))
     cdef Py_ssize_t T = Xa.shape[0], rc = row_cut, tc = token_cut
@@ -2342,10 +2343,7 @@ def _matmul_token_shares(W, X, nt, a8=True, scratch=True):
     whether the shares stood).  For tests: Y must equal matmul bit for bit.
     scratch=False: no thread scratch (a failed malloc)."""
     cdef CQWeight cw = prepare(W)
-    if a8:
-        cw.enable_lut()
-    cdef CQView va = cw.view
-    va.a8_input = 1 if a8 else 0
+    cdef CQView va = _call_view(cw, a8)
     cdef const CQView* v = &va
     Xa = _as_float32("matmul X", np.asarray(X), (np.asarray(X).shape[0], v.cols))
     cdef Py_ssize_t T = Xa.shape[0]
@@ -2377,10 +2375,7 @@ def _matvec_pieces(W, x, row_cut, a8=False):
     """matvec computed as rows [0, row_cut) and [row_cut, rows) by cq_matvec_rotated_rows
     (the decode step's split; for tests: it must equal matvec bit for bit)."""
     cdef CQWeight cw = prepare(W)
-    if a8:
-        cw.enable_lut()
-    cdef CQView va = cw.view
-    va.a8_input = 1 if a8 else 0
+    cdef CQView va = _call_view(cw, a8)
     cdef const CQView* v = &va
     xa = _as_float32("matvec x", np.asarray(x), (v.cols,))
     cdef Py_ssize_t rc = row_cut
