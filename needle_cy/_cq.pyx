@@ -1246,7 +1246,7 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
     cdef float* kf
     if threads <= 1 or n_tokens < 2:
         _rotate_int_tokens(w, X, 0, n_tokens, x_stride, work, n_tokens,
-                           scales + (n_tokens + 15) // 16 * 16)
+                           scales + (n_tokens + 15) // 16 * 16, _lut_path(w))
     else:
         with parallel(num_threads=threads if threads < n_tokens else <int>n_tokens):
             kf = <float*>malloc(P * sizeof(float))
@@ -1263,16 +1263,10 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
 
 cdef void _rotate_int_tokens(const CQView* w, const float* X, Py_ssize_t t0, Py_ssize_t t1,
                              Py_ssize_t x_stride, float* work, Py_ssize_t n_tokens,
-                             float* kf) noexcept nogil:
-    """Tokens [t0, t1) of _rotate_int; kf: P floats of scratch."""
-    _rotate_int_tokens_in(w, X, t0, t1, x_stride, work, n_tokens, kf, (<const int*>work)[0] == 2)
-
-
-cdef void _rotate_int_tokens_in(const CQView* w, const float* X, Py_ssize_t t0, Py_ssize_t t1,
-                                Py_ssize_t x_stride, float* work, Py_ssize_t n_tokens,
-                                float* kf, bint lut) noexcept nogil:
-    """_rotate_int_tokens in the form `lut` (the lookup form or the int16 one), which
-    the header need not hold yet (cq_rotate_tokens: another thread writes it)."""
+                             float* kf, bint lut) noexcept nogil:
+    """Tokens [t0, t1) of _rotate_int in the form `lut` (the lookup form or the int16
+    one), which the header need not hold yet (cq_rotate_tokens: another thread writes
+    it); kf: P floats of scratch (the int16 form)."""
     cdef Py_ssize_t t, c, P = w.padded_len, g = w.group_size
     cdef int kernel = nc_cq_active_int_kernel()
     cdef int16_t* z = _int_codes(work)
@@ -1329,7 +1323,7 @@ cdef bint cq_rotate_tokens(const CQView* w, const float* X, Py_ssize_t n_tokens,
         for t in range(t0, t1):
             _int_scales_of(w, work, n_tokens, lut)[t] = -1.0
     else:
-        _rotate_int_tokens_in(w, X, t0, t1, x_stride, work, n_tokens, kf, lut)
+        _rotate_int_tokens(w, X, t0, t1, x_stride, work, n_tokens, kf, lut)
     if tid == 0:
         (<int*>work)[0] = 2 if lut else 1
     return True
