@@ -78,11 +78,11 @@ ctypedef struct CQView:
     float int_descale          # 2^-E / sqrt(group_size)
     int16_t int_table[64]      # vpermw tables: hi [0:32], lo [32:64]
     int16_t int_perm[256]      # code lane order: chunk position i <- field offset int_perm[i]
-    # 2-bit lookup kernel (kernel avx512lut, cq_lut_kernel.h): set by CQWeight.enable_lut
-    int lut_ok                 # 1: the lookup layout exists (2-bit fields, 16 <= group_size <= 256)
-    const uint32_t* lut_bits   # [ceil(rows/16)][lut_n_dw][16 rows]: dword d of each row's packed bytes
+    # lookup kernel (kernel avx512lut, cq_lut_kernel.h): set by CQWeight.enable_lut
+    int lut_ok                 # 1: the lookup layout exists (int_fb 2 or 4, 16 <= group_size <= 256)
+    const uint32_t* lut_bits   # [ceil(rows/16)][lut_n_dw][16 rows]: dword d of each row's int_packed bytes
     const float* lut_norms     # [ceil(rows/16)][n_groups][16 rows] float32
-    Py_ssize_t lut_n_dw        # dwords (16 fields) per row: cols_padded / 16
+    Py_ssize_t lut_n_dw        # dwords (32/int_fb fields) per row: cols_padded · int_fb / 32
     float lut_descale          # float32(1/sqrt(group_size))
 
 

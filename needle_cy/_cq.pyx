@@ -66,7 +66,7 @@ Three inner loops:
   context).  ``set_kernel``/``kernel_name``/
   ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512lut, avx512vnni,
   avxvnni, avx512bw, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
-* Table lookups for 2-bit fields (2 bits and ternary) on A8 inputs, AVX-512
+* Table lookups for 2-bit fields (2 bits and ternary) and 4-bit ones on A8 inputs, AVX-512
   (cq_lut_kernel.h, row loops in cq_lut_rows.h; kernel ``avx512lut``, what 'auto'
   takes on AVX-512 CPUs; the other matrices then run on avx512vnni, else avx512bw:
   ``lut_base_kernel``).  Per token every pair of rotated codes gets a 16-entry table
@@ -89,6 +89,13 @@ Three inner loops:
   benchmarks/bench_cq.py): matvec 2.4–3.6× avx512vnni on the 576–16384-row matrices,
   matmul of 64 tokens 2.4–3.0× (1.5× at 3072 inputs); whole-model 2-bit decode 1.17×, prefill 1.28× over
   session 14's float32 tables (README).
+  4-bit fields (4 bits, and 3 bits as the integer path's nibbles) take the same row
+  loops: a nibble is one field, its table the 16 products cb[a]·z[j] (the scale from
+  max|z|), one vpermw looks up 16 rows × 2 fields.  Measured 1.66× avx512vnni on a
+  768×768 matvec from cache, 1.08–1.14× on the DRAM-bound 16384-row head.  The table
+  rounding (~1e-4 of a row's value, where the two-product kernel is exact to float32)
+  is amplified by the A8 roundings downstream of every body matrix, so the engine
+  gives 4-bit matrices the layout only for the head (see _model.pyx's _view).
 * Integer with 256-bit vectors (cq_int_avx2.h), for x86-64 CPUs without AVX-512:
   ``avx2int`` (AVX2+FMA: vpmaddwd + vpaddd) and ``avxvnni`` (VEX vpdpwssd; cpuid
   leaf 7 subleaf 1 EAX bit 4; compiled where the compiler knows AVX-VNNI).  The
@@ -866,18 +873,18 @@ cdef extern from *:
     static void nc_cql_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_t rows, ptrdiff_t n_dw,
                                 const float* norms, ptrdiff_t norm_stride, ptrdiff_t n_groups,
                                 uint32_t* bits, float* pnorms) {}
-    static void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook, float* tab) {}
+    static void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook, int fb, float* tab) {}
     static void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                            int g, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {}
+                            int g, int fb, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {}
     static void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                               int g, const float* kf, ptrdiff_t kf_stride, const float* codebook,
+                               int g, int fb, const float* kf, ptrdiff_t kf_stride, const float* codebook,
                                ptrdiff_t n_tokens, const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
                                float* Y, ptrdiff_t y_stride, float* scratch, ptrdiff_t scratch_floats) {}
     static ptrdiff_t nc_cql_tile_tokens(ptrdiff_t n_dw, ptrdiff_t scratch_floats) { return 0; }
     static void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_t n_dw, const float* codebook,
-                                   int nt, float* tab) {}
+                                   int fb, int nt, float* tab) {}
     static void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                                 int g, const float* tab, int nt, const float* s, float descale,
+                                 int g, int fb, const float* tab, int nt, const float* s, float descale,
                                  ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {}
     #endif
 
@@ -951,18 +958,18 @@ cdef extern from *:
     void nc_cql_relayout(const uint8_t* packed, Py_ssize_t row_bytes, Py_ssize_t rows, Py_ssize_t n_dw,
                          const float* norms, Py_ssize_t norm_stride, Py_ssize_t n_groups,
                          uint32_t* bits, float* pnorms) noexcept nogil
-    void nc_cql_tables(const float* kf, Py_ssize_t n, const float* codebook, float* tab) noexcept nogil
+    void nc_cql_tables(const float* kf, Py_ssize_t n, const float* codebook, int fb, float* tab) noexcept nogil
     void nc_cql_rows(const uint32_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
-                     int g, const float* tab, float scale, Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
+                     int g, int fb, const float* tab, float scale, Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
     void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
-                        int g, const float* kf, Py_ssize_t kf_stride, const float* codebook,
+                        int g, int fb, const float* kf, Py_ssize_t kf_stride, const float* codebook,
                         Py_ssize_t n_tokens, const float* s, float descale, Py_ssize_t r0, Py_ssize_t r1,
                         float* Y, Py_ssize_t y_stride, float* scratch, Py_ssize_t scratch_floats) noexcept nogil
     Py_ssize_t nc_cql_tile_tokens(Py_ssize_t n_dw, Py_ssize_t scratch_floats) noexcept nogil
     void nc_cql_tile_tables(const float* kf, Py_ssize_t kf_stride, Py_ssize_t n_dw, const float* codebook,
-                            int nt, float* tab) noexcept nogil
+                            int fb, int nt, float* tab) noexcept nogil
     void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
-                          int g, const float* tab, int nt, const float* s, float descale,
+                          int g, int fb, const float* tab, int nt, const float* s, float descale,
                           Py_ssize_t r0, Py_ssize_t r1, float* Y, Py_ssize_t y_stride) noexcept nogil
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
@@ -988,8 +995,9 @@ cdef enum:
     # compile-time sizes (an enum, not DEF, which Cython 3 deprecates)
     TOKEN_TILE = 64                # tokens per pass over a block of decoded rows (one prefill chunk)
     DECODE_FLOATS = 12288          # decoded-weight buffer: 16 rows × 768 fields (48 KB, per thread on the heap)
-    SCRATCH_FLOATS = 24576         # a thread's scratch (cq_decode_scratch): the decode buffer, or the
-                                   # lookup tables of a tile of tokens (4 × 8 floats per input at 768)
+    SCRATCH_FLOATS = 4 * (16 + 8 * 768)  # a thread's scratch (cq_decode_scratch): the decode buffer, or
+                                   # the lookup tables of a tile of 4 tokens (a 16-float header and
+                                   # 8 floats per input at 4 bits, 4 at 2 bits; 768 inputs)
 cdef Py_ssize_t MATVEC_ROW_BLOCK = 32  # rows per parallel task of the matvec
 cdef Py_ssize_t SLICE_FIELDS = 768   # matmul column slice (see _matmul_rows_simd)
 cdef Py_ssize_t LOW_BIT_DECODE_FIELDS = 384  # widest slice decoded once at 1–2 bits (_decode_once)
@@ -1121,7 +1129,7 @@ cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads
     scratch.  Independent of threads
     (kept in the signature so callers need not change)."""
     cdef Py_ssize_t plain = WORK_HEADER + 2 * n_tokens * w.padded_len + 32
-    cdef Py_ssize_t lut = WORK_HEADER + (n_tokens + 9) * w.padded_len + (n_tokens + 15) // 16 * 16 + 48
+    cdef Py_ssize_t lut = WORK_HEADER + (n_tokens + 9) * w.padded_len + (n_tokens + 15) // 16 * 16 + 64
     return lut if w.lut_ok and lut > plain else plain
 
 
@@ -1149,7 +1157,7 @@ cdef inline bint _same_codebook(const CQView* a, const CQView* b) noexcept nogil
     """(The lookup tables hold codewords: a 2-bit and a ternary matrix rotate alike but
     look up different tables.)"""
     cdef int i
-    for i in range(4):
+    for i in range(16):
         if a.codebook[i] != b.codebook[i]:
             return False
     return True
@@ -1176,11 +1184,11 @@ cdef void cq_matmul_rotated_rows_list(const CQView** ws, int count, float* work,
     t0 = 0
     while t0 < n_tokens:
         nt = <int>min(fit, n_tokens - t0)
-        nc_cql_tile_tables(_lut_codes(work) + t0 * P, P, ws[0].lut_n_dw, ws[0].codebook, nt, wdec)
+        nc_cql_tile_tables(_lut_codes(work) + t0 * P, P, ws[0].lut_n_dw, ws[0].codebook, ws[0].int_fb, nt, wdec)
         for i in range(count):
             if r0[i] < r1[i]:
                 nc_cql_tile_rows(ws[i].lut_bits, ws[i].lut_norms, ws[i].lut_n_dw, ws[i].n_groups,
-                                 ws[i].group_size, wdec, nt, scales + t0, ws[i].lut_descale, r0[i], r1[i],
+                                 ws[i].group_size, ws[i].int_fb, wdec, nt, scales + t0, ws[i].lut_descale, r0[i], r1[i],
                                  ys[i] + t0 * ystr[i], ystr[i])
         t0 += nt
 
@@ -1221,7 +1229,7 @@ cdef inline float* _int_scales(const CQView* w, float* work, Py_ssize_t n_tokens
 
 cdef inline float* _int_scales_of(const CQView* w, float* work, Py_ssize_t n_tokens, bint lut) noexcept nogil:
     if lut:
-        return work + WORK_HEADER + (n_tokens + 8) * w.padded_len + 16
+        return work + WORK_HEADER + (n_tokens + 8) * w.padded_len + 32
     return work + WORK_HEADER + n_tokens * w.padded_len // 2   # P is a multiple of 64
 
 
@@ -1257,7 +1265,7 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
         if scales[t] < 0:
             return False
     if (<int*>work)[0] == 2 and n_tokens == 1:
-        nc_cql_tables(_lut_codes(work), P, w.codebook, _lut_tables(w, work, 1))
+        nc_cql_tables(_lut_codes(work), P, w.codebook, w.int_fb, _lut_tables(w, work, 1))
     return True
 
 
@@ -1375,7 +1383,7 @@ cdef inline void _lut_mm_share(const CQView* w, float* work, Py_ssize_t n_tokens
     cdef float* scratch
     if r0 < r1:
         scratch = cq_decode_scratch()
-        nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, _lut_codes(work),
+        nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb, _lut_codes(work),
                        w.padded_len, w.codebook, n_tokens, _int_scales(w, work, n_tokens), w.lut_descale,
                        r0, r1, Y, y_stride, scratch, SCRATCH_FLOATS if scratch != NULL else 0)
         cq_free_decode_scratch(scratch)
@@ -1408,7 +1416,7 @@ cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
     if (<const int*>work)[0] == 2:
         # the lookup form (2-bit rows, kernel avx512lut)
         scale = _int_scales(w, <float*>work, 1)[0] * w.lut_descale
-        nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size,
+        nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
                     _lut_tables(w, <float*>work, 1), scale, r0, r1, y)
     elif (<const int*>work)[0] == 1:
         # the integer form (cq_rotate took it for this view's rotation family)
@@ -1646,11 +1654,11 @@ cdef void cq_matmul_rotated_rows(const CQView* w, float* work, Py_ssize_t n_toke
         return
     if (<const int*>work)[0] == 2:
         if n_tokens == 1:       # the tables cq_rotate made
-            nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size,
+            nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
                         _lut_tables(w, work, 1), _int_scales(w, work, 1)[0] * w.lut_descale,
                         r0, r1, Y)
         else:                   # each tile's tables in wdec (SCRATCH_FLOATS floats)
-            nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size,
+            nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
                            _lut_codes(work) + t0 * P, P, w.codebook, nt,
                            _int_scales(w, work, n_tokens) + t0, w.lut_descale, r0, r1,
                            Y + t0 * y_stride, y_stride, wdec, SCRATCH_FLOATS if wdec != NULL else 0)
@@ -1913,9 +1921,9 @@ cdef class CQWeight:
 
     def enable_lut(self, arena=None):
         """Make the lookup layout of the avx512lut kernel (cq_lut_kernel.h) if this
-        matrix can take it (lut_applies: 2-bit fields, a group size of 16 … 256) and
-        the CPU has AVX-512 F/BW/VL.  A copy as large as the packed rows (2 bits a
-        weight) plus the norms again, made once; the engine asks for it in deploy
+        matrix can take it (lut_applies: 2- or 4-bit fields, a group size of 16 … 256)
+        and the CPU has AVX-512 F/BW/VL.  A copy as large as the packed rows (3-bit
+        ones as nibbles) plus the norms again, made once; the engine asks for it in deploy
         numerics, the a8=True wrappers below too.  arena: a LutArena to place it in
         (the engine's, on huge pages), else its own arrays.  Returns whether the
         matrix has it (idempotent)."""
@@ -1924,7 +1932,9 @@ cdef class CQWeight:
             return True
         if not self._lut_possible():
             return False
-        cdef Py_ssize_t n_rb = (v.rows + 15) // 16, n_dw = v.cols_padded // 16
+        cdef Py_ssize_t n_rb = (v.rows + 15) // 16, n_dw = v.cols_padded * v.int_fb // 32
+        if v.int_row_bytes != 4 * n_dw:   # (whole dwords: a group is 16 fields or more)
+            raise ValueError(f"enable_lut: {v.int_row_bytes} bytes a row, expected {4 * n_dw}")
         if arena is not None:
             bits = arena.zeros(n_rb * n_dw * 16, np.uint32)
             pnorms = arena.zeros(n_rb * v.n_groups * 16, np.float32)
@@ -1934,7 +1944,7 @@ cdef class CQWeight:
         cdef uint32_t[::1] bv = bits
         cdef float[::1] pv = pnorms
         with nogil:
-            nc_cql_relayout(v.packed, v.row_bytes, v.rows, n_dw, v.norms, v.norm_stride, v.n_groups,
+            nc_cql_relayout(v.int_packed, v.int_row_bytes, v.rows, n_dw, v.norms, v.norm_stride, v.n_groups,
                             &bv[0], &pv[0])
         self._lut_bits, self._lut_norms = bits, pnorms
         v.lut_bits = &bv[0]
@@ -2070,14 +2080,15 @@ KERNELS = ("avx512lut", "avx512vnni", "avxvnni", "avx512bw", "avx2int", "neon_do
 
 def lut_applies(bits, group_size):
     """Whether the avx512lut kernel runs matrices of this width and group size: 2-bit
-    fields (2 bits or ternary) and a group of whole 16-field dwords within the
-    integer path's 16 … 256 (needle_cy.reference.cq.lut_applies is the same rule)."""
-    return bits in (2, TERNARY_BITS) and 16 <= group_size <= 256
+    fields (2 bits or ternary) or 4-bit ones (4 bits, 3 bits as nibbles) and a group
+    of whole dwords within the integer path's 16 … 256
+    (needle_cy.reference.cq.lut_applies is the same rule)."""
+    return bits in (2, 3, 4, TERNARY_BITS) and 16 <= group_size <= 256
 INT_KERNELS = tuple(k for k in KERNELS if k in _INT_IDS)   # the integer ones (A8 inputs)
 
 
 def available_kernels():
-    """Kernels this CPU can run, best first: 'avx512lut' (2-bit matrices by table
+    """Kernels this CPU can run, best first: 'avx512lut' (2- and 4-bit matrices by table
     lookup, the others on the next AVX-512 kernel), 'avx512vnni', 'avxvnni', 'avx512bw' and
     'avx2int' (integer, A8 inputs; float inputs then take 'avx2'), 'neon_dotprod' and
     'neon' (integer, aarch64; float inputs take 'scalar'), 'avx2' (float), 'scalar'

@@ -337,7 +337,7 @@ cdef class CythonEngine:
     cdef const float* rope_cos
     cdef const float* rope_sin
     cdef list _keep
-    cdef object _lut_arena        # the lookup layouts of this engine's 2-bit matrices (deploy)
+    cdef object _lut_arena        # the lookup layouts of this engine's 2-bit matrices and head (deploy)
     cdef bytes _layers_buf
     cdef bytes _sites_buf
     cdef object _head_names
@@ -480,14 +480,24 @@ cdef class CythonEngine:
         self._keep.append(a)
         return fptr(a)
 
-    cdef CQView _view(self, W, bint products=True):
+    cdef CQView _view(self, W, bint products=True, bint head=False):
         """The kernels' view of CQ matrix W; products=False for one whose rows are only
-        gathered (the engram tables: no lookup layout, 17 MB at 2 bits)."""
+        gathered (the engram tables: no lookup layout, 17 MB at 2 bits); head=True for
+        the tied embedding, whose products are the logits."""
         cdef CQWeight cw = prepare(W)
         self._keep.append(cw)
-        if products and self.quant and kernel_name() == "avx512lut":
-            # 2-bit matrices: the lookup layout of the avx512lut kernel (one arena per
-            # engine, on huge pages); not made when another kernel was forced
+        if products and self.quant and kernel_name() == "avx512lut" and (head or W.bits in (2, 5)):
+            # the lookup layout of the avx512lut kernel (one arena per engine, on huge
+            # pages); not made when another kernel was forced.  2-bit matrices take it
+            # everywhere; 3- and 4-bit ones only for the head.  At 4 bits a table entry
+            # is one codeword times one code, rounded to int16: about 1e-4 of a row's
+            # value, where the two-product kernel is exact to float32.  Every body
+            # output is A8-quantized again downstream, and those roundings amplify it:
+            # the official 4-bit fixtures' deploy logits moved from mean |Δ| 0.002–0.007
+            # to 0.010–0.011 (the bar is 0.01; the gate projection alone took a 6-token
+            # case from 0.0002 to 0.005).  The head's outputs are the logits themselves
+            # (no A8 after them): there it moved nothing measurable, and it is a quarter
+            # of a 4-bit decode step's multiply-adds.
             if self._lut_arena is None:
                 self._lut_arena = LutArena()
             cw.enable_lut(self._lut_arena)
@@ -503,7 +513,7 @@ cdef class CythonEngine:
         self.layers = <LayerC*><char*>self._layers_buf
         self._sites_buf = b"\0" * (sizeof(SiteC) * max(1, self.n_sites))
         self.sites = <SiteC*><char*>self._sites_buf
-        self.emb = self._view(w.embedding)
+        self.emb = self._view(w.embedding, True, True)   # (products, head)
         self.emb_out = self.emb
         self.emb_out.rows = self.V_out          # the tied head uses the first out_vocab rows
         self.final_norm = self._f32(w.final_norm)

@@ -1,4 +1,10 @@
-/* 2-bit CQ products on A8 inputs by table lookup (T-MAC style), AVX-512 F/BW.
+/* 2- and 4-bit CQ products on A8 inputs by table lookup (T-MAC style), AVX-512 F/BW.
+
+   fb (2 or 4) is the field width the rows are read in.  Everything below is written
+   for fb 2, where a nibble of the packed row is a pair of fields; at fb 4 a nibble is
+   one field j, its table is q_j[e] = rint((cb[e]·z[j]) · S) and M = max_j |z[j]|,
+   and a dword holds 8 fields instead of 16 (dwords per group g·fb/32).  The lookups,
+   the layout and the sums are the same code.
 
    Included once by _cq.pyx (kernel 7, "avx512lut").  See the module docstring of
    _cq.pyx for where it runs; needle_cy.reference.cq.matmul_lut is its executable
@@ -78,59 +84,73 @@ static inline ptrdiff_t nc_cql_table_floats(ptrdiff_t n_dw) { return 16 + 64 * n
 static inline const int16_t* nc_cql_entries(const float* tab) { return (const int16_t*)(tab + 16); }
 
 /* The table scale S = 2^k of a token (kf[0:n], n even): the largest power of two with
-   max|cb| · M · S ≤ 32767, M = max_p |kf[2p]| + |kf[2p+1]| (exact: small integers); 1
-   when that product is 0.  k is kept within [-126, 100] (a float, never reached by
-   A8 codes). */
-NC_CQL_FN float nc_cql_token_scale(const float* kf, ptrdiff_t n, const float* codebook) {
+   max|cb| · M · S ≤ 32767 (max over the 16 codewords), M = max_p |kf[2p]| + |kf[2p+1]|
+   for 2-bit fields (fb 2: a nibble is a pair), max_j |kf[j]| for 4-bit ones (fb 4: a
+   nibble is a field); exact (small integers).  1 when that product is 0.  k is kept
+   within [-126, 100] (a float, never reached by A8 codes). */
+NC_CQL_FN float nc_cql_token_scale(const float* kf, ptrdiff_t n, const float* codebook, int fb) {
     float m = 0.0f, cbmax = 0.0f;
     int e;
     ptrdiff_t j = 0;
     /* 8 pairs a vector: each lane plus its neighbour (both lanes of a pair get the pair's
-       sum); the maximum is exact whatever the order (2 % of a prefill as a scalar loop) */
+       sum), or 16 fields; the maximum is exact whatever the order (2 % of a prefill as a
+       scalar loop) */
     __m512 vm = _mm512_setzero_ps();
-    for (; j + 16 <= n; j += 16) {
-        const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(kf + j));
-        vm = _mm512_max_ps(vm, _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1)));
+    if (fb == 2) {
+        for (; j + 16 <= n; j += 16) {
+            const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(kf + j));
+            vm = _mm512_max_ps(vm, _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1)));
+        }
+        m = _mm512_reduce_max_ps(vm);
+        for (; j + 1 < n; j += 2) {
+            const float v = fabsf(kf[j]) + fabsf(kf[j + 1]);
+            m = v > m ? v : m;
+        }
+    } else {
+        for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_abs_ps(_mm512_loadu_ps(kf + j)));
+        m = _mm512_reduce_max_ps(vm);
+        for (; j < n; j++) m = fabsf(kf[j]) > m ? fabsf(kf[j]) : m;
     }
-    m = _mm512_reduce_max_ps(vm);
-    for (; j + 1 < n; j += 2) {
-        const float v = fabsf(kf[j]) + fabsf(kf[j + 1]);
-        m = v > m ? v : m;
-    }
-    for (int i = 0; i < 4; i++) cbmax = fabsf(codebook[i]) > cbmax ? fabsf(codebook[i]) : cbmax;
+    for (int i = 0; i < 16; i++) cbmax = fabsf(codebook[i]) > cbmax ? fabsf(codebook[i]) : cbmax;
     if (!(m > 0.0f && cbmax > 0.0f)) return 1.0f;
     frexp(32767.0 / ((double)cbmax * (double)m), &e);     /* 2^(e-1) ≤ limit < 2^e */
     e = e - 1 < -126 ? -126 : (e - 1 > 100 ? 100 : e - 1);
     return ldexpf(1.0f, e);
 }
 
-/* The int16 entries of pairs [0, n/2) of a token at table scale S (kf[0:n], n a multiple
-   of 16: whole dwords), in the layout above. */
-NC_CQL_AI void nc_cql_entries_at(const float* kf, ptrdiff_t n, const float* codebook, float S, int16_t* out) {
+/* The int16 entries of the nibbles [0, n·fb/4) of a token at table scale S (kf[0:n], n
+   a multiple of 32/fb: whole dwords), in the layout above: nibble p is pair p (fields
+   2p, 2p+1) at fb 2, field p at fb 4. */
+NC_CQL_AI void nc_cql_entries_at(const float* kf, ptrdiff_t n, const float* codebook, int fb, float S,
+                                 int16_t* out) {
+    const __m512 vs = _mm512_set1_ps(S);
+    const ptrdiff_t n_nib = fb == 2 ? n / 2 : n;
     float lo[16], hi[16];
     for (int e = 0; e < 16; e++) { lo[e] = codebook[e & 3]; hi[e] = codebook[e >> 2]; }
-    const __m512 cl = _mm512_loadu_ps(lo), ch = _mm512_loadu_ps(hi), vs = _mm512_set1_ps(S);
-    for (ptrdiff_t p = 0; 2 * p < n; p++) {
+    const __m512 cl = _mm512_loadu_ps(fb == 2 ? lo : codebook), ch = _mm512_loadu_ps(hi);
+    for (ptrdiff_t p = 0; p < n_nib; p++) {
         const ptrdiff_t d = p / 8, k = p % 8;
         int16_t* at = out + (d * 4 + (k & 3)) * 32 + (k >= 4 ? 16 : 0);
         /* the tables were evicted by the weights streamed since they were last made:
            ask for the lines 1 KB ahead, or each store waits for its line */
         __builtin_prefetch(at + 512, 1, 3);
-        const __m512 f = _mm512_fmadd_ps(ch, _mm512_set1_ps(kf[2 * p + 1]), _mm512_mul_ps(cl, _mm512_set1_ps(kf[2 * p])));
+        const __m512 f = fb == 2
+            ? _mm512_fmadd_ps(ch, _mm512_set1_ps(kf[2 * p + 1]), _mm512_mul_ps(cl, _mm512_set1_ps(kf[2 * p])))
+            : _mm512_mul_ps(cl, _mm512_set1_ps(kf[p]));
         _mm256_storeu_si256((__m256i*)at, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(f, vs))));
     }
 }
 
-/* The tables of one token (kf[0:n], n = 16·n_dw): header and entries. */
-NC_CQL_AI void nc_cql_tables_inl(const float* kf, ptrdiff_t n, const float* codebook, float* tab) {
-    const float S = nc_cql_token_scale(kf, n, codebook);
+/* The tables of one token (kf[0:n], n = n_dw·32/fb): header and entries. */
+NC_CQL_AI void nc_cql_tables_inl(const float* kf, ptrdiff_t n, const float* codebook, int fb, float* tab) {
+    const float S = nc_cql_token_scale(kf, n, codebook, fb);
     for (int i = 0; i < 16; i++) tab[i] = 0.0f;
     tab[0] = 1.0f / S;                                   /* exact: a power of two */
-    nc_cql_entries_at(kf, n, codebook, S, (int16_t*)(tab + 16));
+    nc_cql_entries_at(kf, n, codebook, fb, S, (int16_t*)(tab + 16));
 }
 
-NC_CQL_FN void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook, float* tab) {
-    nc_cql_tables_inl(kf, n, codebook, tab);
+NC_CQL_FN void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook, int fb, float* tab) {
+    nc_cql_tables_inl(kf, n, codebook, fb, tab);
 }
 
 /* lanes [lo, hi) of a block whose first row is r */
@@ -164,20 +184,20 @@ static inline int nc_cql_use_vnni(void) {
 
 /* y[r] for r0 ≤ r < r1 (one token; tab its tables, scale = s·descale). */
 static void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                        int g, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
-    if (nc_cql_use_vnni()) nc_cql_rows_vnni(bits, pnorms, n_dw, n_groups, g, tab, scale, r0, r1, y);
-    else nc_cql_rows_bw(bits, pnorms, n_dw, n_groups, g, tab, scale, r0, r1, y);
+                        int g, int fb, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
+    if (nc_cql_use_vnni()) nc_cql_rows_vnni(bits, pnorms, n_dw, n_groups, g, fb, tab, scale, r0, r1, y);
+    else nc_cql_rows_bw(bits, pnorms, n_dw, n_groups, g, fb, tab, scale, r0, r1, y);
 }
 
 /* Rows r0 ≤ r < r1 of the nt ≤ NC_CQL_MM_TOKENS tokens whose tables nc_cql_tile_tables
    made (Y[t·y_stride + r]; s[t] their A8 scales). */
 static void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                             int g, const float* tab, int nt, const float* s, float descale,
+                             int g, int fb, const float* tab, int nt, const float* s, float descale,
                              ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
     if (nc_cql_use_vnni())
-        nc_cql_tile_rows_vnni(bits, pnorms, n_dw, n_groups, g, tab, nt, s, descale, r0, r1, Y, y_stride);
+        nc_cql_tile_rows_vnni(bits, pnorms, n_dw, n_groups, g, fb, tab, nt, s, descale, r0, r1, Y, y_stride);
     else
-        nc_cql_tile_rows_bw(bits, pnorms, n_dw, n_groups, g, tab, nt, s, descale, r0, r1, Y, y_stride);
+        nc_cql_tile_rows_bw(bits, pnorms, n_dw, n_groups, g, fb, tab, nt, s, descale, r0, r1, Y, y_stride);
 }
 
 /* Tokens per tile whose tables fit in scratch_floats floats (0: not one token's). */
@@ -189,9 +209,9 @@ static inline ptrdiff_t nc_cql_tile_tokens(ptrdiff_t n_dw, ptrdiff_t scratch_flo
 /* The tables of nt ≤ NC_CQL_MM_TOKENS tokens (rotated codes kf, one every kf_stride
    floats) for rows of n_dw dwords: token t's at tab + t·nc_cql_table_floats(n_dw). */
 NC_CQL_FN void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_t n_dw, const float* codebook,
-                                  int nt, float* tab) {
+                                  int fb, int nt, float* tab) {
     for (int t = 0; t < nt; t++)
-        nc_cql_tables_inl(kf + t * kf_stride, 16 * n_dw, codebook, tab + t * nc_cql_table_floats(n_dw));
+        nc_cql_tables_inl(kf + t * kf_stride, 32 / fb * n_dw, codebook, fb, tab + t * nc_cql_table_floats(n_dw));
 }
 
 /* Y[t·y_stride + r] for r0 ≤ r < r1 and 0 ≤ t < n_tokens, from the tokens' rotated
@@ -204,22 +224,22 @@ NC_CQL_FN void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_
    (scratch NULL) each group's tables are made on the stack for each row block, at
    the token's one scale: the same bits, slowly. */
 NC_CQL_FN void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                              int g, const float* kf, ptrdiff_t kf_stride, const float* codebook,
+                              int g, int fb, const float* kf, ptrdiff_t kf_stride, const float* codebook,
                               ptrdiff_t n_tokens, const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
                               float* Y, ptrdiff_t y_stride, float* scratch, ptrdiff_t scratch_floats) {
     const ptrdiff_t fit = scratch ? nc_cql_tile_tokens(n_dw, scratch_floats) : 0;
     if (fit < 1) {
-        /* one group's entries (≤ 256 fields: 16 dwords) */
-        __attribute__((aligned(64))) int16_t entries[128 * 16];
+        /* one group's entries (≤ 256 fields: 32 dwords at 4 bits) */
+        __attribute__((aligned(64))) int16_t entries[128 * 32];
         for (ptrdiff_t t = 0; t < n_tokens; t++) {
             const float* z = kf + t * kf_stride;
-            const float S = nc_cql_token_scale(z, 16 * n_dw, codebook);
+            const float S = nc_cql_token_scale(z, 32 / fb * n_dw, codebook, fb);
             const float scale = (s[t] * descale) * (1.0f / S);
             if (nc_cql_use_vnni())
-                nc_cql_rows_by_group_vnni(bits, pnorms, n_dw, n_groups, g, z, codebook, S, scale, r0, r1,
+                nc_cql_rows_by_group_vnni(bits, pnorms, n_dw, n_groups, g, fb, z, codebook, S, scale, r0, r1,
                                           Y + t * y_stride, entries);
             else
-                nc_cql_rows_by_group_bw(bits, pnorms, n_dw, n_groups, g, z, codebook, S, scale, r0, r1,
+                nc_cql_rows_by_group_bw(bits, pnorms, n_dw, n_groups, g, fb, z, codebook, S, scale, r0, r1,
                                         Y + t * y_stride, entries);
         }
         return;
@@ -227,8 +247,8 @@ NC_CQL_FN void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff
     for (ptrdiff_t t0 = 0; t0 < n_tokens; t0 += fit) {
         const ptrdiff_t left = n_tokens - t0;
         const int nt = (int)(left < fit ? left : fit);
-        nc_cql_tile_tables(kf + t0 * kf_stride, kf_stride, n_dw, codebook, nt, scratch);
-        nc_cql_tile_rows(bits, pnorms, n_dw, n_groups, g, scratch, nt, s + t0, descale, r0, r1,
+        nc_cql_tile_tables(kf + t0 * kf_stride, kf_stride, n_dw, codebook, fb, nt, scratch);
+        nc_cql_tile_rows(bits, pnorms, n_dw, n_groups, g, fb, scratch, nt, s + t0, descale, r0, r1,
                          Y + t0 * y_stride, y_stride);
     }
 }

@@ -1,4 +1,4 @@
-/* The row loops of the 2-bit lookup kernel (cq_lut_kernel.h): one instantiation per
+/* The row loops of the lookup kernel (cq_lut_kernel.h): one instantiation per
    instruction set, included by cq_lut_kernel.h with
      NC_CQL_SUF   name suffix (vnni, bw)
      NC_CQL_RTGT  target attribute string
@@ -41,9 +41,9 @@ NC_CQL_RAI __m512 NC_CQL_RFN(nc_cql_group)(const uint32_t* wb, const int16_t* t,
 
 /* y[r] for r0 ≤ r < r1 (one token; tab its tables, scale = s·descale). */
 static __attribute__((target(NC_CQL_RTGT))) void NC_CQL_RFN(nc_cql_rows)(
-        const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups, int g,
+        const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups, int g, int fb,
         const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
-    const int dpg = g / 16;
+    const int dpg = g * fb / 32;
     const int16_t* t = nc_cql_entries(tab);
     const __m512 sc = _mm512_set1_ps(scale * tab[0]);
     for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
@@ -61,17 +61,17 @@ static __attribute__((target(NC_CQL_RTGT))) void NC_CQL_RFN(nc_cql_rows)(
    for one group) for every row block, at the token's scale S (scale = s·descale·2^-k):
    the same bits, slowly (the matmul's fallback when it has no scratch). */
 static __attribute__((target(NC_CQL_RTGT))) void NC_CQL_RFN(nc_cql_rows_by_group)(
-        const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups, int g,
+        const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups, int g, int fb,
         const float* z, const float* codebook, float S, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y,
         int16_t* entries) {
-    const int dpg = g / 16;
+    const int dpg = g * fb / 32;
     const __m512 sc = _mm512_set1_ps(scale);
     for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
         const uint32_t* wb = bits + rb * n_dw * 16;
         const float* nb = pnorms + rb * n_groups * 16;
         __m512 acc = _mm512_setzero_ps();
         for (ptrdiff_t gi = 0; gi < n_groups; gi++) {
-            nc_cql_entries_at(z + gi * g, g, codebook, S, entries);
+            nc_cql_entries_at(z + gi * g, g, codebook, fb, S, entries);
             acc = _mm512_fmadd_ps(_mm512_loadu_ps(nb + 16 * gi),
                                   NC_CQL_RFN(nc_cql_group)(wb + gi * dpg * 16, entries, dpg), acc);
         }
@@ -118,10 +118,10 @@ NC_CQL_RAI void NC_CQL_RFN(nc_cql_mm_tile)(const uint32_t* wb, const float* nb, 
 /* Rows r0 ≤ r < r1 of the nt tokens whose tables nc_cql_tile_tables made
    (Y[t·y_stride + r]; s[t] their A8 scales). */
 static __attribute__((target(NC_CQL_RTGT))) void NC_CQL_RFN(nc_cql_tile_rows)(
-        const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups, int g,
+        const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups, int g, int fb,
         const float* tab, int nt, const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1, float* Y,
         ptrdiff_t y_stride) {
-    const int dpg = g / 16;
+    const int dpg = g * fb / 32;
     const ptrdiff_t per_token = nc_cql_table_floats(n_dw);
     for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
         const uint32_t* wb = bits + rb * n_dw * 16;

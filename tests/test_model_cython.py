@@ -23,7 +23,7 @@ from needle_cy.testing.make_random_archive import make_random_archive
 pytest.importorskip("needle_cy._model")
 
 RTOL = 1e-5
-DEPLOY_FIRST_RTOL = 1e-4
+DEPLOY_FIRST_RTOL = 2e-4   # the lookups' int16 tables (avx512lut): measured up to 1.8e-4 at 4 bits
 SMALL = dict(d_model=32, vocab=300, group_size=32, num_heads=4, num_kv_heads=2, qk_head_dim=8,
              v_head_dim=12, max_seq_len=160, engram_slots=97)
 _ARCHIVES = {}
@@ -48,8 +48,9 @@ def assert_deploy_agrees(got, want, first_row_is_position_0=True):
     and the same greedy token wherever the top-2 margin exceeds 0.1."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     if got.ndim == 2 and first_row_is_position_0:
-        # the first position: no history to carry a flip (the 2-bit lookups' int16 tables,
-        # avx512lut, round each lookup by up to 2^-16 of the token's largest entry)
+        # the first position: no history to carry a flip (the lookups' int16 tables,
+        # avx512lut, round each lookup by up to 2^-16 of the token's largest entry: the
+        # 2-bit matrices, and the head at 4 bits)
         assert_close(got[0], want[0], rtol=DEPLOY_FIRST_RTOL)
     assert np.abs(got - want).mean() <= 0.01
     top2 = np.sort(want, axis=-1)[..., -2:]
@@ -332,6 +333,33 @@ def test_lut_kernel_in_the_model(archive_dir):
     assert np.array_equal(lut.argmax(-1)[sure], other.argmax(-1)[sure])
 
 
+def test_lut_kernel_runs_only_the_head_at_4_bits(archive_dir):
+    """At 4 bits the engine gives the lookup layout to the head alone (its outputs are
+    the logits; a body product's table rounding would be amplified by the A8 roundings
+    after it).  The body's products are then those of the two-product kernel, bit for
+    bit, so the last hidden state is too, and the logits are within the tables' rounding."""
+    from needle_cy import _cq
+    if "avx512lut" not in _cq.available_kernels():
+        pytest.skip("CPU lacks AVX-512 F/BW/VL: the avx512lut kernel cannot run here")
+    path = archive(archive_dir, "w4_kv8", bits=4)
+    ids = ids_for(300, 20, seed=9)
+    runs = {}
+    for kernel in ("avx512lut", _cq.lut_base_kernel()):
+        previous = _cq.set_kernel(kernel)
+        try:
+            m = Model.load(path, backend="cython", threads=2)
+            layer = m.weights.layers[0]
+            assert _cq.prepare(m.weights.embedding).lut_layout == (kernel == "avx512lut")
+            for W in (layer.q_proj, layer.gate_proj, layer.out_proj):
+                assert not _cq.prepare(W).lut_layout
+            runs[kernel] = np.stack([m.prefill(ids[:12])] + [m.step(int(t)) for t in ids[12:]])
+        finally:
+            _cq.set_kernel(previous)
+    lut, other = runs["avx512lut"], runs[_cq.lut_base_kernel()]
+    assert not np.array_equal(lut, other)            # the head's lookups did run
+    assert_close(lut, other, rtol=DEPLOY_FIRST_RTOL)  # and nothing before them moved
+
+
 def test_snapshot_restore_reset(archive_dir):
     path = archive(archive_dir, "w4_kv8", bits=4)
     m = Model.load(path, backend="cython", threads=2)
@@ -372,7 +400,9 @@ def test_ladder_rung_matches_reference(archive_dir, depth):
     cy, ref = pair(path, depth=depth)
     assert cy.weights.num_layers == depth
     ids = ids_for(300, 30)
-    assert_close(cy.forward(ids), ref.forward(ids))
+    # deploy numerics: the body's products are exact to float32 at 4 bits; the head takes
+    # the lookups where the CPU has them (int16 tables, DEPLOY_FIRST_RTOL)
+    assert_close(cy.forward(ids), ref.forward(ids), rtol=DEPLOY_FIRST_RTOL)
 
 
 @pytest.mark.parametrize("sinks", [0, 3])

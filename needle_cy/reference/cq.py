@@ -350,23 +350,37 @@ def matmul_int(W, X):
 
 
 # ---------------------------------------------------------------------------
-# the lookup kernel's numerics (2-bit fields, A8 inputs; _cq's cq_lut_kernel.h)
+# the lookup kernel's numerics (2- and 4-bit fields, A8 inputs; _cq's cq_lut_kernel.h)
 # ---------------------------------------------------------------------------
 
 def lut_applies(bits, group_size):
     """Whether the lookup kernel (avx512lut) runs a matrix of this width and group size:
-    2-bit fields (2 bits or ternary) and a group of whole 16-field dwords, 16 … 256."""
-    return bits in (2, TERNARY_BITS) and 16 <= group_size <= 256
+    2-bit fields (2 bits or ternary) or 4-bit ones (4 bits, and 3 bits as the integer
+    path's nibbles), and a group of whole dwords, 16 … 256."""
+    return bits in (2, 3, 4, TERNARY_BITS) and 16 <= group_size <= 256
 
 
-def lut_table_scale(z, codebook):
+def lut_nibble_bits(bits):
+    """Fields a lookup nibble holds: a pair of 2-bit fields, or one 4-bit field (3 bits
+    are read as nibbles)."""
+    return 2 if field_bits_of(bits) == 2 else 4
+
+
+def lut_table_scale(z, codebook, fb=2):
     """The lookup kernel's table scale S = 2^k of one token's rotated codes z (float32
-    integers): the largest power of two with max|cb| · M · S ≤ 32767, M = max over the
-    pairs of |z[2p]| + |z[2p+1]|, k within [-126, 100]; 1 when max|cb| · M is 0.  So
-    every table entry rint(f·S) fits an int16 (|f| ≤ max|cb|·M, to float32 rounding)."""
+    integers): the largest power of two with max|cb| · M · S ≤ 32767, k within
+    [-126, 100]; 1 when max|cb| · M is 0.  M is the largest |z| a table entry scales:
+    max over the pairs of |z[2p]| + |z[2p+1]| for 2-bit fields (fb 2), max_j |z[j]| for
+    4-bit ones (fb 4).  So every table entry rint(f·S) fits an int16 (|f| ≤ max|cb|·M,
+    to float32 rounding)."""
     z = np.asarray(z, np.float32)
-    m = float(np.max(np.abs(z[0::2]) + np.abs(z[1::2]))) if z.size else 0.0
-    cbmax = float(np.max(np.abs(np.asarray(codebook, np.float32)[:4])))
+    if not z.size:
+        m = 0.0
+    elif fb == 2:
+        m = float(np.max(np.abs(z[0::2]) + np.abs(z[1::2])))
+    else:
+        m = float(np.max(np.abs(z)))
+    cbmax = float(np.max(np.abs(np.asarray(codebook, np.float32)[:16])))
     if not (m > 0 and cbmax > 0):
         return np.float32(1.0)
     e = math.frexp(32767.0 / (cbmax * m))[1] - 1            # 2^e ≤ limit < 2^(e+1)
@@ -377,10 +391,12 @@ def matmul_lut(W, X):
     """Y = X · Wᵀ as the lookup kernel computes it for A8 rows of X, bit for bit (float32 [T, rows]).
 
     Every token x = s·k (a8_codes) is rotated exactly, z = k·(Hg·√g) per group (integers,
-    exact as float32).  Pair p of a row (fields 2p, 2p+1, raw values a and b) reads its
-    token's int16 table entry
-        q = rint(fma(cb[b], z[2p+1], cb[a]·z[2p]) · S),   S = lut_table_scale(z) = 2^k;
-    per group the entries are summed exactly, then
+    exact as float32).  Each nibble of a row reads its token's int16 table entry: at 2
+    bits the pair p (fields 2p, 2p+1, raw values a and b)
+        q = rint(fma(cb[b], z[2p+1], cb[a]·z[2p]) · S),
+    at 4 bits (and 3) the field j (raw value a)
+        q = rint((cb[a]·z[j]) · S),
+    S = lut_table_scale(z, cb, fb) = 2^k; per group the entries are summed exactly, then
         acc = fma(ν, float32(Σ q), acc) over the groups in order,
         y = acc · ((s · float32(1/√g)) · 2^-k).
     Raises ValueError for a row of X that is not an A8 vector or a matrix the kernel
@@ -394,17 +410,22 @@ def matmul_lut(W, X):
     if any(c is None for c in codes):
         raise ValueError("matmul_lut: a row of X is not an A8 vector")
     T, g, n_groups = len(X), W.group_size, W.n_groups
+    fb = lut_nibble_bits(W.bits)
     k = np.zeros((T, W.cols_padded), np.int64)
     if T:
         k[:, : W.cols] = np.stack([c[0] for c in codes])
     z = (k.reshape(T, n_groups, g) @ _sylvester_signs(g).astype(np.int64)).reshape(T, -1).astype(np.float32)
     fields = unpack_indices(W.packed, W.bits, W.cols_padded).astype(np.int64)
-    cb = np.asarray(W.codebook, np.float32)
-    S = np.array([lut_table_scale(zt, cb) for zt in z], np.float32).reshape(T, 1, 1)
-    low = cb[fields[:, 0::2]][None] * z[:, None, 0::2]                     # [T, rows, pairs], float32
-    f = _fma32(cb[fields[:, 1::2]][None], z[:, None, 1::2], low)
+    cb = np.zeros(16, np.float32)
+    cb[: len(W.codebook)] = np.asarray(W.codebook, np.float32)
+    S = np.array([lut_table_scale(zt, cb, fb) for zt in z], np.float32).reshape(T, 1, 1)
+    if fb == 2:
+        low = cb[fields[:, 0::2]][None] * z[:, None, 0::2]                 # [T, rows, pairs], float32
+        f = _fma32(cb[fields[:, 1::2]][None], z[:, None, 1::2], low)
+    else:
+        f = cb[fields][None] * z[:, None, :]                               # [T, rows, fields], float32
     q = np.rint(f * S).astype(np.int64)                                    # exact: S is a power of two
-    per = g // 2                                                           # pairs per group
+    per = g * fb // 4                                                      # nibbles per group
     sums = q.reshape(T, W.rows, n_groups, per).sum(axis=3).astype(np.float32)   # exact (< 2^24)
     norms = np.asarray(W.norms, np.float32)
     acc = np.zeros((T, W.rows), np.float32)
