@@ -87,6 +87,7 @@ from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c
                              sinkhorn_c, monarch_mlp_c, pool_update_c, dot_c)
 
 from needle_cy._cq import LutArena, kernel_name, prepare
+from needle_cy.cq_format import field_bits_of
 from needle_cy import _ops as ops
 from needle_cy.errors import ContextOverflowError, ModelStateError
 
@@ -486,18 +487,19 @@ cdef class CythonEngine:
         the tied embedding, whose products are the logits."""
         cdef CQWeight cw = prepare(W)
         self._keep.append(cw)
-        if products and self.quant and kernel_name() == "avx512lut" and (head or W.bits in (2, 5)):
+        if products and self.quant and kernel_name() == "avx512lut" and (head or field_bits_of(W.bits) == 2):
             # the lookup layout of the avx512lut kernel (one arena per engine, on huge
-            # pages); not made when another kernel was forced.  2-bit matrices take it
-            # everywhere; 3- and 4-bit ones only for the head.  At 4 bits a table entry
-            # is one codeword times one code, rounded to int16: about 1e-4 of a row's
-            # value, where the two-product kernel is exact to float32.  Every body
-            # output is A8-quantized again downstream, and those roundings amplify it:
-            # the official 4-bit fixtures' deploy logits moved from mean |Δ| 0.002–0.007
-            # to 0.010–0.011 (the bar is 0.01; the gate projection alone took a 6-token
-            # case from 0.0002 to 0.005).  The head's outputs are the logits themselves
-            # (no A8 after them): there it moved nothing measurable, and it is a quarter
-            # of a 4-bit decode step's multiply-adds.
+            # pages); not made when another kernel was forced.  2-bit fields (2 bits,
+            # ternary) take it everywhere; 3- and 4-bit ones only for the head.  At 4
+            # bits a table entry is one codeword times one code, rounded to int16: about
+            # 1e-4 of a row's value, where the two-product kernel is exact to float32.
+            # Every body output is A8-quantized again downstream, and those roundings
+            # amplify it: the official 4-bit fixtures' deploy logits moved from mean |Δ|
+            # 0.002–0.007 to 0.010–0.011 (the bar is 0.01; the gate projection alone
+            # took a 6-token case from 0.0002 to 0.005).  The head's outputs are the
+            # logits themselves (no A8 after them): there it moved nothing measurable.
+            # The head is a quarter of a 4-bit decode step's multiply-adds; its matvec
+            # is 1.08–1.14× faster (DRAM-bound), the whole step's gain within noise.
             if self._lut_arena is None:
                 self._lut_arena = LutArena()
             cw.enable_lut(self._lut_arena)

@@ -361,8 +361,8 @@ def lut_applies(bits, group_size):
 
 
 def lut_nibble_bits(bits):
-    """Fields a lookup nibble holds: a pair of 2-bit fields, or one 4-bit field (3 bits
-    are read as nibbles)."""
+    """The field width the lookups read a matrix in: 2 (a nibble of the row is a pair of
+    fields) or 4 (a nibble is one field; 3-bit rows are read as nibbles)."""
     return 2 if field_bits_of(bits) == 2 else 4
 
 
