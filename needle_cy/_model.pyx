@@ -84,7 +84,7 @@ from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matm
 from needle_cy._parallel cimport nc_team_barrier, nc_team_size, nc_barrier, nc_barrier_init, nc_barrier_wait
 from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
                              conv_step_c, attend_group_c, attend_group_i8_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
-                             sinkhorn_c, monarch_mlp_c, pool_update_c, dot_c)
+                             sinkhorn_c, monarch_mlp_c, team_cols, pool_update_c, dot_c)
 
 from needle_cy._cq import LutArena, kernel_name, prepare
 from needle_cy.cq_format import field_bits_of
@@ -1038,6 +1038,8 @@ cdef class CythonEngine:
                     self.s_ctx[i] = tokhist[i]
                 for t in range(T):
                     self.s_ctx[nth + t] = ids[t]
+                if T == 1:
+                    self._prefetch_engram_rows(pos0)
                 # (a decode step on several threads runs the sites in _step_blocks' region)
                 for s in range(0 if stepped else self.n_sites):
                     sc = &self.sites[s]
@@ -1169,25 +1171,52 @@ cdef class CythonEngine:
         """Site sc's input for the chunk's T tokens into s_e (spec §4.4): per token, the
         table row of each (order, head) n-gram hash that fits in the window (zeros
         otherwise), A8 when quantized.  Reads the token context s_ctx."""
-        cdef Py_ssize_t NT = self.NT, sub = self.sub, nth = self.n_tok_hist, t
-        cdef int oi, e, order
+        cdef Py_ssize_t NT = self.NT, sub = self.sub, t
+        cdef int oi, e
         cdef float* ptr
-        cdef uint32_t seed
         cdef int64_t row_id
         for t in range(T):
             for oi in range(self.n_orders):
-                order = self.orders[oi]
                 for e in range(self.E):
                     ptr = self.s_e + t * NT * sub + (oi * self.E + e) * sub
-                    if _visible(pos0 + t, pos0 + t - (order - 1), self.recent, self.sinks, -1):
-                        seed = <uint32_t>0x9E3779B9u * <uint32_t>(oi * self.stride + e + 1)
-                        row_id = (oi * self.E + e) * self.slots + \
-                            <int64_t>(engram_hash_c(self.s_ctx, nth + t, order, seed) % <uint32_t>self.slots)
+                    if self._engram_row(oi, e, t, pos0, &row_id):
                         cq_dequantize_row(&sc.tables, row_id, ptr, self.s_row)
                     else:
                         memset(ptr, 0, sub * sizeof(float))
             if self.quant:
                 a8_inplace(self.s_e + t * NT * sub, NT * sub, A8_QMAX)
+
+    cdef inline bint _engram_row(self, int oi, int e, Py_ssize_t t, Py_ssize_t pos0,
+                                 int64_t* row_id) noexcept nogil:
+        """The table row of (order oi, head e) for chunk token t (spec §4.4): its n-gram
+        hash over the token context s_ctx; 0 where the n-gram does not fit the window.
+        Every site hashes the same context with the same seeds (only the tables differ)."""
+        cdef int order = self.orders[oi]
+        cdef uint32_t seed
+        if not _visible(pos0 + t, pos0 + t - (order - 1), self.recent, self.sinks, -1):
+            return 0
+        seed = <uint32_t>0x9E3779B9u * <uint32_t>(oi * self.stride + e + 1)
+        row_id[0] = (oi * self.E + e) * self.slots + \
+            <int64_t>(engram_hash_c(self.s_ctx, self.n_tok_hist + t, order, seed) % <uint32_t>self.slots)
+        return 1
+
+    cdef void _prefetch_engram_rows(self, Py_ssize_t pos0) noexcept nogil:
+        """Ask for the table rows every site's input of a one-token step reads (their
+        packed fields and norms), before the first site needs them.  The rows are
+        random lines of tables larger than the caches: read one after another they were
+        one memory latency each, on thread 0 alone while the team waited (6–13 µs a
+        site, full size, Zen 4); asked for together the latencies overlap."""
+        cdef int oi, e
+        cdef Py_ssize_t s
+        cdef int64_t row_id
+        cdef const CQView* tb
+        for oi in range(self.n_orders):
+            for e in range(self.E):
+                if self._engram_row(oi, e, 0, pos0, &row_id):
+                    for s in range(self.n_sites):
+                        tb = &self.sites[s].tables
+                        _prefetch_floats(<const float*>(tb.packed + row_id * tb.row_bytes), (tb.row_bytes + 3) // 4)
+                        _prefetch_floats(tb.norms + row_id * tb.norm_stride, tb.n_groups)
 
     cdef void _engram_values(self, Py_ssize_t s, SiteC* sc, Py_ssize_t T, Py_ssize_t pos0,
                              float* vhist) noexcept nogil:
@@ -1349,7 +1378,8 @@ cdef class CythonEngine:
         Threads meet at a barrier (parallel_barrier.h) between dependent steps.  Every
         thread rotates each product input into its own workspace (_rotate_team).  The engram and block CQ products are split by rows (_products), the KV heads of the
         attention go to thread kh mod nt, the Monarch MLP is split by rows
-        (monarch_mlp_c's team form), and the other per-token operations run on thread 0;
+        (monarch_mlp_c's team form) and so are the columns of the lane update that follows
+        it, and the other per-token operations run on thread 0;
         every value is computed as on one thread, so the logits are the same bits at any
         thread count.
         The probe pools of block l's cell run on the last thread, half beside thread 0's
@@ -1357,7 +1387,7 @@ cdef class CythonEngine:
         cell is next written by block l + 1's lane update, several barriers later)."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, K = self.K
         cdef Py_ssize_t gw = self.H * self.dv
-        cdef Py_ssize_t l, kh, hd, s
+        cdef Py_ssize_t l, kh, hd, s, c0, c1
         cdef SiteC* sc
         cdef Py_ssize_t rng[12]
         cdef int n_rng = 0
@@ -1376,8 +1406,10 @@ cdef class CythonEngine:
             nc_barrier_init(bar, nt)
         nc_team_barrier()
         # engram sites (spec §4.4): input on thread 0, the key and value
-        # products split by rows, the value conv on thread 0 (read by thread 0's
-        # _block_in only; the next site's products write s_evraw after a barrier)
+        # products split by rows, the value conv on the last thread beside thread 0's
+        # input of the next site (the conv reads s_evraw, which the next site's products
+        # write only after the meeting of its rotation; its output is read by thread 0's
+        # _block_in, several meetings later)
         for s in range(self.n_sites):
             sc = &self.sites[s]
             if tid == 0:
@@ -1394,7 +1426,7 @@ cdef class CythonEngine:
                 cq_rotate(&sc.value_proj, self.s_e, 1, sc.value_proj.cols, mine, 1)
                 self._products(mine, ws + 1, ys + 1, 1, tid, nt)
             nc_barrier_wait(bar)
-            if tid == 0:
+            if tid == nt - 1:
                 self._engram_values(s, sc, 1, pos0, vhist)
         for l in range(self.L):
             lc = &self.layers[l]
@@ -1451,8 +1483,9 @@ cdef class CythonEngine:
                           lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
                           lc.cond_v, lc.cond_u, self.p1, self.p2, self.s_mlp_work,
                           self.s_mlp_work + tid * self.mlp_work_len + 4 * self.N, self.s_ao, tid, nt, bar)
-            if tid == 0:
-                self._lane_update(lc, 0)
+            # the lane update of the MLP output's columns this thread wrote (team_cols)
+            team_cols(d, tid, nt, &c0, &c1)
+            self._lane_update_cols(lc, 0, c0, c1)
             nc_barrier_wait(bar)
             if tid == nt - 1:
                 self._pool_team(l + 1, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, 2)
@@ -1826,6 +1859,11 @@ cdef class CythonEngine:
 
     cdef void _lane_update(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
         """y = x + MLP − u (= Block(u) − u), lanes' = P·lanes + hpost·y, cell = lane mean."""
+        self._lane_update_cols(lc, t, 0, self.d)
+
+    cdef void _lane_update_cols(self, LayerC* lc, Py_ssize_t t, Py_ssize_t c0, Py_ssize_t c1) noexcept nogil:
+        """_lane_update for columns [c0, c1) of token t: every operation is per column,
+        so threads that split the columns compute the one-thread bits."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, c, i, j
         cdef float* x = self.s_x + t * d
         cdef float* a = self.s_ao + t * d
@@ -1835,22 +1873,23 @@ cdef class CythonEngine:
         cdef float* ph = self.s_phi + t * (2 * n + n * n)
         cdef float* P = ph + 2 * n
         cdef float* cell = self.s_cell + t * d
-        for c in range(d):
+        for c in range(c0, c1):
             x[c] = (x[c] + a[c]) - u[c]          # y = Block(u) − u
         for i in range(n):
-            for c in range(d):
+            for c in range(c0, c1):
                 Xn[i * d + c] = P[i * n] * X[c]
             for j in range(1, n):
-                for c in range(d):
+                for c in range(c0, c1):
                     Xn[i * d + c] = Xn[i * d + c] + P[i * n + j] * X[j * d + c]
-            for c in range(d):
+            for c in range(c0, c1):
                 Xn[i * d + c] = Xn[i * d + c] + ph[n + i] * x[c]
-        memcpy(X, Xn, nd * sizeof(float))
-        memcpy(cell, X, d * sizeof(float))
+        for i in range(n):
+            memcpy(X + i * d + c0, Xn + i * d + c0, (c1 - c0) * sizeof(float))
+        memcpy(cell + c0, X + c0, (c1 - c0) * sizeof(float))
         for i in range(1, n):
-            for c in range(d):
+            for c in range(c0, c1):
                 cell[c] = cell[c] + X[i * d + c]
-        for c in range(d):
+        for c in range(c0, c1):
             cell[c] = cell[c] / <float>n
 
     cdef void _pool_row(self, Py_ssize_t hd, Py_ssize_t r, const float* rows, const int64_t* ids,

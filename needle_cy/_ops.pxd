@@ -55,6 +55,7 @@ cdef void kron_apply_c(const float* z, const float* A, const float* B,
 cdef void kron_apply_rows_c(const float* z, const float* A, const float* B, Py_ssize_t ba,
                             Py_ssize_t bb, float* tmp, float* out, Py_ssize_t k0,
                             Py_ssize_t k1) noexcept nogil
+cdef void team_cols(Py_ssize_t d, int tid, int nt, Py_ssize_t* c0, Py_ssize_t* c1) noexcept nogil
 cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
                         const float* d1, const float* d2, const float* b2,
                         const float* d3, const float* d4,

@@ -122,6 +122,9 @@ cdef extern from *:
         for (kk = 0; kk < KB; kk++)
             for (v = 0; v < NV; v++) _mm256_storeu_ps(out + (k0 + kk) * bb + 8 * v, acc[kk][v]);
     }
+    #ifndef NC_KRON_KB32
+    #define NC_KRON_KB32 2
+    #endif
     /* Output rows [k0, k1) (each row's sums do not depend on how the rows are grouped) */
     static inline void nc_kron_half(const float* M, Py_ssize_t m_stride, Py_ssize_t m_step,
                                     const float* R, Py_ssize_t n_in, Py_ssize_t k0, Py_ssize_t k1,
@@ -130,6 +133,11 @@ cdef extern from *:
         if (bb == 16) {             /* the shipped geometry: 4 rows × 2 vectors = 8 chains */
             for (; k + 4 <= k1; k += 4) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 4, 2, out);
             for (; k < k1; k++) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 1, 2, out);
+            return;
+        }
+        if (bb == 32) {             /* NC_KRON_KB32 rows × 4 vectors */
+            for (; k + NC_KRON_KB32 <= k1; k += NC_KRON_KB32) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, NC_KRON_KB32, 4, out);
+            for (; k < k1; k++) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 1, 4, out);
             return;
         }
         switch (bb / 8) {
@@ -1150,6 +1158,14 @@ cdef inline void _monarch_mid(float* z, const float* k, const int64_t* p1, const
     nc_silu(z + i0, i1 - i0)
 
 
+cdef void team_cols(Py_ssize_t d, int tid, int nt, Py_ssize_t* c0, Py_ssize_t* c1) noexcept nogil:
+    """Thread tid's share [c0, c1) of d columns split between nt threads: contiguous,
+    in order, boundaries on multiples of 16 floats (one 64-byte line: no line is
+    written by two threads); the last share takes the rest."""
+    c0[0] = (d * tid // nt) // 16 * 16
+    c1[0] = d if tid == nt - 1 else (d * (tid + 1) // nt) // 16 * 16
+
+
 cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R,
                         const float* d1, const float* d2, const float* b2,
                         const float* d3, const float* d4,
@@ -1168,14 +1184,16 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
     Each thread computes the conditioning's R logits itself (d·R multiply-adds) and
     then its range of every elementwise stage (ranges that are multiples of 8); each
     Kronecker product is split by rows (kron_apply_rows_c); a team barrier separates
-    dependent stages, so every value is the one-thread value bit for bit.  Thread 0
-    alone writes ``out``, after the last barrier (so only it may read ``out`` on
-    return)."""
+    dependent stages, so every value is the one-thread value bit for bit.  After the
+    last barrier each thread writes its share ``team_cols(d, tid, nt)`` of ``out``, so
+    on return a thread may read only that share (the caller's next meeting makes the
+    whole of it visible): the lane update that follows splits the same columns
+    without a meeting between them."""
     cdef float* z = work
     cdef float* c = work + N
     cdef float* k = work + 2 * N
     cdef float* tmp = work + 3 * N
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, c0, c1
     cdef Py_ssize_t k0 = ba * tid // nt, k1 = ba * (tid + 1) // nt
     cdef Py_ssize_t i0 = (N * tid // nt) // 8 * 8
     cdef Py_ssize_t i1 = N if tid == nt - 1 else (N * (tid + 1) // nt) // 8 * 8
@@ -1203,9 +1221,9 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
     kron_apply_rows_c(z, w3a, w3b, ba, bb, tmp, k, k0, k1)
     if nt > 1:
         nc_barrier_wait(bar)
-    if tid == 0:
-        for i in range(d):
-            out[i] = d4[i] * k[i]
+    team_cols(d, tid, nt, &c0, &c1)
+    for i in range(c0, c1):
+        out[i] = d4[i] * k[i]
 
 
 # ---------------------------------------------------------------------------
