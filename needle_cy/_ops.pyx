@@ -157,20 +157,52 @@ cdef extern from *:
     }
     /* logit[r] = Σ_i m[i]·cond_v[i·R + r] for R a multiple of 8 up to 32, the R sums in
        registers (the plain loop kept them in memory: a store-to-load chain per i).
-       Same FMA per term and order as the plain loop, so the same bits. */
+       Four partial sums, term i in sum i mod 4, then (s0 + s1) + (s2 + s3): at R = 8
+       one chain of d dependent FMAs had been a microsecond a token and block (4-cycle
+       latency each).  The plain loop (_monarch_condition) sums in the same order, so
+       the same bits. */
     static inline int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v,
                                      Py_ssize_t R, float* logit) {
         if (R % 8 || R > 32 || R < 8) return 0;
-        __m256 acc[4];
+        __m256 acc[4][4];
         Py_ssize_t i, nv = R / 8, v;
-        for (v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
-        for (i = 0; i < d; i++) {
+        int p;
+        for (p = 0; p < 4; p++)
+            for (v = 0; v < nv; v++) acc[p][v] = _mm256_setzero_ps();
+        for (i = 0; i + 4 <= d; i += 4)
+            for (p = 0; p < 4; p++) {
+                const __m256 mi = _mm256_set1_ps(m[i + p]);
+                for (v = 0; v < nv; v++)
+                    acc[p][v] = _mm256_fmadd_ps(mi, _mm256_loadu_ps(cond_v + (i + p) * R + 8 * v), acc[p][v]);
+            }
+        for (p = 0; i < d; i++, p++) {
             const __m256 mi = _mm256_set1_ps(m[i]);
             for (v = 0; v < nv; v++)
-                acc[v] = _mm256_fmadd_ps(mi, _mm256_loadu_ps(cond_v + i * R + 8 * v), acc[v]);
+                acc[p][v] = _mm256_fmadd_ps(mi, _mm256_loadu_ps(cond_v + i * R + 8 * v), acc[p][v]);
         }
-        for (v = 0; v < nv; v++) _mm256_storeu_ps(logit + 8 * v, acc[v]);
+        for (v = 0; v < nv; v++)
+            _mm256_storeu_ps(logit + 8 * v, _mm256_add_ps(_mm256_add_ps(acc[0][v], acc[1][v]),
+                                                         _mm256_add_ps(acc[2][v], acc[3][v])));
         return 1;
+    }
+    /* x[j] = clip(rint(x[j]/s), -qmax-1, qmax)·s: _a8_level's arithmetic on 8 lanes
+       (vdivps and round-to-nearest-even are the scalar divss and rintf; min/max in the
+       order that lets a NaN through, as the scalar comparisons do). */
+    static inline void nc_a8_apply(float* x, Py_ssize_t n, float s, float qmax) {
+        const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-qmax - 1.0f), hi = _mm256_set1_ps(qmax);
+        Py_ssize_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m256 k = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + j), vs),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            k = _mm256_min_ps(hi, _mm256_max_ps(lo, k));
+            _mm256_storeu_ps(x + j, _mm256_mul_ps(k, vs));
+        }
+        for (; j < n; j++) {
+            float k = rintf(x[j] / s);
+            if (k < -qmax - 1.0f) k = -qmax - 1.0f;
+            if (k > qmax) k = qmax;
+            x[j] = k * s;
+        }
     }
     /* max |x[i]| (0 for n = 0; NaNs ignored, as the scalar comparison does) */
     static inline float nc_absmax(const float* x, Py_ssize_t n) {
@@ -343,6 +375,14 @@ cdef extern from *:
         float amax = 0.f;
         for (Py_ssize_t i = 0; i < n; i++) if (fabsf(x[i]) > amax) amax = fabsf(x[i]);
         return amax;
+    }
+    static inline void nc_a8_apply(float* x, Py_ssize_t n, float s, float qmax) {
+        for (Py_ssize_t j = 0; j < n; j++) {
+            float k = rintf(x[j] / s);
+            if (k < -qmax - 1.0f) k = -qmax - 1.0f;
+            if (k > qmax) k = qmax;
+            x[j] = k * s;
+        }
     }
     /* portable: 4 independent accumulators so the adds pipeline */
     static inline float nc_dot(const float* a, const float* b, Py_ssize_t n) {
@@ -644,6 +684,7 @@ cdef extern from *:
     """
     float nc_dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
     float nc_absmax(const float* x, Py_ssize_t n) noexcept nogil
+    void nc_a8_apply(float* x, Py_ssize_t n, float s, float qmax) noexcept nogil
     int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v, Py_ssize_t R, float* logit) noexcept nogil
     float nc_exp_sum(float* x, Py_ssize_t n, float scale, float sub) noexcept nogil
     void nc_mul_sigmoid(float* o, const float* g, Py_ssize_t n) noexcept nogil
@@ -702,10 +743,8 @@ cdef inline float _a8_level(float v, float s, float qmax) noexcept nogil:
 cdef float a8_inplace(float* x, Py_ssize_t n, float qmax) noexcept nogil:
     """Symmetric per-vector fake-quant: k = clip(rint(x/s), -qmax-1, qmax), x = k·s.
     Returns the scale s."""
-    cdef Py_ssize_t j
     cdef float s = _a8_scale(x, n, qmax)
-    for j in range(n):
-        x[j] = _a8_level(x[j], s, qmax) * s
+    nc_a8_apply(x, n, s, qmax)        # _a8_level(x[j], s, qmax) * s, vectorised
     return s
 
 
@@ -1119,14 +1158,28 @@ cdef void _monarch_condition(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssiz
     """The MLP's conditioning, c = 1 + softmax(m · cond_v) · cond_u, for c[i0:i1]
     (logit: R floats of the caller's own; every element sums over r in order)."""
     cdef Py_ssize_t i, r
+    cdef int p
     cdef float mx, den, v, w
+    cdef float part[4][32]
     if not nc_cond_logits(m, d, cond_v, R, logit):
-        for r in range(R):
-            logit[r] = 0.0
-        for i in range(d):
-            v = m[i]
+        if R <= 32:       # nc_cond_logits' order: term i in partial sum i mod 4
+            for p in range(4):
+                for r in range(R):
+                    part[p][r] = 0.0
+            for i in range(d):
+                v = m[i]
+                p = i % 4
+                for r in range(R):
+                    part[p][r] = part[p][r] + v * cond_v[i * R + r]
             for r in range(R):
-                logit[r] = logit[r] + v * cond_v[i * R + r]
+                logit[r] = (part[0][r] + part[1][r]) + (part[2][r] + part[3][r])
+        else:
+            for r in range(R):
+                logit[r] = 0.0
+            for i in range(d):
+                v = m[i]
+                for r in range(R):
+                    logit[r] = logit[r] + v * cond_v[i * R + r]
     mx = logit[0]
     for r in range(1, R):
         if logit[r] > mx:

@@ -59,6 +59,23 @@ def test_a8_exact(rng, bits):
     assert np.allclose(got[0] / s, np.rint(got[0] / s), atol=1e-3)
 
 
+def test_a8_ties_signs_and_tails(rng):
+    """The vector loop and its scalar tail (widths not a multiple of 8): ties round to
+    even, -0 stays -0, the clip at -qmax-1 and qmax, the same bits as the reference."""
+    for n in (1, 7, 8, 13, 101):
+        x = np.zeros((4, n), np.float32)
+        x[0, 0] = 127.0                               # scale 1: the ties below are exact
+        x[0, 1:] = (rng.integers(-126, 126, size=n - 1) + 0.5).astype(np.float32)
+        x[1] = -0.0
+        x[1, 0] = -1.0
+        x[2] = rng.normal(size=n).astype(np.float32) * 1e-3
+        x[3] = rng.normal(size=n).astype(np.float32) * 1e4
+        got, want = cy.a8(x, 8), ref.a8(x, 8)
+        np.testing.assert_array_equal(got, want)
+        assert np.array_equal(np.signbit(got[1]), np.signbit(x[1]))
+        assert np.all(got[0, 1:] == np.rint(x[0, 1:]))   # half to even
+
+
 def test_fp16_rounding_matches_numpy(rng):
     x = np.concatenate([rng.normal(size=2000) * 10.0 ** rng.integers(-9, 5, size=2000),
                         [0.0, 65504.0, 65519.0, 65520.0, 1e-8, 6.1e-5, 5.96e-8, 2.9e-8]]).astype(np.float32)
