@@ -1384,7 +1384,8 @@ cdef class CythonEngine:
         thread count.
         The probe pools of block l's cell run on the last thread, half beside thread 0's
         router input of block l + 1, half beside its router weights and block input (the
-        cell is next written by block l + 1's lane update, several barriers later)."""
+        cell is next written by block l + 1's lane update, several barriers later); the
+        last cell's pools run after the head's products."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, K = self.K
         cdef Py_ssize_t gw = self.H * self.dv
         cdef Py_ssize_t l, kh, hd, s, c0, c1
@@ -1487,7 +1488,9 @@ cdef class CythonEngine:
             team_cols(d, tid, nt, &c0, &c1)
             self._lane_update_cols(lc, 0, c0, c1)
             nc_barrier_wait(bar)
-            if tid == nt - 1:
+            # (the last cell's pools wait until after the head's products when there is a
+            # head: run here, the head's rotation waited for them, ~5 us a step)
+            if tid == nt - 1 and (l < self.L - 1 or logits == NULL):
                 self._pool_team(l + 1, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, 2)
                 if l == self.L - 1:
                     self._pool_team(l + 1, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 1, 2)
@@ -1501,6 +1504,9 @@ cdef class CythonEngine:
             ws[0] = &self.emb_out
             ys[0] = logits
             self._products(mine, ws, ys, 1, tid, nt)
+            if tid == nt - 1:      # the last cell's pools (s_cell is no longer written)
+                self._pool_team(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, 2)
+                self._pool_team(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 1, 2)
 
     cdef void _prefetch_mlp(self, LayerC* lc) noexcept nogil:
         """Ask for block lc's Monarch MLP weights (float32, 116 KB a layer at full size)
@@ -1852,9 +1858,10 @@ cdef class CythonEngine:
         cdef Py_ssize_t d = self.d, c
         cdef float* x = self.s_x + t * d
         cdef float* a = self.s_ao + t * d
+        cdef float gate = lc.attn_gate
         zc_rmsnorm_c(a, lc.post_norm, a, d)
         for c in range(d):
-            x[c] = x[c] + lc.attn_gate * a[c]
+            x[c] = x[c] + gate * a[c]
         zc_rmsnorm_c(x, lc.pre_hada, self.s_a + t * d, d)
 
     cdef void _lane_update(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
@@ -1873,16 +1880,22 @@ cdef class CythonEngine:
         cdef float* ph = self.s_phi + t * (2 * n + n * n)
         cdef float* P = ph + 2 * n
         cdef float* cell = self.s_cell + t * d
+        cdef float coef
         for c in range(c0, c1):
             x[c] = (x[c] + a[c]) - u[c]          # y = Block(u) − u
+        # (each coefficient in a local: read through its pointer, which may alias the
+        # rows written, it was reloaded every element and the loops stayed scalar)
         for i in range(n):
+            coef = P[i * n]
             for c in range(c0, c1):
-                Xn[i * d + c] = P[i * n] * X[c]
+                Xn[i * d + c] = coef * X[c]
             for j in range(1, n):
+                coef = P[i * n + j]
                 for c in range(c0, c1):
-                    Xn[i * d + c] = Xn[i * d + c] + P[i * n + j] * X[j * d + c]
+                    Xn[i * d + c] = Xn[i * d + c] + coef * X[j * d + c]
+            coef = ph[n + i]
             for c in range(c0, c1):
-                Xn[i * d + c] = Xn[i * d + c] + ph[n + i] * x[c]
+                Xn[i * d + c] = Xn[i * d + c] + coef * x[c]
         for i in range(n):
             memcpy(X + i * d + c0, Xn + i * d + c0, (c1 - c0) * sizeof(float))
         memcpy(cell + c0, X + c0, (c1 - c0) * sizeof(float))
