@@ -81,7 +81,8 @@ from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matm
                             cq_rotate_tokens, cq_rotate_tokens_ok,
                             cq_decode_scratch, cq_decode_scratch_floats,
                             cq_free_decode_scratch)
-from needle_cy._parallel cimport nc_team_barrier, nc_team_size, nc_barrier, nc_barrier_init, nc_barrier_wait
+from needle_cy._parallel cimport (nc_team_barrier, nc_team_size, nc_barrier, nc_barrier_init, nc_barrier_wait,
+                                  nc_prof_begin, nc_prof_end, nc_prof_read, NC_PROF_THREADS, NC_PROF_MEETINGS)
 from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c, rms_unit_c, rope_c,
                              conv_step_c, attend_group_c, attend_group_i8_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
                              sinkhorn_c, monarch_mlp_c, team_cols, pool_update_c, dot_c)
@@ -275,6 +276,21 @@ cdef inline bint _list_share(const CQView** ws, int count, int i, int tid, int n
     r0[0] = a * blk
     r1[0] = min(b * blk, ws[i].rows)
     return True
+
+
+def barrier_profile():
+    """The meeting profile of the one-region decode steps (_step_blocks) run since the
+    last call, then reset: ``(ns, steps)`` with ns int64 [NC_PROF_THREADS, NC_PROF_MEETINGS,
+    2], per thread and meeting the nanoseconds worked before it ([..., 0]) and waited in
+    it ([..., 1]), summed over ``steps`` steps.  Only in a build made with
+    ``CFLAGS=-DNC_BARRIER_PROFILE`` (parallel_barrier.h); benchmarks/profile_step.py
+    names the meetings."""
+    out = np.zeros((NC_PROF_THREADS, NC_PROF_MEETINGS, 2), np.int64)
+    cdef long long n = nc_prof_read(<long long*>cnp.PyArray_DATA(out))
+    if n < 0:
+        raise RuntimeError("barrier_profile: needle_cy._model was built without the meeting profile; "
+                           "rebuild it with CFLAGS=-DNC_BARRIER_PROFILE (touch needle_cy/_model.pyx first)")
+    return out, int(n)
 
 
 cdef class EngineState:
@@ -1406,6 +1422,7 @@ cdef class CythonEngine:
         if tid == 0:
             nc_barrier_init(bar, nt)
         nc_team_barrier()
+        nc_prof_begin(tid)       # (the opt-in meeting profile: barrier_profile)
         # engram sites (spec §4.4): input on thread 0, the key and value
         # products split by rows, the value conv on the last thread beside thread 0's
         # input of the next site (the conv reads s_evraw, which the next site's products
@@ -1507,6 +1524,7 @@ cdef class CythonEngine:
             if tid == nt - 1:      # the last cell's pools (s_cell is no longer written)
                 self._pool_team(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, 2)
                 self._pool_team(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 1, 2)
+        nc_prof_end()
 
     cdef void _prefetch_mlp(self, LayerC* lc) noexcept nogil:
         """Ask for block lc's Monarch MLP weights (float32, 116 KB a layer at full size)

@@ -32,3 +32,9 @@ cdef extern from "parallel_barrier.h":
     void nc_barrier_init(nc_barrier* b, int total) noexcept nogil
     void nc_barrier_wait(nc_barrier* b) noexcept nogil
     int nc_barrier_spins_from_env() noexcept nogil
+    # the opt-in meeting profile (CFLAGS=-DNC_BARRIER_PROFILE; no-ops otherwise)
+    enum: NC_PROF_THREADS
+    enum: NC_PROF_MEETINGS
+    void nc_prof_begin(int tid) noexcept nogil
+    void nc_prof_end() noexcept nogil
+    long long nc_prof_read(long long* out) noexcept nogil

@@ -106,7 +106,7 @@ static inline void nc_barrier_wake(int* addr) {
 
 #if !(defined(__GNUC__) || defined(__clang__))
 /* no GNU atomics (MSVC): the OpenMP barrier of the enclosing region */
-static inline void nc_barrier_wait(nc_barrier* b) {
+static inline void nc_barrier_wait_impl(nc_barrier* b) {
     if (b->total <= 1)
         return;
 #ifdef _OPENMP
@@ -114,7 +114,7 @@ static inline void nc_barrier_wait(nc_barrier* b) {
 #endif
 }
 #else
-static inline void nc_barrier_wait(nc_barrier* b) {
+static inline void nc_barrier_wait_impl(nc_barrier* b) {
     int gen, i;
     if (b->total <= 1)
         return;
@@ -137,6 +137,73 @@ static inline void nc_barrier_wait(nc_barrier* b) {
         nc_barrier_sleep(&b->generation, gen);
     __atomic_sub_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
 }
+#endif
+
+/* ---- an opt-in profile of the meetings: build with CFLAGS=-DNC_BARRIER_PROFILE ----
+   For each thread of a profiled region (nc_prof_begin .. nc_prof_end) and each meeting
+   k, its k-th nc_barrier_wait since nc_prof_begin: the wall time it worked before the
+   meeting and the time it waited in it, in ns, summed over the regions profiled, read
+   and reset by nc_prof_read.  A decode step meets in the same order every time, so
+   meeting k is one place of the step (benchmarks/profile_step.py names them).  The
+   counters belong to the file that includes this header and calls nc_prof_begin
+   (_model.pyx; the Monarch MLP's meetings in _ops.pyx count as work).  Without the
+   flag the calls do nothing and nc_prof_read returns -1. */
+#define NC_PROF_THREADS 8
+#define NC_PROF_MEETINGS 1024
+#ifdef NC_BARRIER_PROFILE
+#include <time.h>
+static __thread int nc_prof_tid = -1;
+static __thread int nc_prof_k = 0;
+static __thread long long nc_prof_t = 0;
+static long long nc_prof_ns[NC_PROF_THREADS][NC_PROF_MEETINGS][2];
+static long long nc_prof_regions = 0;
+static inline long long nc_prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+static inline void nc_prof_begin(int tid) {
+    if (tid < 0 || tid >= NC_PROF_THREADS)
+        return;
+    if (tid == 0)
+        nc_prof_regions++;
+    nc_prof_tid = tid;
+    nc_prof_k = 0;
+    nc_prof_t = nc_prof_now();
+}
+static inline void nc_prof_end(void) {
+    if (nc_prof_tid >= 0 && nc_prof_k < NC_PROF_MEETINGS)
+        nc_prof_ns[nc_prof_tid][nc_prof_k][0] += nc_prof_now() - nc_prof_t;
+    nc_prof_tid = -1;
+}
+static inline void nc_barrier_wait(nc_barrier* b) {
+    long long t0, t1;
+    if (nc_prof_tid < 0 || nc_prof_k >= NC_PROF_MEETINGS) {
+        nc_barrier_wait_impl(b);
+        return;
+    }
+    t0 = nc_prof_now();
+    nc_barrier_wait_impl(b);
+    t1 = nc_prof_now();
+    nc_prof_ns[nc_prof_tid][nc_prof_k][0] += t0 - nc_prof_t;
+    nc_prof_ns[nc_prof_tid][nc_prof_k][1] += t1 - t0;
+    nc_prof_t = t1;
+    nc_prof_k++;
+}
+/* out[(t·NC_PROF_MEETINGS + k)·2 + {0: work, 1: wait}] for t < NC_PROF_THREADS; returns
+   the regions profiled and resets (call it outside any profiled region) */
+static inline long long nc_prof_read(long long* out) {
+    long long n = nc_prof_regions;
+    memcpy(out, nc_prof_ns, sizeof(nc_prof_ns));
+    memset(nc_prof_ns, 0, sizeof(nc_prof_ns));
+    nc_prof_regions = 0;
+    return n;
+}
+#else
+static inline void nc_prof_begin(int tid) { (void)tid; }
+static inline void nc_prof_end(void) {}
+static inline void nc_barrier_wait(nc_barrier* b) { nc_barrier_wait_impl(b); }
+static inline long long nc_prof_read(long long* out) { (void)out; return -1; }
 #endif
 
 #endif

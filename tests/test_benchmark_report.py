@@ -172,3 +172,42 @@ def test_roofline_probes_reject_bad_arguments():
     with pytest.raises(ValueError, match="256 bytes per thread"):
         roofline.read_bandwidth(buf[off:off + 128])
     assert roofline.read_bandwidth(buf[off:off + 4096], seconds=0.002) > 0
+
+
+def _load_profile_step_module():
+    spec = importlib.util.spec_from_file_location("needle_cy_bench_profile_step",
+                                                  REPO / "benchmarks" / "profile_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_meeting_profile_names_every_meeting_once():
+    """profile_step.py's phase table: engram sites, the block phases (the mean over blocks
+    1..L-1), the head; each meeting of the step is read by exactly one row."""
+    ps = _load_profile_step_module()
+    n_sites, n_layers, threads = 2, 4, 2
+    meetings = 2 * n_sites + len(ps.BLOCK_PHASES) * n_layers + 2
+    ns = np.zeros((8, 1024, 2), np.int64)
+    ns[:threads, :meetings, 0] = 1000 * np.arange(1, meetings + 1)      # meeting k: k+1 µs of work
+    ns[:threads, :meetings, 1] = 500
+    rows, us = ps.phase_table(ns, 1, n_sites, n_layers, threads)
+    assert len(rows) == 2 * n_sites + len(ps.BLOCK_PHASES) + 2
+    assert rows[0][1][0, 0] == 1.0 and rows[2 * n_sites - 1][1][1, 0] == 2 * n_sites
+    first = 2 * n_sites
+    for i in range(len(ps.BLOCK_PHASES)):                 # mean of blocks 1..L-1 of phase i
+        want = np.mean([first + len(ps.BLOCK_PHASES) * b + i + 1 for b in range(1, n_layers)])
+        assert rows[first + i][1][0, 0] == pytest.approx(want)
+    assert rows[-1][1][0, 0] == meetings and rows[-2][1][0, 0] == meetings - 1
+    assert np.all(us[:, :meetings, 1] == 0.5)
+
+
+def test_meeting_profile_needs_its_build():
+    """The default build has no meeting profile: barrier_profile says how to get one."""
+    from needle_cy import _model
+    try:
+        ns, steps = _model.barrier_profile()
+    except RuntimeError as e:
+        assert "NC_BARRIER_PROFILE" in str(e)
+    else:                                      # a profiling build: the counters read back
+        assert ns.shape == (8, 1024, 2) and steps >= 0
