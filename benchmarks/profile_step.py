@@ -31,14 +31,14 @@ from needle_cy.model import Model  # noqa: E402
 
 # meetings of one block, in _step_blocks' order: what happened before each one
 BLOCK_PHASES = [
-    "router input (t0) | pools, 1st half (last)",
+    "router input (t0) | pools, part 1 (last)",
     "mHC Φ products",
-    "router weights, block input (t0) | pools, 2nd half (last)",
+    "router weights, block input (t0) | pools, part 2 (last)",
     "q/k/v/gate products",
     "conv, RoPE, cache, attention (KV heads)",
-    "gate, A8 (t0)",
+    "gate, A8 (t0) | pools, part 3 (last)",
     "out products",
-    "MLP input (t0)",
+    "MLP input (t0) | pools, part 4 (last)",
     "Monarch MLP + lane update",
 ]
 SITE_PHASES = ["site input (t0) | previous value conv (last)", "key/value products"]

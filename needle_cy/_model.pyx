@@ -1373,12 +1373,22 @@ cdef class CythonEngine:
                          Py_ssize_t n_heads, float** pmax, float** pden, float** psum, int tid,
                          int nt) noexcept nogil:
         """_pool_chunk's (head, probe) pools, part tid of nt: every nt-th from the tid-th
-        (a prefill chunk's team; in a decode step the last thread's two halves, where it
-        waits for thread 0)."""
+        (a prefill chunk's team; a decode step's parts: _pool_range)."""
         cdef Py_ssize_t task = 0, hd, j
         for hd in range(n_heads):
             for j in range(self.heads_c[hd].k):
                 if task % nt == tid:
+                    self._pool_probe(hd, r, j, rows, ids, T, pmax[hd], pden[hd], psum[hd])
+                task += 1
+
+    cdef void _pool_range(self, Py_ssize_t r, const float* rows, const int64_t* ids, Py_ssize_t T,
+                          Py_ssize_t n_heads, float** pmax, float** pden, float** psum, Py_ssize_t a,
+                          Py_ssize_t b) noexcept nogil:
+        """_pool_chunk's (head, probe) pools number a ≤ i < b, numbered head by head."""
+        cdef Py_ssize_t task = 0, hd, j
+        for hd in range(n_heads):
+            for j in range(self.heads_c[hd].k):
+                if a <= task < b:
                     self._pool_probe(hd, r, j, rows, ids, T, pmax[hd], pden[hd], psum[hd])
                 task += 1
 
@@ -1398,13 +1408,14 @@ cdef class CythonEngine:
         it, and the other per-token operations run on thread 0;
         every value is computed as on one thread, so the logits are the same bits at any
         thread count.
-        The probe pools of block l's cell run on the last thread, half beside thread 0's
-        router input of block l + 1, half beside its router weights and block input (the
-        cell is next written by block l + 1's lane update, several barriers later); the
+        The probe pools of block l's cell run on the last thread, in four parts beside
+        thread 0's four serial steps of block l + 1 (router input, router weights and block
+        input, gate, MLP input; the cell is next written by block l + 1's lane update); the
         last cell's pools run after the head's products."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, K = self.K
         cdef Py_ssize_t gw = self.H * self.dv
-        cdef Py_ssize_t l, kh, hd, s, c0, c1
+        cdef Py_ssize_t l, kh, hd, s, c0, c1, n_pools = 0
+        cdef Py_ssize_t pool_at[5]
         cdef SiteC* sc
         cdef Py_ssize_t rng[12]
         cdef int n_rng = 0
@@ -1422,7 +1433,18 @@ cdef class CythonEngine:
         if tid == 0:
             nc_barrier_init(bar, nt)
         nc_team_barrier()
-        nc_prof_begin(tid)       # (the opt-in meeting profile: barrier_profile)
+        nc_prof_begin(tid)
+        # the (head, probe) pools of a cell cut in four consecutive parts, 4 : 5 : 1 : 2,
+        # roughly the time of thread 0's four serial steps they run beside (router input,
+        # router weights and block input, gate, MLP input: 1.9, 2.1, 0.6, 0.8 us at full
+        # size on Zen 4; in halves beside the first two, thread 0 waited ~1 us a block)
+        for hd in range(n_heads):
+            n_pools += self.heads_c[hd].k
+        pool_at[0] = 0
+        pool_at[1] = (4 * n_pools + 6) // 12
+        pool_at[2] = (9 * n_pools + 6) // 12
+        pool_at[3] = (10 * n_pools + 6) // 12
+        pool_at[4] = n_pools       # (the opt-in meeting profile: barrier_profile)
         # engram sites (spec §4.4): input on thread 0, the key and value
         # products split by rows, the value conv on the last thread beside thread 0's
         # input of the next site (the conv reads s_evraw, which the next site's products
@@ -1448,9 +1470,12 @@ cdef class CythonEngine:
                 self._engram_values(s, sc, 1, pos0, vhist)
         for l in range(self.L):
             lc = &self.layers[l]
-            # mHC router input and its rotation (spec §4.5)
+            # mHC router input and its rotation (spec §4.5); the previous cell's pools, in
+            # four parts, beside thread 0's four serial steps of this block (pool_at)
             if tid == 0:
                 self._router_input(0)
+            if tid == nt - 1 and l > 0:
+                self._pool_range(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[0], pool_at[1])
             self._rotate_team(mine, &lc.phi_pre, self.s_nx, tid, nt, bar)
             if lc.phi_shared:
                 self._phi_list(lc, ws, ys)
@@ -1460,13 +1485,12 @@ cdef class CythonEngine:
                 _project(&lc.phi_post, self.s_nx, 1, nd, phi + n, 0, cqw, 1)
                 _project(&lc.phi_res, self.s_nx, 1, nd, phi + 2 * n, 0, cqw, 1)
             nc_barrier_wait(bar)
-            # router weights, block input, a = A8(ZCRMS(x)) and its rotation; the second
-            # half of the previous cell's pools beside them
+            # router weights, block input, a = A8(ZCRMS(x)) and its rotation
             if tid == 0:
                 self._mhc_in(lc, 0)
                 self._block_in(lc, 0)
             if tid == nt - 1 and l > 0:
-                self._pool_team(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 1, 2)
+                self._pool_range(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[1], pool_at[2])
             self._rotate_team(mine, &lc.q_proj, self.s_a, tid, nt, bar)
             if lc.qkvg_shared:
                 self._qkvg_list(lc, ws, ys)
@@ -1488,6 +1512,8 @@ cdef class CythonEngine:
             nc_barrier_wait(bar)
             if tid == 0:
                 self._attend_gate(0)
+            if tid == nt - 1 and l > 0:
+                self._pool_range(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[2], pool_at[3])
             self._rotate_team(mine, &lc.out_proj, self.s_o, tid, nt, bar)
             ws[0] = &lc.out_proj
             ys[0] = self.s_ao
@@ -1496,6 +1522,8 @@ cdef class CythonEngine:
             # rest of the block: the Monarch MLP split between the threads; lanes, cell
             if tid == 0:
                 self._mlp_input(lc, 0)
+            if tid == nt - 1 and l > 0:     # (the cell is next written by the lane update below)
+                self._pool_range(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[3], pool_at[4])
             nc_barrier_wait(bar)
             monarch_mlp_c(self.s_a, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
                           lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
@@ -1505,12 +1533,10 @@ cdef class CythonEngine:
             team_cols(d, tid, nt, &c0, &c1)
             self._lane_update_cols(lc, 0, c0, c1)
             nc_barrier_wait(bar)
-            # (the last cell's pools wait until after the head's products when there is a
-            # head: run here, the head's rotation waited for them, ~5 us a step)
-            if tid == nt - 1 and (l < self.L - 1 or logits == NULL):
-                self._pool_team(l + 1, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, 2)
-                if l == self.L - 1:
-                    self._pool_team(l + 1, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 1, 2)
+        # the last cell's pools: after the head's products when there is a head (before
+        # it, the head's rotation waited for them, ~5 us a step)
+        if tid == nt - 1 and logits == NULL:
+            self._pool_range(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, pool_at[4])
         # output: final norm, A8, tied head (spec §4.9)
         if logits != NULL:
             if tid == 0:
@@ -1522,8 +1548,7 @@ cdef class CythonEngine:
             ys[0] = logits
             self._products(mine, ws, ys, 1, tid, nt)
             if tid == nt - 1:      # the last cell's pools (s_cell is no longer written)
-                self._pool_team(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, 2)
-                self._pool_team(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 1, 2)
+                self._pool_range(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, pool_at[4])
         nc_prof_end()
 
     cdef void _prefetch_mlp(self, LayerC* lc) noexcept nogil:
