@@ -110,6 +110,7 @@ cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssi
 cdef bint cq_rotate_tokens(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
                            float* work, int tid, int nt, float* kf, Py_ssize_t kf_floats) noexcept nogil
 cdef bint cq_rotate_tokens_ok(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil
+cdef void cq_prefetch_rows(const CQView* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil
 cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
                             int threads) noexcept nogil
 cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,

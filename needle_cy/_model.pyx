@@ -76,7 +76,7 @@ from libc.stdint cimport int64_t, uint32_t, int8_t, uint8_t
 from libc.string cimport memcpy, memset, memmove
 
 from needle_cy._cq cimport (CQWeight, CQView, cq_work_floats, cq_matvec, cq_matmul, cq_dequantize_row,
-                            cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_matmul_rotated,
+                            cq_same_rotation, cq_rotate, cq_matvec_rotated, cq_prefetch_rows, cq_matmul_rotated,
                             cq_matvec_rotated_rows, cq_matmul_rotated_rows, cq_matmul_rotated_rows_list,
                             cq_rotate_tokens, cq_rotate_tokens_ok,
                             cq_decode_scratch, cq_decode_scratch_floats,
@@ -1505,6 +1505,9 @@ cdef class CythonEngine:
             # the cache write, the conv histories, the attention
             self._slot_ranges(pos0, lc.band, rng, &n_rng)
             self._prefetch_mlp(lc)
+            if l + 1 < self.L:       # the next block's Φ rows (this thread's share)
+                self._phi_list(&self.layers[l + 1], ws, ys)
+                self._prefetch_products(ws, 3 if self.layers[l + 1].phi_shared else 1, tid, nt)
             kh = tid
             while kh < K:
                 self._group_step(lc, l, kh, pos0, conv_q, conv_k, conv_v, kv, rng, n_rng)
@@ -1550,6 +1553,14 @@ cdef class CythonEngine:
             if tid == nt - 1:      # the last cell's pools (s_cell is no longer written)
                 self._pool_range(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, pool_at[4])
         nc_prof_end()
+
+    cdef void _prefetch_products(self, const CQView** ws, int count, int tid, int nt) noexcept nogil:
+        """Ask for thread tid's share (_list_share) of the rows of a list of products."""
+        cdef Py_ssize_t r0, r1
+        cdef int i
+        for i in range(count):
+            if _list_share(ws, count, i, tid, nt, &r0, &r1):
+                cq_prefetch_rows(ws[i], r0, r1)
 
     cdef void _prefetch_mlp(self, LayerC* lc) noexcept nogil:
         """Ask for block lc's Monarch MLP weights (float32, 116 KB a layer at full size)
