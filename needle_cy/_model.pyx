@@ -1433,7 +1433,7 @@ cdef class CythonEngine:
         if tid == 0:
             nc_barrier_init(bar, nt)
         nc_team_barrier()
-        nc_prof_begin(tid)
+        nc_prof_begin(tid)       # (the opt-in meeting profile: barrier_profile)
         # the (head, probe) pools of a cell cut in four consecutive parts, 4 : 5 : 1 : 2,
         # roughly the time of thread 0's four serial steps they run beside (router input,
         # router weights and block input, gate, MLP input: 1.9, 2.1, 0.6, 0.8 us at full
@@ -1444,7 +1444,7 @@ cdef class CythonEngine:
         pool_at[1] = (4 * n_pools + 6) // 12
         pool_at[2] = (9 * n_pools + 6) // 12
         pool_at[3] = (10 * n_pools + 6) // 12
-        pool_at[4] = n_pools       # (the opt-in meeting profile: barrier_profile)
+        pool_at[4] = n_pools
         # engram sites (spec §4.4): input on thread 0, the key and value
         # products split by rows, the value conv on the last thread beside thread 0's
         # input of the next site (the conv reads s_evraw, which the next site's products
@@ -1505,9 +1505,9 @@ cdef class CythonEngine:
             # the cache write, the conv histories, the attention
             self._slot_ranges(pos0, lc.band, rng, &n_rng)
             self._prefetch_mlp(lc)
-            if l + 1 < self.L:       # the next block's Φ rows (this thread's share)
+            if l + 1 < self.L and self.layers[l + 1].phi_shared:   # the next Φ rows, this thread's share
                 self._phi_list(&self.layers[l + 1], ws, ys)
-                self._prefetch_products(ws, 3 if self.layers[l + 1].phi_shared else 1, tid, nt)
+                self._prefetch_products(ws, 3, tid, nt)
             kh = tid
             while kh < K:
                 self._group_step(lc, l, kh, pos0, conv_q, conv_k, conv_v, kv, rng, n_rng)
