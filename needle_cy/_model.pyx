@@ -1341,7 +1341,7 @@ cdef class CythonEngine:
             for t in range(t0, t1):
                 self._block_out(lc, t)
             nc_barrier_wait(bar)
-            self._pool_team(l + 1, self.s_cell, ids, T, n_heads, pmax, pden, psum, tid, nt)
+            self._pool_tasks(l + 1, self.s_cell, ids, T, n_heads, pmax, pden, psum, tid, self._pool_count(n_heads), nt)
         cq_free_decode_scratch(kf)
 
     cdef inline bint _by_rows(self, const CQView** ws, int count, int nt) noexcept nogil:
@@ -1369,26 +1369,23 @@ cdef class CythonEngine:
             cq_rotate(w, X, T, x_stride, self.s_cq_work, 1)
         nc_barrier_wait(bar)
 
-    cdef void _pool_team(self, Py_ssize_t r, const float* rows, const int64_t* ids, Py_ssize_t T,
-                         Py_ssize_t n_heads, float** pmax, float** pden, float** psum, int tid,
-                         int nt) noexcept nogil:
-        """_pool_chunk's (head, probe) pools, part tid of nt: every nt-th from the tid-th
-        (a prefill chunk's team; a decode step's parts: _pool_range)."""
-        cdef Py_ssize_t task = 0, hd, j
+    cdef inline Py_ssize_t _pool_count(self, Py_ssize_t n_heads) noexcept nogil:
+        """How many (head, probe) pools a cell is folded into."""
+        cdef Py_ssize_t hd, n = 0
         for hd in range(n_heads):
-            for j in range(self.heads_c[hd].k):
-                if task % nt == tid:
-                    self._pool_probe(hd, r, j, rows, ids, T, pmax[hd], pden[hd], psum[hd])
-                task += 1
+            n += self.heads_c[hd].k
+        return n
 
-    cdef void _pool_range(self, Py_ssize_t r, const float* rows, const int64_t* ids, Py_ssize_t T,
-                          Py_ssize_t n_heads, float** pmax, float** pden, float** psum, Py_ssize_t a,
-                          Py_ssize_t b) noexcept nogil:
-        """_pool_chunk's (head, probe) pools number a ≤ i < b, numbered head by head."""
+    cdef void _pool_tasks(self, Py_ssize_t r, const float* rows, const int64_t* ids, Py_ssize_t T,
+                          Py_ssize_t n_heads, float** pmax, float** pden, float** psum, Py_ssize_t first,
+                          Py_ssize_t stop, Py_ssize_t step) noexcept nogil:
+        """_pool_chunk's (head, probe) pools numbered head by head, those i with
+        first ≤ i < stop and i ≡ first (mod step): a prefill chunk's thread tid of nt takes
+        (tid, all, nt), a decode step's last thread consecutive parts (step 1)."""
         cdef Py_ssize_t task = 0, hd, j
         for hd in range(n_heads):
             for j in range(self.heads_c[hd].k):
-                if a <= task < b:
+                if first <= task < stop and (task - first) % step == 0:
                     self._pool_probe(hd, r, j, rows, ids, T, pmax[hd], pden[hd], psum[hd])
                 task += 1
 
@@ -1414,7 +1411,7 @@ cdef class CythonEngine:
         last cell's pools run after the head's products."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, K = self.K
         cdef Py_ssize_t gw = self.H * self.dv
-        cdef Py_ssize_t l, kh, hd, s, c0, c1, n_pools = 0
+        cdef Py_ssize_t l, kh, hd, s, c0, c1, n_pools
         cdef Py_ssize_t pool_at[5]
         cdef SiteC* sc
         cdef Py_ssize_t rng[12]
@@ -1438,8 +1435,7 @@ cdef class CythonEngine:
         # roughly the time of thread 0's four serial steps they run beside (router input,
         # router weights and block input, gate, MLP input: 1.9, 2.1, 0.6, 0.8 us at full
         # size on Zen 4; in halves beside the first two, thread 0 waited ~1 us a block)
-        for hd in range(n_heads):
-            n_pools += self.heads_c[hd].k
+        n_pools = self._pool_count(n_heads)
         pool_at[0] = 0
         pool_at[1] = (4 * n_pools + 6) // 12
         pool_at[2] = (9 * n_pools + 6) // 12
@@ -1475,7 +1471,7 @@ cdef class CythonEngine:
             if tid == 0:
                 self._router_input(0)
             if tid == nt - 1 and l > 0:
-                self._pool_range(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[0], pool_at[1])
+                self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[0], pool_at[1], 1)
             self._rotate_team(mine, &lc.phi_pre, self.s_nx, tid, nt, bar)
             if lc.phi_shared:
                 self._phi_list(lc, ws, ys)
@@ -1490,7 +1486,7 @@ cdef class CythonEngine:
                 self._mhc_in(lc, 0)
                 self._block_in(lc, 0)
             if tid == nt - 1 and l > 0:
-                self._pool_range(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[1], pool_at[2])
+                self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[1], pool_at[2], 1)
             self._rotate_team(mine, &lc.q_proj, self.s_a, tid, nt, bar)
             if lc.qkvg_shared:
                 self._qkvg_list(lc, ws, ys)
@@ -1516,7 +1512,7 @@ cdef class CythonEngine:
             if tid == 0:
                 self._attend_gate(0)
             if tid == nt - 1 and l > 0:
-                self._pool_range(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[2], pool_at[3])
+                self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[2], pool_at[3], 1)
             self._rotate_team(mine, &lc.out_proj, self.s_o, tid, nt, bar)
             ws[0] = &lc.out_proj
             ys[0] = self.s_ao
@@ -1526,7 +1522,7 @@ cdef class CythonEngine:
             if tid == 0:
                 self._mlp_input(lc, 0)
             if tid == nt - 1 and l > 0:     # (the cell is next written by the lane update below)
-                self._pool_range(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[3], pool_at[4])
+                self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[3], pool_at[4], 1)
             nc_barrier_wait(bar)
             monarch_mlp_c(self.s_a, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
                           lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
@@ -1539,7 +1535,7 @@ cdef class CythonEngine:
         # the last cell's pools: after the head's products when there is a head (before
         # it, the head's rotation waited for them, ~5 us a step)
         if tid == nt - 1 and logits == NULL:
-            self._pool_range(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, pool_at[4])
+            self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, pool_at[4], 1)
         # output: final norm, A8, tied head (spec §4.9)
         if logits != NULL:
             if tid == 0:
@@ -1551,7 +1547,7 @@ cdef class CythonEngine:
             ys[0] = logits
             self._products(mine, ws, ys, 1, tid, nt)
             if tid == nt - 1:      # the last cell's pools (s_cell is no longer written)
-                self._pool_range(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, pool_at[4])
+                self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, pool_at[4], 1)
         nc_prof_end()
 
     cdef void _prefetch_products(self, const CQView** ws, int count, int tid, int nt) noexcept nogil:

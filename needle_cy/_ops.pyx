@@ -20,6 +20,13 @@ cnp.import_array()
 
 cdef extern from *:
     """
+    /* _a8_level(v, s, qmax) * s: clip(rint(v/s), -qmax-1, qmax)·s (the vector loops' tail) */
+    static inline float nc_a8_one(float v, float s, float qmax) {
+        float k = rintf(v / s);
+        if (k < -qmax - 1.0f) k = -qmax - 1.0f;
+        if (k > qmax) k = qmax;
+        return k * s;
+    }
     #if defined(__AVX2__) && defined(__FMA__)
     #include <immintrin.h>
     static inline float nc_hsum256(__m256 v) {
@@ -122,9 +129,6 @@ cdef extern from *:
         for (kk = 0; kk < KB; kk++)
             for (v = 0; v < NV; v++) _mm256_storeu_ps(out + (k0 + kk) * bb + 8 * v, acc[kk][v]);
     }
-    #ifndef NC_KRON_KB32
-    #define NC_KRON_KB32 2
-    #endif
     /* Output rows [k0, k1) (each row's sums do not depend on how the rows are grouped) */
     static inline void nc_kron_half(const float* M, Py_ssize_t m_stride, Py_ssize_t m_step,
                                     const float* R, Py_ssize_t n_in, Py_ssize_t k0, Py_ssize_t k1,
@@ -135,8 +139,8 @@ cdef extern from *:
             for (; k < k1; k++) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 1, 2, out);
             return;
         }
-        if (bb == 32) {             /* NC_KRON_KB32 rows × 4 vectors */
-            for (; k + NC_KRON_KB32 <= k1; k += NC_KRON_KB32) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, NC_KRON_KB32, 4, out);
+        if (bb == 32) {             /* 2 rows × 4 vectors = 8 chains (4 rows read 4 % slower) */
+            for (; k + 2 <= k1; k += 2) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 2, 4, out);
             for (; k < k1; k++) nc_kron_rows(M, m_stride, m_step, R, n_in, bb, k, 1, 4, out);
             return;
         }
@@ -197,12 +201,7 @@ cdef extern from *:
             k = _mm256_min_ps(hi, _mm256_max_ps(lo, k));
             _mm256_storeu_ps(x + j, _mm256_mul_ps(k, vs));
         }
-        for (; j < n; j++) {
-            float k = rintf(x[j] / s);
-            if (k < -qmax - 1.0f) k = -qmax - 1.0f;
-            if (k > qmax) k = qmax;
-            x[j] = k * s;
-        }
+        for (; j < n; j++) x[j] = nc_a8_one(x[j], s, qmax);
     }
     /* max |x[i]| (0 for n = 0; NaNs ignored, as the scalar comparison does) */
     static inline float nc_absmax(const float* x, Py_ssize_t n) {
@@ -377,12 +376,7 @@ cdef extern from *:
         return amax;
     }
     static inline void nc_a8_apply(float* x, Py_ssize_t n, float s, float qmax) {
-        for (Py_ssize_t j = 0; j < n; j++) {
-            float k = rintf(x[j] / s);
-            if (k < -qmax - 1.0f) k = -qmax - 1.0f;
-            if (k > qmax) k = qmax;
-            x[j] = k * s;
-        }
+        for (Py_ssize_t j = 0; j < n; j++) x[j] = nc_a8_one(x[j], s, qmax);
     }
     /* portable: 4 independent accumulators so the adds pipeline */
     static inline float nc_dot(const float* a, const float* b, Py_ssize_t n) {
