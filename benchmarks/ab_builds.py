@@ -61,7 +61,9 @@ def child(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("trees", nargs="*", help="NAME=PATH of a checkout with built extensions")
+    ap.add_argument("trees", nargs="*", help="NAME=PATH of a checkout with built extensions, "
+                    "optionally NAME=PATH,VAR=VALUE,... (environment of that arm: the same tree "
+                    "twice with NEEDLE_CY_CQ_AMX=0 and =1 compares a run-time switch)")
     ap.add_argument("--mode", choices=("decode", "prefill"), default="decode")
     ap.add_argument("--bits", type=int, default=2)
     ap.add_argument("--threads", default="2")
@@ -74,7 +76,12 @@ def main(argv=None):
         return child(args)
     if len(args.trees) < 1 or any("=" not in t for t in args.trees):
         ap.error("give one or more NAME=PATH trees")
-    trees = [t.split("=", 1) for t in args.trees]
+    trees, extra = [], {}
+    for t in args.trees:
+        name, rest = t.split("=", 1)
+        path, *settings = rest.split(",")
+        trees.append((name, path))
+        extra[name] = dict(kv.split("=", 1) for kv in settings)
     for name, path in trees:
         if not (Path(path) / "needle_cy").is_dir():
             ap.error(f"{name}: {path} has no needle_cy package")
@@ -86,7 +93,7 @@ def main(argv=None):
            str(args.bits), "--threads", args.threads, "--context", str(args.context), "--rounds", str(args.rounds)]
     for _ in range(args.runs):
         for name, path in trees:
-            env = dict(os.environ, PYTHONPATH=str(Path(path).resolve()))
+            env = dict(os.environ, PYTHONPATH=str(Path(path).resolve()), **extra[name])
             out = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if out.returncode != 0:
                 sys.exit(f"{name}: run failed\n{out.stderr}")

@@ -43,7 +43,7 @@ one thread in a fixed order).  Nothing here allocates or raises; inputs may not
 alias work.  The functions may be called from several threads at once as long
 as each uses its own work buffer.
 """
-from libc.stdint cimport uint8_t, uint32_t, int16_t
+from libc.stdint cimport uint8_t, uint32_t, int8_t, int16_t
 
 
 ctypedef struct CQView:
@@ -84,6 +84,10 @@ ctypedef struct CQView:
     const float* lut_norms     # [ceil(rows/16)][n_groups][16 rows] float32
     Py_ssize_t lut_n_dw        # dwords (32/int_fb fields) per row: cols_padded · int_fb / 32
     float lut_descale          # float32(1/sqrt(group_size))
+    # tile kernel (AMX, cq_amx_kernel.h): set by prepare
+    int amx_ok                 # 1: tables exist (group_size 64, 128 or 256; reference.cq.amx_applies)
+    int8_t amx_pieces[48]      # codewords C = c2·2^16 + c1·2^8 + c0: c2 [0:16], c1 [16:32], c0 [32:48]
+    float amx_descale          # float32(2^-E / sqrt(group_size))
 
 
 cdef class CQWeight:

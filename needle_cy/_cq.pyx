@@ -144,8 +144,8 @@ import weakref
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel, threadid
-from libc.stdint cimport uint8_t, uint32_t, int16_t, int64_t, uintptr_t
-from libc.math cimport rintf, fabsf
+from libc.stdint cimport uint8_t, uint32_t, int8_t, int16_t, int64_t, uintptr_t
+from libc.math cimport rintf, fabsf, fmaf
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
@@ -708,6 +708,13 @@ cdef extern from *:
        every other matrix and for the A8 codes */
     #define NC_CQ_HAVE_LUT 1
     #include "cq_lut_kernel.h"
+    /* AMX int8 tiles for the A8 matmul (prefill), Linux only (the tile state needs the
+       kernel's per-process permission), compilers that know the tile intrinsics */
+    #if defined(__linux__) && !defined(NC_CQ_NO_AMX) && \
+        ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+    #define NC_CQ_HAVE_AMX 1
+    #include "cq_amx_kernel.h"
+    #endif
     static int nc_cq_lut_base(void) { return nc_cq_cpu_has_avx512vnni() ? 2 : 1; }
     static int nc_cq_lut_base_id = 0;
     #define NC_CQ_BASE(kernel) ((kernel) == 7 ? (nc_cq_lut_base_id ? nc_cq_lut_base_id \
@@ -888,6 +895,21 @@ cdef extern from *:
                                  ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {}
     #endif
 
+    #if !defined(NC_CQ_HAVE_AMX)   /* no tile kernel in this build: never enabled */
+    #define NC_CQ_HAVE_AMX 0
+    static int nc_cqa_cpu_supported(void) { return 0; }
+    static void nc_cqa_pack_token(const float* kf, ptrdiff_t Pa, int8_t* zh, int8_t* zl) {}
+    static ptrdiff_t nc_cqa_scratch_floats(ptrdiff_t n_groups) { return 0; }
+    static void nc_cqa_mm_rows(const uint8_t* packed, ptrdiff_t row_bytes, const float* norms,
+                               ptrdiff_t norm_stride, ptrdiff_t n_groups, int g, int fb, const int8_t* pieces,
+                               const int8_t* zh, const int8_t* zl, ptrdiff_t Pa, ptrdiff_t nt, const float* s,
+                               float descale, ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride,
+                               float* scratch) {}
+    #endif
+    /* Whether A8 matmuls of AMX_MIN_TOKENS or more tokens run on the tiles (set by _cq at
+       import from the CPU and NEEDLE_CY_CQ_AMX; set_amx). */
+    static int nc_cqa_enabled = 0;
+
     /* Run-time switch for tests and comparisons (1 = use AVX2 where possible). */
     static int nc_cq_simd_enabled = -1;
     static int nc_cq_use_simd(int view_simd) {
@@ -973,6 +995,16 @@ cdef extern from *:
                           Py_ssize_t r0, Py_ssize_t r1, float* Y, Py_ssize_t y_stride) noexcept nogil
     int nc_cq_best_int_kernel() noexcept nogil
     int nc_cq_active_int_kernel() noexcept nogil
+    int NC_CQ_HAVE_AMX
+    int nc_cqa_enabled
+    int nc_cqa_cpu_supported() noexcept nogil
+    void nc_cqa_pack_token(const float* kf, Py_ssize_t Pa, int8_t* zh, int8_t* zl) noexcept nogil
+    Py_ssize_t nc_cqa_scratch_floats(Py_ssize_t n_groups) noexcept nogil
+    void nc_cqa_mm_rows(const uint8_t* packed, Py_ssize_t row_bytes, const float* norms,
+                        Py_ssize_t norm_stride, Py_ssize_t n_groups, int g, int fb, const int8_t* pieces,
+                        const int8_t* zh, const int8_t* zl, Py_ssize_t Pa, Py_ssize_t nt, const float* s,
+                        float descale, Py_ssize_t r0, Py_ssize_t r1, float* Y, Py_ssize_t y_stride,
+                        float* scratch) noexcept nogil
     void nc_cq_int_rows(int kernel, const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
                         const float* norms, Py_ssize_t norm_stride, const int16_t* z,
                         Py_ssize_t n_chunks, int fb, int g, const int16_t* table, float base,
@@ -998,6 +1030,8 @@ cdef enum:
     SCRATCH_FLOATS = 4 * (16 + 8 * 768)  # a thread's scratch (cq_decode_scratch): the decode buffer, or
                                    # the lookup tables of a tile of 4 tokens (a 16-float header and
                                    # 8 floats per input at 4 bits, 4 at 2 bits; 768 inputs)
+cdef Py_ssize_t AMX_MIN_TOKENS = 8   # fewest tokens the tile form takes (a tile holds 16)
+cdef long long AMX_CODE_MAX = 127 * 65536 - 32896  # |C| with a top signed byte ≤ 127 (reference.cq)
 cdef Py_ssize_t MATVEC_ROW_BLOCK = 32  # rows per parallel task of the matvec
 cdef Py_ssize_t SLICE_FIELDS = 768   # matmul column slice (see _matmul_rows_simd)
 cdef Py_ssize_t LOW_BIT_DECODE_FIELDS = 384  # widest slice decoded once at 1–2 bits (_decode_once)
@@ -1150,6 +1184,7 @@ cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil:
     return (a.cols == b.cols and a.group_size == b.group_size
             and a.field_bits == b.field_bits and a.simd == b.simd
             and a.a8_input == b.a8_input and a.int_ok == b.int_ok and a.lut_ok == b.lut_ok
+            and a.amx_ok == b.amx_ok
             and (not a.lut_ok or _same_codebook(a, b)))
 
 
@@ -1203,7 +1238,30 @@ cdef inline bint _lut_path(const CQView* w) noexcept nogil:
     return w.lut_ok and nc_cq_active_int_kernel() == 7
 
 
-# Integer forms of a workspace, for T tokens of padded length P.  Header word 0 = 1:
+cdef inline bint _amx_path(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
+    """Whether an integer rotation of n_tokens for w takes the tile form (cq_amx_kernel.h):
+    the tiles enabled (an AVX-512 integer kernel active) or the portable loop of the
+    same numerics forced (set_amx('portable')), tables made, AMX_MIN_TOKENS or more."""
+    cdef int k
+    if not (nc_cqa_enabled and w.amx_ok and n_tokens >= AMX_MIN_TOKENS):
+        return False
+    if nc_cqa_enabled == 2:
+        return True
+    k = nc_cq_active_int_kernel()
+    return k == 1 or k == 2 or k == 7
+
+
+cdef inline int _int_form(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
+    """The workspace form an integer rotation of n_tokens takes: 3 tiles, 2 lookups, 1 int16 codes."""
+    if _amx_path(w, n_tokens):
+        return 3
+    return 2 if _lut_path(w) else 1
+
+
+# Integer forms of a workspace, for T tokens of padded length P.  Word 0 = 3 (tile
+#   form): the rotated codes as signed bytes zh [T + 16, P] at WORK_HEADER and zl
+#   [T + 16, P] after them (z = 256·zh + zl; the 16 rows past T zero: a tile reads 16
+#   tokens), then the scales and the scratch as below.  Header word 0 = 1:
 #   int16 codes [T, P] at WORK_HEADER, then the A8 scales [T] (a block of 16-float
 #   multiples), then P floats of scratch for one token's float codes.  Word 0 = 2
 #   (lookup form): the rotated codes as floats [T, P] at WORK_HEADER, one token's
@@ -1224,13 +1282,43 @@ cdef inline float* _lut_tables(const CQView* w, float* work, Py_ssize_t n_tokens
 
 
 cdef inline float* _int_scales(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
-    return _int_scales_of(w, work, n_tokens, (<const int*>work)[0] == 2)
+    return _int_scales_of(w, work, n_tokens, (<const int*>work)[0])
 
 
-cdef inline float* _int_scales_of(const CQView* w, float* work, Py_ssize_t n_tokens, bint lut) noexcept nogil:
-    if lut:
+cdef inline float* _int_scales_of(const CQView* w, float* work, Py_ssize_t n_tokens, int form) noexcept nogil:
+    if form == 2:
         return work + WORK_HEADER + (n_tokens + 8) * w.padded_len + 32
+    if form == 3:
+        return work + WORK_HEADER + (n_tokens + 16) * w.padded_len // 2
     return work + WORK_HEADER + n_tokens * w.padded_len // 2   # P is a multiple of 64
+
+
+cdef inline int8_t* _amx_zh(float* work) noexcept nogil:
+    return <int8_t*>(work + WORK_HEADER)
+
+
+cdef inline int8_t* _amx_zl(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
+    return <int8_t*>(work + WORK_HEADER) + (n_tokens + 16) * w.padded_len
+
+
+cdef inline void _amx_clear_tail(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil:
+    """Zero the 16 rows past the last token of both byte planes (the tiles read them)."""
+    memset(_amx_zh(work) + n_tokens * w.padded_len, 0, 16 * w.padded_len)
+    memset(_amx_zl(w, work, n_tokens) + n_tokens * w.padded_len, 0, 16 * w.padded_len)
+
+
+cdef inline void _amx_pack_token(const float* kf, Py_ssize_t P, int8_t* zh, int8_t* zl) noexcept nogil:
+    """z = 256·zh + zl, zl a signed byte (reference.cq.signed_bytes); AVX-512 where the tiles run."""
+    cdef Py_ssize_t i
+    cdef int z, lo
+    if nc_cqa_enabled == 1:
+        nc_cqa_pack_token(kf, P, zh, zl)
+        return
+    for i in range(P):
+        z = <int>kf[i]
+        lo = ((z + 128) & 255) - 128
+        zl[i] = <int8_t>lo
+        zh[i] = <int8_t>((z - lo) >> 8)
 
 
 cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
@@ -1249,12 +1337,15 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
     rotated codes stay floats (and become the tables, nc_cql_tables, for one token)
     instead of int16 codes."""
     cdef Py_ssize_t t, P = w.padded_len
-    (<int*>work)[0] = 2 if _lut_path(w) else 1     # the form, read by _int_scales from here on
+    cdef int form = _int_form(w, n_tokens)
+    (<int*>work)[0] = form     # the form, read by _int_scales from here on
     cdef float* scales = _int_scales(w, work, n_tokens)
     cdef float* kf
+    if form == 3:
+        _amx_clear_tail(w, work, n_tokens)
     if threads <= 1 or n_tokens < 2:
         _rotate_int_tokens(w, X, 0, n_tokens, x_stride, work, n_tokens,
-                           scales + (n_tokens + 15) // 16 * 16, _lut_path(w))
+                           scales + (n_tokens + 15) // 16 * 16, form)
     else:
         with parallel(num_threads=threads if threads < n_tokens else <int>n_tokens):
             kf = <float*>malloc(P * sizeof(float))
@@ -1271,16 +1362,16 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
 
 cdef void _rotate_int_tokens(const CQView* w, const float* X, Py_ssize_t t0, Py_ssize_t t1,
                              Py_ssize_t x_stride, float* work, Py_ssize_t n_tokens,
-                             float* kf, bint lut) noexcept nogil:
-    """Tokens [t0, t1) of _rotate_int in the form `lut` (the lookup form or the int16
-    one), which the header need not hold yet (cq_rotate_tokens: another thread writes
-    it); kf: P floats of scratch (the int16 form)."""
+                             float* kf, int form) noexcept nogil:
+    """Tokens [t0, t1) of _rotate_int in `form` (_int_form), which the header need not
+    hold yet (cq_rotate_tokens: another thread writes it); kf: P floats of scratch
+    (the int16 and tile forms)."""
     cdef Py_ssize_t t, c, P = w.padded_len, g = w.group_size
     cdef int kernel = nc_cq_active_int_kernel()
     cdef int16_t* z = _int_codes(work)
-    cdef float* scales = _int_scales_of(w, work, n_tokens, lut)
+    cdef float* scales = _int_scales_of(w, work, n_tokens, form)
     for t in range(t0, t1):
-        if lut:
+        if form == 2:
             kf = _lut_codes(work) + t * P      # the rotated codes are kept as they are
         if not nc_cq_int_a8_codes(kernel, X + t * x_stride, w.cols, kf, &scales[t]):
             scales[t] = -1.0
@@ -1288,8 +1379,10 @@ cdef void _rotate_int_tokens(const CQView* w, const float* X, Py_ssize_t t0, Py_
         memset(kf + w.cols, 0, (P - w.cols) * sizeof(float))
         for c in range(w.n_groups):
             cq_fwht_scaled(kf + c * g, g, <float>1.0)
-        if not lut:
+        if form == 1:
             nc_cq_int_pack_codes(kernel, kf, w.n_chunks, w.int_fb, z + t * P)
+        elif form == 3:
+            _amx_pack_token(kf, P, _amx_zh(work) + t * P, _amx_zl(w, work, n_tokens) + t * P)
 
 
 cdef void cq_rotate(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_ssize_t x_stride,
@@ -1322,18 +1415,20 @@ cdef bint cq_rotate_tokens(const CQView* w, const float* X, Py_ssize_t n_tokens,
     meeting cq_rotate_tokens_ok tells whether every token was an A8 vector; when not,
     thread 0 calls cq_rotate.  The same bits as cq_rotate (the prefill chunk's one
     parallel region: a region per rotation was part of libgomp's 10 % of a prefill)."""
-    cdef bint lut
+    cdef int form
     cdef Py_ssize_t t0 = n_tokens * tid // nt, t1 = n_tokens * (tid + 1) // nt, t
     if n_tokens < 2 or not _int_path(w, n_tokens):
         return False
-    lut = _lut_path(w)
-    if (kf == NULL or kf_floats < w.padded_len) and not lut:   # (its tokens fail the verdict)
+    form = _int_form(w, n_tokens)
+    if (kf == NULL or kf_floats < w.padded_len) and form != 2:   # (its tokens fail the verdict)
         for t in range(t0, t1):
-            _int_scales_of(w, work, n_tokens, lut)[t] = -1.0
+            _int_scales_of(w, work, n_tokens, form)[t] = -1.0
     else:
-        _rotate_int_tokens(w, X, t0, t1, x_stride, work, n_tokens, kf, lut)
+        _rotate_int_tokens(w, X, t0, t1, x_stride, work, n_tokens, kf, form)
     if tid == 0:
-        (<int*>work)[0] = 2 if lut else 1
+        (<int*>work)[0] = form
+        if form == 3:
+            _amx_clear_tail(w, work, n_tokens)
     return True
 
 
@@ -1357,6 +1452,13 @@ cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* 
     cdef int n = cq_effective_threads(w, n_tokens, threads)
     cdef Py_ssize_t rb, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
     cdef int i
+    if (<const int*>work)[0] == 3:
+        if n == 1:
+            _amx_mm_share(w, work, n_tokens, 0, 1, Y, y_stride)
+        else:
+            for i in prange(n, num_threads=n, schedule="static"):
+                _amx_mm_share(w, work, n_tokens, i, n, Y, y_stride)
+        return
     if (<const int*>work)[0] == 2:
         # one contiguous share of 16-row blocks per thread, token tiles outside
         if n == 1:
@@ -1387,6 +1489,77 @@ cdef inline void _lut_mm_share(const CQView* w, float* work, Py_ssize_t n_tokens
                        w.padded_len, w.codebook, n_tokens, _int_scales(w, work, n_tokens), w.lut_descale,
                        r0, r1, Y, y_stride, scratch, SCRATCH_FLOATS if scratch != NULL else 0)
         cq_free_decode_scratch(scratch)
+
+
+cdef inline void _amx_mm_share(const CQView* w, float* work, Py_ssize_t n_tokens, int i, int n,
+                               float* Y, Py_ssize_t y_stride) noexcept nogil:
+    """Share i of n (whole 16-row blocks) of the tile matmul, every token."""
+    cdef Py_ssize_t n_rb = (w.rows + 15) // 16
+    cdef Py_ssize_t r0 = 16 * (n_rb * i // n), r1 = min(16 * (n_rb * (i + 1) // n), w.rows)
+    if r0 < r1:
+        _amx_rows(w, work, n_tokens, 0, n_tokens, Y, y_stride, r0, r1, NULL)
+
+
+cdef void _amx_rows(const CQView* w, float* work, Py_ssize_t n_tokens, Py_ssize_t t0, Py_ssize_t t1,
+                    float* Y, Py_ssize_t y_stride, Py_ssize_t r0, Py_ssize_t r1,
+                    float* scratch) noexcept nogil:
+    """Rows [r0, r1) of tokens [t0, t1) from the tile form (Y: token 0's row), on the
+    tiles in 16-row blocks (scratch: a decode scratch, else one of its own), or in the
+    portable loop of the same numerics (set_amx('portable'), or no scratch)."""
+    cdef Py_ssize_t P = w.padded_len, b0
+    cdef float* own = NULL
+    cdef const float* scales = _int_scales(w, work, n_tokens)
+    cdef bint tiles = nc_cqa_enabled == 1 and SCRATCH_FLOATS >= nc_cqa_scratch_floats(w.n_groups)
+    if tiles and scratch == NULL:
+        own = cq_decode_scratch()
+        scratch = own
+    if not tiles or scratch == NULL:
+        _amx_rows_portable(w, work, n_tokens, t0, t1, Y, y_stride, r0, r1)
+        return
+    b0 = r0
+    while b0 < r1:
+        nc_cqa_mm_rows(w.int_packed, w.int_row_bytes, w.norms, w.norm_stride, w.n_groups,
+                       w.group_size, w.int_fb, w.amx_pieces, _amx_zh(work) + t0 * P,
+                       _amx_zl(w, work, n_tokens) + t0 * P, P, t1 - t0, scales + t0,
+                       w.amx_descale, b0, min(b0 + 16, r1), Y + t0 * y_stride, y_stride, scratch)
+        b0 += 16
+    cq_free_decode_scratch(own)
+
+
+cdef void _amx_rows_portable(const CQView* w, float* work, Py_ssize_t n_tokens, Py_ssize_t t0,
+                             Py_ssize_t t1, float* Y, Py_ssize_t y_stride, Py_ssize_t r0,
+                             Py_ssize_t r1) noexcept nogil:
+    """The tile kernel's numerics (reference.cq.matmul_amx) one product at a time."""
+    cdef Py_ssize_t P = w.padded_len, r, t, gi, k, bit
+    cdef int fb = w.int_fb, g = w.group_size, f
+    cdef uint32_t mask = (1u << fb) - 1
+    cdef const uint8_t* row
+    cdef const int8_t* zh
+    cdef const int8_t* zl
+    cdef const int8_t* pc = w.amx_pieces
+    cdef const float* scales = _int_scales(w, work, n_tokens)
+    cdef int T3, T2, T1, T0, a, b
+    cdef float acc, total
+    for r in range(r0, r1):
+        row = w.int_packed + r * w.int_row_bytes
+        for t in range(t0, t1):
+            zh = _amx_zh(work) + t * P
+            zl = _amx_zl(w, work, n_tokens) + t * P
+            acc = 0
+            for gi in range(w.n_groups):
+                T3 = T2 = T1 = T0 = 0
+                for k in range(gi * g, (gi + 1) * g):
+                    bit = k * fb
+                    f = (row[bit >> 3] >> (bit & 7)) & mask
+                    a = zh[k]
+                    b = zl[k]
+                    T3 += a * pc[f]
+                    T2 += a * pc[16 + f] + b * pc[f]
+                    T1 += a * pc[32 + f] + b * pc[16 + f]
+                    T0 += b * pc[32 + f]
+                total = fmaf(<float>(256 * T3 + T2), <float>65536.0, <float>(256 * T1 + T0))
+                acc = fmaf(total, w.norms[r * w.norm_stride + gi], acc)
+            Y[t * y_stride + r] = acc * (scales[t] * w.amx_descale)
 
 
 cdef inline void _matmul_int_block(const CQView* w, int kernel, const int16_t* z, const float* scales,
@@ -1684,7 +1857,9 @@ cdef void cq_matmul_rotated_rows(const CQView* w, float* work, Py_ssize_t n_toke
     cdef int kernel
     if nt < 1 or r0 >= r1:
         return
-    if (<const int*>work)[0] == 2:
+    if (<const int*>work)[0] == 3:
+        _amx_rows(w, work, n_tokens, t0, t1, Y, y_stride, r0, r1, wdec)
+    elif (<const int*>work)[0] == 2:
         if n_tokens == 1:       # the tables cq_rotate made
             nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
                         _lut_tables(w, work, 1), _int_scales(w, work, 1)[0] * w.lut_descale,
@@ -1902,6 +2077,7 @@ cdef class CQWeight:
         cdef Py_ssize_t g = v.group_size, int_fb = 4 if fb == 3 else fb, i
         v.a8_input = 0
         v.lut_ok = 0
+        v.amx_ok = 0
         self._lut_bits = self._lut_norms = None
         v.int_fb = <int>int_fb
         v.int_packed = v.packed
@@ -1941,8 +2117,32 @@ cdef class CQWeight:
             v.int_table[32 + i] = <int16_t>(lo[j] if j < n_cb else 0)
         v.int_base = <float>B
         v.int_descale = <float>(math.ldexp(1.0, -E) / math.sqrt(g))
+        self._init_amx(cb, int_fb)
         for i in range(C):  # step s = i // 32 reads field s of byte w = i % 32
             v.int_perm[i] = <int16_t>((i % 32) * (8 // int_fb) + i // 32)
+
+    def _init_amx(self, cb, Py_ssize_t int_fb):
+        """Tables of the tile kernel (reference.cq.amx_tables): each codeword as three
+        signed bytes, repeated with period 2^int_fb like the integer tables."""
+        cdef CQView* v = &self.view
+        cdef Py_ssize_t i, j
+        v.amx_ok = 0
+        if v.group_size not in (64, 128, 256) or v.int_row_bytes * 8 < v.cols_padded * int_fb:
+            return
+        top = float(np.abs(cb).max())
+        E = 0 if top == 0 else int(math.floor(math.log2(AMX_CODE_MAX / top)))
+        C = np.rint(np.ldexp(cb, E)).astype(np.int64)
+        c0 = ((C + 128) & 255) - 128
+        r = (C - c0) >> 8
+        c1 = ((r + 128) & 255) - 128
+        c2 = (r - c1) >> 8
+        for i in range(16):
+            j = i & ((1 << int_fb) - 1)
+            v.amx_pieces[i] = <int8_t>(c2[j] if j < len(cb) else 0)
+            v.amx_pieces[16 + i] = <int8_t>(c1[j] if j < len(cb) else 0)
+            v.amx_pieces[32 + i] = <int8_t>(c0[j] if j < len(cb) else 0)
+        v.amx_descale = <float>(math.ldexp(1.0, -E) / math.sqrt(v.group_size))
+        v.amx_ok = 1
 
     def _lut_possible(self):
         """Whether enable_lut would make the layout (or made it): the one rule, for
@@ -2228,6 +2428,44 @@ def _kernel_from_environment():
 
 
 _kernel_from_environment()
+
+
+def amx_available():
+    """Whether this build and CPU can run the tile kernel (AMX-TILE + AMX-INT8, AVX-512
+    BW, the OS's tile state granted to this process)."""
+    return bool(NC_CQ_HAVE_AMX and nc_cqa_cpu_supported())
+
+
+def amx_mode():
+    """'tiles' when A8 matmuls of AMX_MIN_TOKENS or more tokens run on the AMX tiles
+    (with an AVX-512 integer kernel active), 'portable' when the tile kernel's numerics
+    run in the portable loop (tests), 'off' otherwise."""
+    return {0: "off", 1: "tiles", 2: "portable"}[nc_cqa_enabled]
+
+
+def set_amx(mode):
+    """Set the tile kernel: True/'tiles' (where amx_available), False/'off', or
+    'portable' (its numerics in a scalar loop, on any CPU: for tests).  Returns the
+    previous amx_mode().  NEEDLE_CY_CQ_AMX=0 turns it off at import."""
+    global nc_cqa_enabled
+    previous = amx_mode()
+    if mode is True or mode == "tiles":
+        if not amx_available():
+            raise ValueError("the AMX tile kernel needs AMX-TILE + AMX-INT8 and AVX-512 BW on "
+                             "x86-64 Linux, with the OS's tile state; this CPU or build lacks them")
+        nc_cqa_enabled = 1
+    elif mode is False or mode == "off":
+        nc_cqa_enabled = 0
+    elif mode == "portable":
+        nc_cqa_enabled = 2
+    else:
+        raise ValueError(f"set_amx takes True/'tiles', False/'off' or 'portable', got {mode!r}")
+    return previous
+
+
+AMX_MIN = AMX_MIN_TOKENS
+nc_cqa_enabled = 1 if (os.environ.get("NEEDLE_CY_CQ_AMX", "1").strip() not in ("0", "off")
+                       and NC_CQ_HAVE_AMX and nc_cqa_cpu_supported()) else 0
 
 
 def set_simd(enabled):

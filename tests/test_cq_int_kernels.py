@@ -43,7 +43,9 @@ def int_kernel(request):
     assert _cq.kernel_name() == name
     min_rows = _cq.LUT_MIN_ROWS
     _cq.LUT_MIN_ROWS = 1      # every shape below through the lookups (the engine keeps them for >= 64 rows)
+    amx = _cq.set_amx("off")  # these are the kernels' own numerics (the AMX tile matmul: test_cq_amx.py)
     yield name
+    _cq.set_amx(amx)
     _cq.LUT_MIN_ROWS = min_rows
     _cq.set_kernel("auto")
     assert _cq.kernel_name() == previous or previous not in _cq.available_kernels()
@@ -411,7 +413,9 @@ def _need_lut():
 def lut_kernel():
     _need_lut()
     previous = _cq.set_kernel("avx512lut")
+    amx = _cq.set_amx("off")   # the lookups' own numerics, also for the matmul
     yield
+    _cq.set_amx(amx)
     _cq.set_kernel(previous if previous in _cq.available_kernels() else "auto")
 
 

@@ -349,6 +349,87 @@ def matmul_int(W, X):
     return (dot * scale[:, None]).astype(np.float32)
 
 
+
+# ---------------------------------------------------------------------------
+# the tile kernel's numerics (AMX int8 tiles; _cq's cq_amx_kernel.h)
+# ---------------------------------------------------------------------------
+
+AMX_CODE_MAX = 127 * 65536 - 32896   # |C| of a codeword such that its top signed byte stays ≤ 127
+
+
+def amx_applies(bits, group_size):
+    """Whether the tile kernel runs a matrix: integer tables exist (int_tables) and a
+    group is whole 64-field tile steps, 64 … 256."""
+    return group_size in (64, 128, 256) and bits in (1, 2, 3, 4, TERNARY_BITS)
+
+
+def signed_bytes(v):
+    """v = 256·hi + lo with lo a signed byte in [-128, 127] (integers, elementwise)."""
+    v = np.asarray(v, np.int64)
+    lo = ((v + 128) & 255) - 128
+    return (v - lo) >> 8, lo
+
+
+def amx_tables(W):
+    """The tile kernel's codebook as integers C_k = rint(cb_k·2^E) = c2·2^16 + c1·2^8 + c0,
+    three signed bytes (c2, c1, c0 arrays over the codewords) and E, the largest with
+    max|C| ≤ AMX_CODE_MAX (≥ 23 significant bits)."""
+    cb = np.asarray(W.codebook, np.float64)
+    top = float(np.abs(cb).max()) if cb.size else 0.0
+    E = 0 if top == 0 else int(math.floor(math.log2(AMX_CODE_MAX / top)))
+    C = np.rint(np.ldexp(cb, E)).astype(np.int64)
+    r, c0 = signed_bytes(C)
+    c2, c1 = signed_bytes(r)
+    return c2, c1, c0, E
+
+
+def matmul_amx(W, X):
+    """Y = X · Wᵀ as the tile kernel (AMX) computes it for A8 rows of X, bit for bit (float32 [T, rows]).
+
+    Every token x = s·k (a8_codes) is rotated exactly, z = k·(Hg·√g) per group
+    (integers, |z| ≤ 127·g), and split into signed bytes z = 256·zh + zl (signed_bytes);
+    each codeword C = c2·2^16 + c1·2^8 + c0 (amx_tables).  Per group the four exact sums
+        T3 = Σ zh·c2,  T2 = Σ zh·c1 + zl·c2,  T1 = Σ zh·c0 + zl·c1,  T0 = Σ zl·c0
+    (int8 tile products into int32) become U = 256·T3 + T2 and V = 256·T1 + T0 (int32), then
+        sum = fma(float32(U), 2^16, float32(V)),   acc = fma(sum, ν, acc)
+    over the groups in order, and y = acc · float32(s · float32(2^-E/√g)).  Raises
+    ValueError for a row of X that is not an A8 vector or a matrix the kernel does not
+    run (amx_applies)."""
+    X = np.asarray(X, np.float32)
+    if X.ndim != 2 or X.shape[1] != W.cols:
+        raise ValueError(f"matmul_amx expects X of shape [T, {W.cols}], got {X.shape}")
+    if not amx_applies(W.bits, W.group_size):
+        raise ValueError(f"the tile kernel does not run {W.bits}-bit rows in groups of {W.group_size}")
+    codes = [a8_codes(x) for x in X]
+    if any(c is None for c in codes):
+        raise ValueError("matmul_amx: a row of X is not an A8 vector")
+    T, g, n_groups = len(X), W.group_size, W.n_groups
+    k = np.zeros((T, W.cols_padded), np.int64)
+    if T:
+        k[:, : W.cols] = np.stack([c[0] for c in codes])
+    z = (k.reshape(T, n_groups, g) @ _sylvester_signs(g).astype(np.int64)).reshape(T, n_groups, g)
+    zh, zl = signed_bytes(z)
+    c2, c1, c0, E = amx_tables(W)
+    fields = unpack_indices(W.packed, W.bits, W.cols_padded).astype(np.int64).reshape(W.rows, n_groups, g)
+    w2, w1, w0 = c2[fields], c1[fields], c0[fields]
+
+    def dot(a, b):                        # [T, n_groups, g] · [rows, n_groups, g] -> [T, rows, n_groups]
+        return np.einsum("tgj,rgj->trg", a, b)
+    T3 = dot(zh, w2)
+    T2 = dot(zh, w1) + dot(zl, w2)
+    T1 = dot(zh, w0) + dot(zl, w1)
+    T0 = dot(zl, w0)
+    U = (256 * T3 + T2).astype(np.float32)
+    V = (256 * T1 + T0).astype(np.float32)
+    sums = _fma32(U, np.float32(65536), V)
+    norms = np.asarray(W.norms, np.float32)[:, :n_groups]
+    acc = np.zeros((T, W.rows), np.float32)
+    for gi in range(n_groups):
+        acc = _fma32(sums[:, :, gi], norms[None, :, gi], acc)
+    descale = np.float32(math.ldexp(1.0, -E) / math.sqrt(g))
+    scale = (np.array([c[1] for c in codes], np.float32) * descale).astype(np.float32)
+    return (acc * scale[:, None]).astype(np.float32)
+
 # ---------------------------------------------------------------------------
 # the lookup kernel's numerics (2- and 4-bit fields, A8 inputs; _cq's cq_lut_kernel.h)
 # ---------------------------------------------------------------------------
