@@ -30,7 +30,7 @@ def random_cq(rng, rows, cols, bits, g):
 
 def _int_kernel_for_portable():
     """An integer kernel this CPU runs (the tile form is an integer rotation)."""
-    for name in ("avx512lut", "avx512vnni", "avxvnni", "avx2int", "neon_dotprod", "neon"):
+    for name in ("avx512vnni", "avx512bw", "avxvnni", "avx2int", "neon_dotprod", "neon"):
         if name in _cq.available_kernels():
             return name
     return None
@@ -40,7 +40,8 @@ def _int_kernel_for_portable():
 def amx_mode(request):
     if request.param == "tiles" and not _cq.amx_available():
         pytest.skip("CPU lacks AMX-TILE + AMX-INT8 (or the OS's tile state): the tile kernel cannot run here")
-    kernel = _int_kernel_for_portable() if request.param == "portable" else "avx512lut"
+    # a kernel without the lookup layouts: every matrix below takes the tile form
+    kernel = _int_kernel_for_portable() if request.param == "portable" else _cq.lut_base_kernel()
     if kernel is None:
         pytest.skip("no integer kernel on this CPU: the tile form is never taken")
     previous_kernel = _cq.set_kernel(kernel)
@@ -115,6 +116,23 @@ def test_few_tokens_keep_the_other_kernels(amx_mode):
     per_token = np.stack([_cq.matvec(W, x, a8=True) for x in X])
     np.testing.assert_array_equal(_cq.matmul(W, X, a8=True), per_token)
     assert not np.array_equal(ref.matmul_amx(W, X), per_token)
+
+
+def test_lookup_layouts_keep_the_lookups(amx_mode):
+    """Under avx512lut a matrix with the lookup layout keeps the lookups' numerics
+    (prefill = the step's numerics there); one without (fewer than LUT_MIN_ROWS rows;
+    in the engine every 4-bit matrix but the head) takes the tiles."""
+    if "avx512lut" not in _cq.available_kernels():
+        pytest.skip("CPU lacks AVX-512 F/BW/VL: the avx512lut kernel cannot run here")
+    _cq.set_kernel("avx512lut")
+    rng = np.random.default_rng(8)
+    X = a8(rng.standard_normal((20, 768)))
+    W2 = random_cq(rng, 80, 768, 2, 128)
+    assert _cq.prepare(W2).kernel(a8=True) == "avx512lut"
+    np.testing.assert_array_equal(_cq.matmul(W2, X, a8=True), ref.matmul_lut(W2, X))
+    W4 = random_cq(rng, _cq.LUT_MIN_ROWS - 16, 768, 4, 128)
+    assert _cq.prepare(W4).kernel(a8=True) != "avx512lut"
+    np.testing.assert_array_equal(_cq.matmul(W4, X, a8=True), ref.matmul_amx(W4, X))
 
 
 def test_row_and_token_pieces_equal_the_whole(amx_mode):
