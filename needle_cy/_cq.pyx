@@ -1455,20 +1455,14 @@ cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* 
     cdef int n = cq_effective_threads(w, n_tokens, threads)
     cdef Py_ssize_t rb, n_blocks = (w.rows + MATVEC_ROW_BLOCK - 1) // MATVEC_ROW_BLOCK
     cdef int i
-    if (<const int*>work)[0] == 3:
+    if (<const int*>work)[0] >= 2:
+        # the lookup and tile forms: one contiguous share of 16-row blocks per thread,
+        # token tiles outside
         if n == 1:
-            _amx_mm_share(w, work, n_tokens, 0, 1, Y, y_stride)
+            _block_mm_share(w, work, n_tokens, 0, 1, Y, y_stride)
         else:
             for i in prange(n, num_threads=n, schedule="static"):
-                _amx_mm_share(w, work, n_tokens, i, n, Y, y_stride)
-        return
-    if (<const int*>work)[0] == 2:
-        # one contiguous share of 16-row blocks per thread, token tiles outside
-        if n == 1:
-            _lut_mm_share(w, work, n_tokens, 0, 1, Y, y_stride)
-        else:
-            for i in prange(n, num_threads=n, schedule="static"):
-                _lut_mm_share(w, work, n_tokens, i, n, Y, y_stride)
+                _block_mm_share(w, work, n_tokens, i, n, Y, y_stride)
         return
     # block by block also on one thread: a block's rows stay in cache across token tiles
     if n == 1:
@@ -1479,28 +1473,23 @@ cdef void _matmul_int(const CQView* w, float* work, Py_ssize_t n_tokens, float* 
             _matmul_int_block(w, kernel, z, scales, n_tokens, rb, Y, y_stride)
 
 
-cdef inline void _lut_mm_share(const CQView* w, float* work, Py_ssize_t n_tokens, int i, int n,
-                               float* Y, Py_ssize_t y_stride) noexcept nogil:
-    """Share i of n (whole 16-row blocks) of the lookup matmul, every token (the tables
-    of each tile in this thread's scratch)."""
+cdef inline void _block_mm_share(const CQView* w, float* work, Py_ssize_t n_tokens, int i, int n,
+                                 float* Y, Py_ssize_t y_stride) noexcept nogil:
+    """Share i of n (whole 16-row blocks) of the lookup or tile matmul, every token (the
+    lookups make each tile's tables in this thread's scratch)."""
     cdef Py_ssize_t n_rb = (w.rows + 15) // 16
     cdef Py_ssize_t r0 = 16 * (n_rb * i // n), r1 = min(16 * (n_rb * (i + 1) // n), w.rows)
     cdef float* scratch
-    if r0 < r1:
-        scratch = cq_decode_scratch()
-        nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb, _lut_codes(work),
-                       w.padded_len, w.codebook, n_tokens, _int_scales(w, work, n_tokens), w.lut_descale,
-                       r0, r1, Y, y_stride, scratch, SCRATCH_FLOATS if scratch != NULL else 0)
-        cq_free_decode_scratch(scratch)
-
-
-cdef inline void _amx_mm_share(const CQView* w, float* work, Py_ssize_t n_tokens, int i, int n,
-                               float* Y, Py_ssize_t y_stride) noexcept nogil:
-    """Share i of n (whole 16-row blocks) of the tile matmul, every token."""
-    cdef Py_ssize_t n_rb = (w.rows + 15) // 16
-    cdef Py_ssize_t r0 = 16 * (n_rb * i // n), r1 = min(16 * (n_rb * (i + 1) // n), w.rows)
-    if r0 < r1:
+    if r0 >= r1:
+        return
+    if (<const int*>work)[0] == 3:
         _amx_rows(w, work, n_tokens, 0, n_tokens, Y, y_stride, r0, r1, NULL)
+        return
+    scratch = cq_decode_scratch()
+    nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb, _lut_codes(work),
+                   w.padded_len, w.codebook, n_tokens, _int_scales(w, work, n_tokens), w.lut_descale,
+                   r0, r1, Y, y_stride, scratch, SCRATCH_FLOATS if scratch != NULL else 0)
+    cq_free_decode_scratch(scratch)
 
 
 cdef void _amx_rows(const CQView* w, float* work, Py_ssize_t n_tokens, Py_ssize_t t0, Py_ssize_t t1,

@@ -383,6 +383,27 @@ def amx_tables(W):
     return c2, c1, c0, E
 
 
+def _rotated_a8_tokens(name, W, X, applies, kernel):
+    """The A8 tokens of X rotated exactly per group, for the lookup and tile numerics:
+    (z [T, n_groups, g] int64, s [T] float32 A8 scales).  ValueError where X is not
+    [T, cols], the kernel (named `kernel`) does not run W (`applies`) or a row is not
+    an A8 vector."""
+    X = np.asarray(X, np.float32)
+    if X.ndim != 2 or X.shape[1] != W.cols:
+        raise ValueError(f"{name} expects X of shape [T, {W.cols}], got {X.shape}")
+    if not applies(W.bits, W.group_size):
+        raise ValueError(f"the {kernel} kernel does not run {W.bits}-bit rows in groups of {W.group_size}")
+    codes = [a8_codes(x) for x in X]
+    if any(c is None for c in codes):
+        raise ValueError(f"{name}: a row of X is not an A8 vector")
+    T, g = len(X), W.group_size
+    k = np.zeros((T, W.cols_padded), np.int64)
+    if T:
+        k[:, : W.cols] = np.stack([c[0] for c in codes])
+    z = (k.reshape(T, W.n_groups, g) @ _sylvester_signs(g).astype(np.int64)).reshape(T, W.n_groups, g)
+    return z, np.array([c[1] for c in codes], np.float32)
+
+
 def matmul_amx(W, X):
     """Y = X · Wᵀ as the tile kernel (AMX) computes it for A8 rows of X, bit for bit (float32 [T, rows]).
 
@@ -395,19 +416,8 @@ def matmul_amx(W, X):
     over the groups in order, and y = acc · float32(s · float32(2^-E/√g)).  Raises
     ValueError for a row of X that is not an A8 vector or a matrix the kernel does not
     run (amx_applies)."""
-    X = np.asarray(X, np.float32)
-    if X.ndim != 2 or X.shape[1] != W.cols:
-        raise ValueError(f"matmul_amx expects X of shape [T, {W.cols}], got {X.shape}")
-    if not amx_applies(W.bits, W.group_size):
-        raise ValueError(f"the tile kernel does not run {W.bits}-bit rows in groups of {W.group_size}")
-    codes = [a8_codes(x) for x in X]
-    if any(c is None for c in codes):
-        raise ValueError("matmul_amx: a row of X is not an A8 vector")
-    T, g, n_groups = len(X), W.group_size, W.n_groups
-    k = np.zeros((T, W.cols_padded), np.int64)
-    if T:
-        k[:, : W.cols] = np.stack([c[0] for c in codes])
-    z = (k.reshape(T, n_groups, g) @ _sylvester_signs(g).astype(np.int64)).reshape(T, n_groups, g)
+    z, s = _rotated_a8_tokens("matmul_amx", W, X, amx_applies, "tile")
+    T, g, n_groups = len(z), W.group_size, W.n_groups
     zh, zl = signed_bytes(z)
     c2, c1, c0, E = amx_tables(W)
     fields = unpack_indices(W.packed, W.bits, W.cols_padded).astype(np.int64).reshape(W.rows, n_groups, g)
@@ -427,7 +437,7 @@ def matmul_amx(W, X):
     for gi in range(n_groups):
         acc = _fma32(sums[:, :, gi], norms[None, :, gi], acc)
     descale = np.float32(math.ldexp(1.0, -E) / math.sqrt(g))
-    scale = (np.array([c[1] for c in codes], np.float32) * descale).astype(np.float32)
+    scale = (s * descale).astype(np.float32)
     return (acc * scale[:, None]).astype(np.float32)
 
 # ---------------------------------------------------------------------------
@@ -482,20 +492,10 @@ def matmul_lut(W, X):
         y = acc · ((s · float32(1/√g)) · 2^-k).
     Raises ValueError for a row of X that is not an A8 vector or a matrix the kernel
     does not run (lut_applies)."""
-    X = np.asarray(X, np.float32)
-    if X.ndim != 2 or X.shape[1] != W.cols:
-        raise ValueError(f"matmul_lut expects X of shape [T, {W.cols}], got {X.shape}")
-    if not lut_applies(W.bits, W.group_size):
-        raise ValueError(f"the lookup kernel does not run {W.bits}-bit rows in groups of {W.group_size}")
-    codes = [a8_codes(x) for x in X]
-    if any(c is None for c in codes):
-        raise ValueError("matmul_lut: a row of X is not an A8 vector")
-    T, g, n_groups = len(X), W.group_size, W.n_groups
+    z, s = _rotated_a8_tokens("matmul_lut", W, X, lut_applies, "lookup")
+    T, g, n_groups = len(z), W.group_size, W.n_groups
     fb = lut_nibble_bits(W.bits)
-    k = np.zeros((T, W.cols_padded), np.int64)
-    if T:
-        k[:, : W.cols] = np.stack([c[0] for c in codes])
-    z = (k.reshape(T, n_groups, g) @ _sylvester_signs(g).astype(np.int64)).reshape(T, -1).astype(np.float32)
+    z = z.reshape(T, -1).astype(np.float32)
     fields = unpack_indices(W.packed, W.bits, W.cols_padded).astype(np.int64)
     cb = np.zeros(16, np.float32)
     cb[: len(W.codebook)] = np.asarray(W.codebook, np.float32)
@@ -513,5 +513,5 @@ def matmul_lut(W, X):
     for gi in range(n_groups):
         acc = _fma32(norms[None, :, gi], sums[:, :, gi], acc)
     descale = np.float32(1.0 / math.sqrt(g))
-    scale = (np.array([c[1] for c in codes], np.float32) * descale) * (np.float32(1.0) / S[:, 0, 0])
+    scale = (s * descale) * (np.float32(1.0) / S[:, 0, 0])
     return (acc * scale[:, None]).astype(np.float32)
