@@ -68,6 +68,20 @@ def test_follows_a_change_of_load():
     assert used[-200:].count(1) / 200 > 0.9
 
 
+@pytest.mark.parametrize("slow", [1.1, 1.3, 1.6, 5.0])
+def test_holding_the_choice_keeps_the_schedule(slow, monkeypatch):
+    # between tries the kept choice is the one a full evaluation would make: with each
+    # candidate's cost steady the calls go to the same counts, hold or no hold, while
+    # the choice is worked out afresh on a small share of the calls only
+    costs = {1: 1.0, 2: slow}
+    held, fresh = ThreadTuner(2, hold=16), ThreadTuner(2, hold=0)
+    evaluations = []
+    real = ThreadTuner._costs
+    monkeypatch.setattr(ThreadTuner, "_costs", lambda self, kind: (evaluations.append(self.hold), real(self, kind))[1])
+    assert drive(held, lambda i, n: costs[n], 1500) == drive(fresh, lambda i, n: costs[n], 1500)
+    assert evaluations.count(16) < 0.15 * evaluations.count(0)
+
+
 def test_one_outlier_does_not_flip_the_choice():
     t = ThreadTuner(2)
     drive(t, lambda i, n: 1.0 if n == 2 else 1.3, 200)
@@ -145,6 +159,33 @@ def test_machine_load_sees_a_busy_process():
     assert max(seen) >= 1                  # the hog is runnable whenever it is read
     free = thr.free_cpus_from(load)()
     assert 1 <= free <= load.cpus
+
+
+@linux_only
+def test_own_threads_read_the_same_from_syscall_and_stat():
+    # the cheap per-thread file (syscall: "running") and stat's state agree: a thread
+    # of ours asleep on an event is not running, the caller is counted once
+    import threading
+    load = thr.MachineLoad(refresh_s=0.0)
+    gate = threading.Event()
+    sleepers = [threading.Thread(target=gate.wait) for _ in range(3)]
+    for t in sleepers:
+        t.start()
+    try:
+        readings = {}
+        for kind in ("syscall", "stat"):
+            load.close()
+            load = thr.MachineLoad(refresh_s=0.0)
+            if kind == "stat" or load.task_file != "syscall":
+                load.task_file = kind
+            readings[kind] = [load.own_running() for _ in range(20)]
+    finally:
+        gate.set()
+        for t in sleepers:
+            t.join()
+    assert len(load._task_fds()) >= 1
+    # background threads of the interpreter or NumPy may run for a moment: the usual reading
+    assert min(readings["syscall"]) == min(readings["stat"]) == 1
 
 
 def test_a_moment_of_load_is_read_again_before_it_counts(monkeypatch):
