@@ -14,9 +14,11 @@
    vCPUs of a KVM guest, family 6 model 167) one issues about every 6.5 ns, 2.5 TMAC/s,
    against ~70 GMAC/s for the lookup kernel.  Six of them per 64 fields leave the tile
    unit far ahead: the kernel (83–97 GMAC/s a thread at 64 tokens, 768 × 768 … 3072)
-   is bound by the tile loads (an A tile feeds three products, a B tile one or two:
-   eight tile registers hold five accumulators and three operands), the weight decode
-   and the conversions, all amortised over the token tiles of a chunk.
+   is bound by the tile operations (eight tile registers hold four accumulators, zh,
+   zl and two pieces, so every tile is loaded once a step: five loads, six products),
+   then the weight decode and the conversions (each about 15 % of the time: the kernel
+   ran 1.15-1.25x faster with either left out), all amortised over the token tiles of
+   a chunk.
 
    Layouts.  A tiles (tokens): zh and zl as int8 [T + 16][Pa] (Pa = cols_padded, rows
    past T zero), tile step j reads bytes [64j, 64j + 64) of 16 tokens.  B tiles
@@ -110,7 +112,7 @@ static __attribute__((target(NC_AMX_TGT))) void nc_cqa_mm_rows(
         const int8_t* zh, const int8_t* zl, ptrdiff_t Pa, ptrdiff_t nt, const float* s, float descale,
         ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride, float* scratch) {
     uint8_t* bbuf = (uint8_t*)scratch;                                   /* [slice step][piece][16][64] */
-    int32_t* abuf = (int32_t*)(bbuf + NC_AMX_SLICE_STEPS * 3 * 1024);    /* 5 accumulators [16][16] (room for 6) */
+    int32_t* abuf = (int32_t*)(bbuf + NC_AMX_SLICE_STEPS * 3 * 1024);    /* 4 accumulators [16][16] (room for 6) */
     uint8_t* ibuf = (uint8_t*)(abuf + 6 * 256);                          /* [16 rows][64 field bytes] */
     float* tot = (float*)(ibuf + 1024);                                  /* [tile][16 tokens][16 rows] */
     float* nbuf = tot + NC_AMX_MAX_TILES * 256;                          /* [group][16 rows] */
@@ -159,40 +161,37 @@ static __attribute__((target(NC_AMX_TGT))) void nc_cqa_mm_rows(
                 const ptrdiff_t t = tb + 16 * tile;
                 float* tt = tot + tile * 256;
                 for (ptrdiff_t j = j0; j < j1; j += steps_per_group) {
-                    /* five accumulators (T1's two products chained in one); the A
-                       tile in tmm5, the B pieces alternating between tmm6 and tmm7, so
-                       a load never waits for the product just issued to read its tile */
-                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); _tile_zero(4);
+                    /* four accumulators, one per sum (T2's and T1's two products
+                       chained in one tile: int32 sums, exact in any order); zh in tmm4
+                       and zl in tmm5 for the whole step, the three pieces in tmm6 and
+                       tmm7, so each tile is loaded once and a load never waits for the
+                       product just issued to read its tile */
+                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
                     for (int k = 0; k < steps_per_group; k++) {
                         const uint8_t* b = bbuf + (j + k - j0) * 3 * 1024;
-                        _tile_loadd(5, zh + t * Pa + (j + k) * NC_AMX_KSTEP, Pa);
+                        _tile_loadd(4, zh + t * Pa + (j + k) * NC_AMX_KSTEP, Pa);
                         _tile_loadd(6, b, 64);
-                        _tile_dpbssd(0, 5, 6);          /* zh·c2 */
-                        _tile_loadd(7, b + 1024, 64);
-                        _tile_dpbssd(1, 5, 7);          /* zh·c1 */
-                        _tile_loadd(6, b + 2048, 64);
-                        _tile_dpbssd(2, 5, 6);          /* zh·c0 */
+                        _tile_dpbssd(0, 4, 6);          /* T3 += zh·c2 */
                         _tile_loadd(5, zl + t * Pa + (j + k) * NC_AMX_KSTEP, Pa);
-                        _tile_dpbssd(3, 5, 6);          /* zl·c0 */
-                        _tile_dpbssd(2, 5, 7);          /* zl·c1 */
-                        _tile_loadd(6, b, 64);
-                        _tile_dpbssd(4, 5, 6);          /* zl·c2 */
+                        _tile_dpbssd(1, 5, 6);          /* T2 += zl·c2 */
+                        _tile_loadd(7, b + 1024, 64);
+                        _tile_dpbssd(2, 5, 7);          /* T1 += zl·c1 */
+                        _tile_dpbssd(1, 4, 7);          /* T2 += zh·c1 */
+                        _tile_loadd(6, b + 2048, 64);
+                        _tile_dpbssd(3, 5, 6);          /* T0 += zl·c0 */
+                        _tile_dpbssd(2, 4, 6);          /* T1 += zh·c0 */
                     }
                     _tile_stored(0, abuf, 64);
                     _tile_stored(1, abuf + 256, 64);
                     _tile_stored(2, abuf + 512, 64);
                     _tile_stored(3, abuf + 768, 64);
-                    _tile_stored(4, abuf + 1024, 64);
                     const __m512 nu = _mm512_loadu_ps(nbuf + (j / steps_per_group) * 16);
                     for (int m = 0; m < 16; m++) {
-                        /* T3 = zh·c2, T2 = zh·c1 + zl·c2, T1 = zh·c0 + zl·c1, T0 = zl·c0 (exact) */
-                        const __m512i T3 = _mm512_load_si512(abuf + 16 * m);
-                        const __m512i T2 = _mm512_add_epi32(_mm512_load_si512(abuf + 256 + 16 * m),
-                                                            _mm512_load_si512(abuf + 1024 + 16 * m));
-                        const __m512i T1 = _mm512_load_si512(abuf + 512 + 16 * m);
-                        const __m512i T0 = _mm512_load_si512(abuf + 768 + 16 * m);
-                        const __m512i u = _mm512_add_epi32(_mm512_slli_epi32(T3, 8), T2);
-                        const __m512i v = _mm512_add_epi32(_mm512_slli_epi32(T1, 8), T0);
+                        /* U = 256·T3 + T2, V = 256·T1 + T0 (exact) */
+                        const __m512i u = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(abuf + 16 * m), 8),
+                                                           _mm512_load_si512(abuf + 256 + 16 * m));
+                        const __m512i v = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(abuf + 512 + 16 * m), 8),
+                                                           _mm512_load_si512(abuf + 768 + 16 * m));
                         const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), two16, _mm512_cvtepi32_ps(v));
                         _mm512_store_ps(tt + 16 * m, _mm512_fmadd_ps(sum, nu, _mm512_load_ps(tt + 16 * m)));
                     }
