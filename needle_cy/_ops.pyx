@@ -200,6 +200,39 @@ cdef extern from *:
        one chain of d dependent FMAs had been a microsecond a token and block (4-cycle
        latency each).  The plain loop (_monarch_condition) sums in the same order, so
        the same bits. */
+    /* c[i] = 1 + Σ_r w[r]·cond_u[r·N + i] for i in [i0, i1) ((i1 - i0) a multiple of 8),
+       32 columns at a time with the R sums in registers: the plain loop's FMA chain
+       from 0 over r in order, element by element, so the same bits; the loop made R
+       read-modify-write passes over c (in decode the largest part of the conditioning's
+       time).  Returns 0 (nothing done) where it does not apply. */
+    static inline int nc_cond_mix(const float* w, Py_ssize_t R, const float* cond_u, Py_ssize_t N,
+                                  float* c, Py_ssize_t i0, Py_ssize_t i1) {
+        if ((i1 - i0) % 8) return 0;
+        const __m256 one = _mm256_set1_ps(1.0f);
+        Py_ssize_t i = i0, r;
+        for (; i + 32 <= i1; i += 32) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (r = 0; r < R; r++) {
+                const __m256 wr = _mm256_set1_ps(w[r]);
+                const float* u = cond_u + r * N + i;
+                a0 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(u), a0);
+                a1 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(u + 8), a1);
+                a2 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(u + 16), a2);
+                a3 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(u + 24), a3);
+            }
+            _mm256_storeu_ps(c + i, _mm256_add_ps(one, a0));
+            _mm256_storeu_ps(c + i + 8, _mm256_add_ps(one, a1));
+            _mm256_storeu_ps(c + i + 16, _mm256_add_ps(one, a2));
+            _mm256_storeu_ps(c + i + 24, _mm256_add_ps(one, a3));
+        }
+        for (; i < i1; i += 8) {
+            __m256 a0 = _mm256_setzero_ps();
+            for (r = 0; r < R; r++)
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[r]), _mm256_loadu_ps(cond_u + r * N + i), a0);
+            _mm256_storeu_ps(c + i, _mm256_add_ps(one, a0));
+        }
+        return 1;
+    }
     static inline int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v,
                                      Py_ssize_t R, float* logit) {
         if (R % 8 || R > 32 || R < 8) return 0;
@@ -399,6 +432,10 @@ cdef extern from *:
     static inline int nc_kron_avx2(const float* z, const float* A, const float* B,
                                    Py_ssize_t ba, Py_ssize_t bb, float* tmp, float* out,
                                    Py_ssize_t k0, Py_ssize_t k1) {
+        return 0;
+    }
+    static inline int nc_cond_mix(const float* w, Py_ssize_t R, const float* cond_u, Py_ssize_t N,
+                                  float* c, Py_ssize_t i0, Py_ssize_t i1) {
         return 0;
     }
     static inline int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v,
@@ -715,6 +752,8 @@ cdef extern from *:
     float nc_absmax(const float* x, Py_ssize_t n) noexcept nogil
     void nc_a8_apply(float* x, Py_ssize_t n, float s, float qmax) noexcept nogil
     int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v, Py_ssize_t R, float* logit) noexcept nogil
+    int nc_cond_mix(const float* w, Py_ssize_t R, const float* cond_u, Py_ssize_t N,
+                    float* c, Py_ssize_t i0, Py_ssize_t i1) noexcept nogil
     float nc_exp_sum(float* x, Py_ssize_t n, float scale, float sub) noexcept nogil
     void nc_mul_sigmoid(float* o, const float* g, Py_ssize_t n) noexcept nogil
     void nc_silu(float* x, Py_ssize_t n) noexcept nogil
@@ -1219,6 +1258,8 @@ cdef void _monarch_condition(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssiz
         den = den + logit[r]
     for r in range(R):
         logit[r] = logit[r] / den
+    if nc_cond_mix(logit, R, cond_u, N, c, i0, i1):
+        return
     for i in range(i0, i1):
         c[i] = 0.0
     for r in range(R):
