@@ -51,25 +51,34 @@ cdef extern from *:
         for (; i < n; i++) s += a[i] * b[i];
         return s;
     }
-    /* exp(x) for 8 floats: Cody–Waite range reduction and the Cephes expf polynomial
-       (about 1 ulp; inputs below -88.38 give ~0, as softmax of masked scores wants). */
-    static inline __m256 nc_exp256(__m256 x) {
-        x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)),
-                          _mm256_set1_ps(88.3762626647949f));
-        __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-        x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-        __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-        y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-        __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-        return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+    /* exp(x) for 8 floats (nc_exp256) or 16 (nc_exp512, where AVX-512 is built; the
+       same operations lane by lane, so the same bits): Cody–Waite range reduction and the
+       Cephes expf polynomial (about 1 ulp; inputs below -88.38 give ~0, as softmax of
+       masked scores wants).  W: the vector width in bits; ROUND: its round-to-integer. */
+    #define NC_EXP_WIDTH(W, ROUND)                                                              \
+    static inline __m##W nc_exp##W(__m##W x) {                                                  \
+        x = _mm##W##_min_ps(_mm##W##_max_ps(x, _mm##W##_set1_ps(-88.3762626647949f)),          \
+                            _mm##W##_set1_ps(88.3762626647949f));                               \
+        __m##W fx = ROUND(_mm##W##_mul_ps(x, _mm##W##_set1_ps(1.44269504088896341f)),          \
+                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                       \
+        x = _mm##W##_fnmadd_ps(fx, _mm##W##_set1_ps(0.693359375f), x);                          \
+        x = _mm##W##_fnmadd_ps(fx, _mm##W##_set1_ps(-2.12194440e-4f), x);                       \
+        __m##W y = _mm##W##_set1_ps(1.9875691500E-4f);                                          \
+        y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(1.3981999507E-3f));                        \
+        y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(8.3334519073E-3f));                        \
+        y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(4.1665795894E-2f));                        \
+        y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(1.6666665459E-1f));                        \
+        y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(5.0000001201E-1f));                        \
+        y = _mm##W##_fmadd_ps(y, _mm##W##_mul_ps(x, x), _mm##W##_add_ps(x, _mm##W##_set1_ps(1.0f))); \
+        __m##W##i n = _mm##W##_slli_epi32(_mm##W##_add_epi32(_mm##W##_cvtps_epi32(fx),          \
+                                                             _mm##W##_set1_epi32(127)), 23);    \
+        return _mm##W##_mul_ps(y, _mm##W##_castsi##W##_ps(n));                                  \
     }
+    NC_EXP_WIDTH(256, _mm256_round_ps)
+    #ifdef __AVX512F__
+    NC_EXP_WIDTH(512, _mm512_roundscale_ps)
+    #endif
+    #undef NC_EXP_WIDTH
     /* o[i] ·= σ(g[i]) */
     static inline void nc_mul_sigmoid(float* o, const float* g, Py_ssize_t n) {
         const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
@@ -92,26 +101,6 @@ cdef extern from *:
         for (; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
     }
     /* x[i] = exp(x[i]·scale − sub); returns Σ x[i] */
-    #ifdef __AVX512F__
-    /* nc_exp256 on 16 lanes: the same operations lane by lane, so the same bits */
-    static inline __m512 nc_exp512(__m512 x) {
-        x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.3762626647949f)),
-                          _mm512_set1_ps(88.3762626647949f));
-        __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-        x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-        __m512 y = _mm512_set1_ps(1.9875691500E-4f);
-        y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
-        y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
-        y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
-        y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
-        y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
-        y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-        __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-        return _mm512_mul_ps(y, _mm512_castsi512_ps(n));
-    }
-    #endif
     static inline float nc_exp_sum(float* x, Py_ssize_t n, float scale, float sub) {
         __m256 acc = _mm256_setzero_ps(), vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(sub);
         Py_ssize_t i = 0;
@@ -140,48 +129,35 @@ cdef extern from *:
        form a chain (4-cycle latency each) that left the FMA units mostly idle at
        bb = 16, and the rows share their loads of Z or B.  Every accumulator still
        sums in the same order, so the result is unchanged. */
-    static inline __attribute__((always_inline)) void nc_kron_rows(
-            const float* M, Py_ssize_t m_stride, Py_ssize_t m_step, const float* R,
-            Py_ssize_t n_in, Py_ssize_t bb, Py_ssize_t k0, const int KB, const int NV, float* out) {
-        /* out[k0 + kk, :] = Σ_i M[i·m_stride + (k0 + kk)·m_step] · R[i, :] */
-        __m256 acc[4][8];
-        int kk, v;
-        for (kk = 0; kk < KB; kk++)
-            for (v = 0; v < NV; v++) acc[kk][v] = _mm256_setzero_ps();
-        for (Py_ssize_t i = 0; i < n_in; i++) {
-            __m256 r[8];
-            for (v = 0; v < NV; v++) r[v] = _mm256_loadu_ps(R + i * bb + 8 * v);
-            for (kk = 0; kk < KB; kk++) {
-                const __m256 a = _mm256_set1_ps(M[i * m_stride + (k0 + kk) * m_step]);
-                for (v = 0; v < NV; v++) acc[kk][v] = _mm256_fmadd_ps(a, r[v], acc[kk][v]);
-            }
-        }
-        for (kk = 0; kk < KB; kk++)
-            for (v = 0; v < NV; v++) _mm256_storeu_ps(out + (k0 + kk) * bb + 8 * v, acc[kk][v]);
+    /* out[k0 + kk, :] = Σ_i M[i·m_stride + (k0 + kk)·m_step] · R[i, :] on W-bit vectors of
+       LANES floats, at most KBMAX rows × NVMAX vectors: nc_kron_rows (8 floats) and, where
+       AVX-512 is built, nc_kron_rows512 (16: the same FMA chain for every element, so the
+       same bits; at bb = 32 one thread's FMA rate doubles over the 8-float loop, which was
+       bound by it at ~70 % of the ymm peak). */
+    #define NC_KRON_ROWS(NAME, W, LANES, KBMAX, NVMAX)                                          \
+    static inline __attribute__((always_inline)) void NAME(                                     \
+            const float* M, Py_ssize_t m_stride, Py_ssize_t m_step, const float* R,             \
+            Py_ssize_t n_in, Py_ssize_t bb, Py_ssize_t k0, const int KB, const int NV, float* out) { \
+        __m##W acc[KBMAX][NVMAX];                                                               \
+        int kk, v;                                                                              \
+        for (kk = 0; kk < KB; kk++)                                                             \
+            for (v = 0; v < NV; v++) acc[kk][v] = _mm##W##_setzero_ps();                        \
+        for (Py_ssize_t i = 0; i < n_in; i++) {                                                 \
+            __m##W r[NVMAX];                                                                    \
+            for (v = 0; v < NV; v++) r[v] = _mm##W##_loadu_ps(R + i * bb + LANES * v);          \
+            for (kk = 0; kk < KB; kk++) {                                                       \
+                const __m##W a = _mm##W##_set1_ps(M[i * m_stride + (k0 + kk) * m_step]);        \
+                for (v = 0; v < NV; v++) acc[kk][v] = _mm##W##_fmadd_ps(a, r[v], acc[kk][v]);   \
+            }                                                                                   \
+        }                                                                                       \
+        for (kk = 0; kk < KB; kk++)                                                             \
+            for (v = 0; v < NV; v++) _mm##W##_storeu_ps(out + (k0 + kk) * bb + LANES * v, acc[kk][v]); \
     }
+    NC_KRON_ROWS(nc_kron_rows, 256, 8, 4, 8)
     #ifdef __AVX512F__
-    /* nc_kron_rows on 16-float vectors (bb = 16·NV): the same FMA chain for every
-       element, so the same bits; at the full size bb = 32 one thread's FMA rate doubles
-       over the 8-float loop, which was bound by it (~70 % of the ymm peak) */
-    static inline __attribute__((always_inline)) void nc_kron_rows512(
-            const float* M, Py_ssize_t m_stride, Py_ssize_t m_step, const float* R,
-            Py_ssize_t n_in, Py_ssize_t bb, Py_ssize_t k0, const int KB, const int NV, float* out) {
-        __m512 acc[8][2];
-        int kk, v;
-        for (kk = 0; kk < KB; kk++)
-            for (v = 0; v < NV; v++) acc[kk][v] = _mm512_setzero_ps();
-        for (Py_ssize_t i = 0; i < n_in; i++) {
-            __m512 r[2];
-            for (v = 0; v < NV; v++) r[v] = _mm512_loadu_ps(R + i * bb + 16 * v);
-            for (kk = 0; kk < KB; kk++) {
-                const __m512 a = _mm512_set1_ps(M[i * m_stride + (k0 + kk) * m_step]);
-                for (v = 0; v < NV; v++) acc[kk][v] = _mm512_fmadd_ps(a, r[v], acc[kk][v]);
-            }
-        }
-        for (kk = 0; kk < KB; kk++)
-            for (v = 0; v < NV; v++) _mm512_storeu_ps(out + (k0 + kk) * bb + 16 * v, acc[kk][v]);
-    }
+    NC_KRON_ROWS(nc_kron_rows512, 512, 16, 8, 2)
     #endif
+    #undef NC_KRON_ROWS
     /* Output rows [k0, k1) (each row's sums do not depend on how the rows are grouped) */
     static inline void nc_kron_half(const float* M, Py_ssize_t m_stride, Py_ssize_t m_step,
                                     const float* R, Py_ssize_t n_in, Py_ssize_t k0, Py_ssize_t k1,
