@@ -204,11 +204,11 @@ cdef extern from *:
 
 
 cdef inline void _prefetch_share(const float* p, Py_ssize_t n, int tid, int nt) noexcept nogil:
-    """Thread tid's share of _prefetch_floats(p, n) among nt: whole 16-float lines, in order."""
-    cdef Py_ssize_t lines = (n + 15) // 16
-    cdef Py_ssize_t a = lines * tid // nt, b = lines * (tid + 1) // nt
+    """Thread tid's share of _prefetch_floats(p, n) among nt (team_cols: whole lines)."""
+    cdef Py_ssize_t a, b
+    team_cols(n, tid, nt, &a, &b)
     if b > a:
-        _prefetch_floats(p + 16 * a, min(n, 16 * b) - 16 * a)
+        _prefetch_floats(p + a, b - a)
 
 
 cdef extern from *:
