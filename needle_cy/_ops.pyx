@@ -206,6 +206,30 @@ cdef extern from *:
        one chain of d dependent FMAs had been a microsecond a token and block (4-cycle
        latency each).  The plain loop (_monarch_condition) sums in the same order, so
        the same bits. */
+    static inline int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v,
+                                     Py_ssize_t R, float* logit) {
+        if (R % 8 || R > 32 || R < 8) return 0;
+        __m256 acc[4][4];
+        Py_ssize_t i, nv = R / 8, v;
+        int p;
+        for (p = 0; p < 4; p++)
+            for (v = 0; v < nv; v++) acc[p][v] = _mm256_setzero_ps();
+        for (i = 0; i + 4 <= d; i += 4)
+            for (p = 0; p < 4; p++) {
+                const __m256 mi = _mm256_set1_ps(m[i + p]);
+                for (v = 0; v < nv; v++)
+                    acc[p][v] = _mm256_fmadd_ps(mi, _mm256_loadu_ps(cond_v + (i + p) * R + 8 * v), acc[p][v]);
+            }
+        for (p = 0; i < d; i++, p++) {
+            const __m256 mi = _mm256_set1_ps(m[i]);
+            for (v = 0; v < nv; v++)
+                acc[p][v] = _mm256_fmadd_ps(mi, _mm256_loadu_ps(cond_v + i * R + 8 * v), acc[p][v]);
+        }
+        for (v = 0; v < nv; v++)
+            _mm256_storeu_ps(logit + 8 * v, _mm256_add_ps(_mm256_add_ps(acc[0][v], acc[1][v]),
+                                                         _mm256_add_ps(acc[2][v], acc[3][v])));
+        return 1;
+    }
     /* c[i] = 1 + Σ_r w[r]·cond_u[r·N + i] for i in [i0, i1) ((i1 - i0) a multiple of 8),
        32 columns at a time with the R sums in registers: the plain loop's FMA chain
        from 0 over r in order, element by element, so the same bits; the loop made R
@@ -237,30 +261,6 @@ cdef extern from *:
                 a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[r]), _mm256_loadu_ps(cond_u + r * N + i), a0);
             _mm256_storeu_ps(c + i, _mm256_add_ps(one, a0));
         }
-        return 1;
-    }
-    static inline int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v,
-                                     Py_ssize_t R, float* logit) {
-        if (R % 8 || R > 32 || R < 8) return 0;
-        __m256 acc[4][4];
-        Py_ssize_t i, nv = R / 8, v;
-        int p;
-        for (p = 0; p < 4; p++)
-            for (v = 0; v < nv; v++) acc[p][v] = _mm256_setzero_ps();
-        for (i = 0; i + 4 <= d; i += 4)
-            for (p = 0; p < 4; p++) {
-                const __m256 mi = _mm256_set1_ps(m[i + p]);
-                for (v = 0; v < nv; v++)
-                    acc[p][v] = _mm256_fmadd_ps(mi, _mm256_loadu_ps(cond_v + (i + p) * R + 8 * v), acc[p][v]);
-            }
-        for (p = 0; i < d; i++, p++) {
-            const __m256 mi = _mm256_set1_ps(m[i]);
-            for (v = 0; v < nv; v++)
-                acc[p][v] = _mm256_fmadd_ps(mi, _mm256_loadu_ps(cond_v + i * R + 8 * v), acc[p][v]);
-        }
-        for (v = 0; v < nv; v++)
-            _mm256_storeu_ps(logit + 8 * v, _mm256_add_ps(_mm256_add_ps(acc[0][v], acc[1][v]),
-                                                         _mm256_add_ps(acc[2][v], acc[3][v])));
         return 1;
     }
     /* x[j] = clip(rint(x[j]/s), -qmax-1, qmax)·s: _a8_level's arithmetic on 8 lanes
