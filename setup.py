@@ -109,7 +109,7 @@ def _extensions():
                 # C headers a module includes (rebuild when they change)
                 # (every module's team code includes the barrier through _parallel.pxd)
                 depends=[str(p.relative_to(HERE)) for p in sorted((HERE / "needle_cy").glob(f"{name.lstrip('_')}_*.h"))]
-                + ["needle_cy/parallel_barrier.h"],
+                + ["needle_cy/parallel_barrier.h", "needle_cy/prefetch_stream.h"],
             )
         )
     return cythonize(

@@ -115,6 +115,8 @@ cdef bint cq_rotate_tokens(const CQView* w, const float* X, Py_ssize_t n_tokens,
                            float* work, int tid, int nt, float* kf, Py_ssize_t kf_floats) noexcept nogil
 cdef bint cq_rotate_tokens_ok(const CQView* w, float* work, Py_ssize_t n_tokens) noexcept nogil
 cdef void cq_prefetch_rows(const CQView* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil
+cdef void cq_row_bytes(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const char** at0, Py_ssize_t* n0,
+                       const char** at1, Py_ssize_t* n1) noexcept nogil
 cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,
                             int threads) noexcept nogil
 cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,

@@ -1607,26 +1607,48 @@ cdef extern from *:
     void _prefetch_bytes "nc_prefetch_bytes_l2"(const char* p, Py_ssize_t n) noexcept nogil
 
 
-cdef void cq_prefetch_rows(const CQView* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
-    """Ask for rows [r0, r1) of w, in the layout the one-token product of an A8 input
-    reads (lookup, integer or packed fields, and their norms), into this core's L2.
-    For small matrices read by a step: the kernels prefetch a matrix's rows 8 ahead of
-    the row they multiply, so the first rows of each matrix, and all of a matrix of a
-    few rows, were read at one memory latency after another."""
+cdef void cq_row_bytes(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const char** at0, Py_ssize_t* n0,
+                       const char** at1, Py_ssize_t* n1) noexcept nogil:
+    """The two byte ranges rows [r0, r1) of w occupy in the layout the one-token product
+    of an A8 input reads (lookup, integer or packed fields, then their norms); empty
+    (n0 = n1 = 0) when r0 >= r1."""
     cdef Py_ssize_t b0, b1
+    n0[0] = 0
+    n1[0] = 0
     if r0 >= r1:
         return
     if w.a8_input and _lut_path(w):
         b0 = r0 // 16
         b1 = (r1 + 15) // 16
-        _prefetch_bytes(<const char*>(w.lut_bits + b0 * w.lut_n_dw * 16), (b1 - b0) * w.lut_n_dw * 64)
-        _prefetch_bytes(<const char*>(w.lut_norms + b0 * w.n_groups * 16), (b1 - b0) * w.n_groups * 64)
+        at0[0] = <const char*>(w.lut_bits + b0 * w.lut_n_dw * 16)
+        n0[0] = (b1 - b0) * w.lut_n_dw * 64
+        at1[0] = <const char*>(w.lut_norms + b0 * w.n_groups * 16)
+        n1[0] = (b1 - b0) * w.n_groups * 64
     elif _int_path(w, 1):
-        _prefetch_bytes(<const char*>(w.int_packed + r0 * w.int_row_bytes), (r1 - r0) * w.int_row_bytes)
-        _prefetch_bytes(<const char*>(w.norms + r0 * w.norm_stride), (r1 - r0) * w.norm_stride * 4)
+        at0[0] = <const char*>(w.int_packed + r0 * w.int_row_bytes)
+        n0[0] = (r1 - r0) * w.int_row_bytes
+        at1[0] = <const char*>(w.norms + r0 * w.norm_stride)
+        n1[0] = (r1 - r0) * w.norm_stride * 4
     else:
-        _prefetch_bytes(<const char*>(w.packed + r0 * w.row_bytes), (r1 - r0) * w.row_bytes)
-        _prefetch_bytes(<const char*>(w.norms + r0 * w.norm_stride), (r1 - r0) * w.norm_stride * 4)
+        at0[0] = <const char*>(w.packed + r0 * w.row_bytes)
+        n0[0] = (r1 - r0) * w.row_bytes
+        at1[0] = <const char*>(w.norms + r0 * w.norm_stride)
+        n1[0] = (r1 - r0) * w.norm_stride * 4
+
+
+cdef void cq_prefetch_rows(const CQView* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """Ask for rows [r0, r1) of w (cq_row_bytes) into this core's L2.
+    For small matrices read by a step: the kernels prefetch a matrix's rows 8 ahead of
+    the row they multiply, so the first rows of each matrix, and all of a matrix of a
+    few rows, were read at one memory latency after another."""
+    cdef const char* at0 = NULL
+    cdef const char* at1 = NULL
+    cdef Py_ssize_t n0, n1
+    cq_row_bytes(w, r0, r1, &at0, &n0, &at1, &n1)
+    if n0 > 0:
+        _prefetch_bytes(at0, n0)
+    if n1 > 0:
+        _prefetch_bytes(at1, n1)
 
 
 cdef void cq_matvec_rotated(const CQView* w, const float* work, float* y,

@@ -47,7 +47,7 @@ cdef uint32_t engram_hash_c(const int64_t* tokens, Py_ssize_t t, int order,
 # mHC
 cdef void sinkhorn_c(float* M, int n, int iters) noexcept nogil
 
-from needle_cy._parallel cimport nc_barrier
+from needle_cy._parallel cimport nc_barrier, nc_pf_stream
 
 # Monarch MLP
 cdef void kron_apply_c(const float* z, const float* A, const float* B,
@@ -65,7 +65,7 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
                         const float* cond_v, const float* cond_u,
                         const int64_t* p1, const int64_t* p2,
                         float* work, float* logit, float* out, int tid, int nt,
-                        nc_barrier* bar) noexcept nogil
+                        nc_barrier* bar, nc_pf_stream* pf) noexcept nogil
 
 # probe pooling (online softmax over tokens)
 cdef void pool_update_c(const float* cell, Py_ssize_t d, float score,

@@ -14,7 +14,7 @@ cimport numpy as cnp
 from libc.math cimport sqrtf, expf, logf, fabsf, rintf, cosf, sinf, INFINITY
 from libc.stdint cimport uint32_t, int64_t, int8_t, uint8_t
 from libc.string cimport memcpy, memset
-from needle_cy._parallel cimport nc_barrier, nc_barrier_wait
+from needle_cy._parallel cimport nc_barrier, nc_barrier_wait, nc_barrier_wait_pf, nc_pf_stream
 
 cnp.import_array()
 
@@ -1304,9 +1304,10 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
                         const float* cond_v, const float* cond_u,
                         const int64_t* p1, const int64_t* p2,
                         float* work, float* logit, float* out, int tid, int nt,
-                        nc_barrier* bar) noexcept nogil:
+                        nc_barrier* bar, nc_pf_stream* pf) noexcept nogil:
     """MLP(m) → out[d], run by every thread tid of an nt-thread team (tid 0 of 1 on
-    its own; ``bar``: the team's barrier, unused and may be NULL for one thread): one
+    its own; ``bar``: the team's barrier, unused and may be NULL for one thread; ``pf``:
+    the thread's prefetch stream, pumped while it waits, or NULL): one
     shared ``work`` of 4·N floats, ``m`` and ``out``; ``logit``: R floats of this
     thread's own.
 
@@ -1331,25 +1332,25 @@ cdef void monarch_mlp_c(const float* m, Py_ssize_t d, Py_ssize_t N, Py_ssize_t R
     for i in range(i0, i1):
         z[i] = d1[i] * m[i] if i < d else <float>0.0
     if nt > 1:
-        nc_barrier_wait(bar)
+        nc_barrier_wait_pf(bar, pf)
     kron_apply_rows_c(z, w1a, w1b, ba, bb, tmp, k, k0, k1)
     if nt > 1:
-        nc_barrier_wait(bar)
+        nc_barrier_wait_pf(bar, pf)
     # z = K(silu(d2 ⊙ c ⊙ z + b2); A2, B2)[p2]
     _monarch_mid(z, k, p1, d2, c, b2, i0, i1)
     if nt > 1:
-        nc_barrier_wait(bar)
+        nc_barrier_wait_pf(bar, pf)
     kron_apply_rows_c(z, w2a, w2b, ba, bb, tmp, k, k0, k1)
     if nt > 1:
-        nc_barrier_wait(bar)
+        nc_barrier_wait_pf(bar, pf)
     # z = K(d3 ⊙ z; A3, B3); out = (d4 ⊙ z)[:d]
     for i in range(i0, i1):
         z[i] = d3[i] * k[p2[i]]
     if nt > 1:
-        nc_barrier_wait(bar)
+        nc_barrier_wait_pf(bar, pf)
     kron_apply_rows_c(z, w3a, w3b, ba, bb, tmp, k, k0, k1)
     if nt > 1:
-        nc_barrier_wait(bar)
+        nc_barrier_wait_pf(bar, pf)
     team_cols(d, tid, nt, &c0, &c1)
     for i in range(c0, c1):
         out[i] = d4[i] * k[i]
@@ -2117,7 +2118,7 @@ def monarch_mlp(m, p):
         for r in range(mv.shape[0]):
             monarch_mlp_c(&mv[r, 0], d, N, R, &d1[0], &d2[0], &b2[0], &d3[0], &d4[0],
                           &w1a[0, 0], &w1b[0, 0], &w2a[0, 0], &w2b[0, 0], &w3a[0, 0], &w3b[0, 0],
-                          ba, bb, &cv[0, 0], &cu[0, 0], &q1[0], &q2[0], &wv[0], &wv[4 * N], &ov[r, 0], 0, 1, NULL)
+                          ba, bb, &cv[0, 0], &cu[0, 0], &q1[0], &q2[0], &wv[0], &wv[4 * N], &ov[r, 0], 0, 1, NULL, NULL)
     return out.reshape(ma.shape)
 
 

@@ -22,6 +22,20 @@ cdef extern from *:
     int nc_team_size() noexcept nogil
 
 
+# A thread's prefetch stream: the byte ranges it reads next, asked for into its L2 while
+# it waits at a meeting (prefetch_stream.h; the plan changes timing only).
+cdef extern from "prefetch_stream.h":
+    ctypedef struct nc_pf_stream:
+        int n
+        long long ahead
+    void nc_pf_clear(nc_pf_stream* s, long long ahead) noexcept nogil
+    void nc_pf_add(nc_pf_stream* s, const void* p, long long nbytes, int phase) noexcept nogil
+    void nc_pf_rewind(nc_pf_stream* s) noexcept nogil
+    void nc_pf_done(nc_pf_stream* s, int phase) noexcept nogil
+    const char* nc_pf_next(nc_pf_stream* s) noexcept nogil
+    enum: NC_PF_RANGES
+
+
 # The engine's own team barrier (parallel_barrier.h: bounded spin on a generation
 # counter, then a futex; no system call when nobody sleeps).  One nc_barrier per
 # region, initialised by one thread for the team's size before any thread waits.
@@ -31,6 +45,8 @@ cdef extern from "parallel_barrier.h":
         int spins
     void nc_barrier_init(nc_barrier* b, int total) noexcept nogil
     void nc_barrier_wait(nc_barrier* b) noexcept nogil
+    # a meeting whose waiter pumps its prefetch stream (prefetch_stream.h) while it waits
+    void nc_barrier_wait_pf(nc_barrier* b, nc_pf_stream* pf) noexcept nogil
     int nc_barrier_spins_from_env() noexcept nogil
     # the opt-in meeting profile (CFLAGS=-DNC_BARRIER_PROFILE; no-ops otherwise)
     enum: NC_PROF_THREADS

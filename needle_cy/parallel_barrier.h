@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "prefetch_stream.h"
+
 #if defined(__linux__)
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -106,7 +108,8 @@ static inline void nc_barrier_wake(int* addr) {
 
 #if !(defined(__GNUC__) || defined(__clang__))
 /* no GNU atomics (MSVC): the OpenMP barrier of the enclosing region */
-static inline void nc_barrier_wait_impl(nc_barrier* b) {
+static inline void nc_barrier_wait_impl(nc_barrier* b, nc_pf_stream* pf) {
+    (void)pf;
     if (b->total <= 1)
         return;
 #ifdef _OPENMP
@@ -114,7 +117,7 @@ static inline void nc_barrier_wait_impl(nc_barrier* b) {
 #endif
 }
 #else
-static inline void nc_barrier_wait_impl(nc_barrier* b) {
+static inline void nc_barrier_wait_impl(nc_barrier* b, nc_pf_stream* pf) {
     int gen, i;
     if (b->total <= 1)
         return;
@@ -126,6 +129,12 @@ static inline void nc_barrier_wait_impl(nc_barrier* b) {
         if (__atomic_load_n(&b->sleepers, __ATOMIC_SEQ_CST) > 0)
             nc_barrier_wake(&b->generation);
         return;
+    }
+    /* first the waiter's prefetch stream, if it has one (prefetch_stream.h): one line
+       a poll while lines are due, then the pauses the spin budget counts */
+    while (nc_pf_pump(pf)) {
+        if (__atomic_load_n(&b->generation, __ATOMIC_ACQUIRE) != gen)
+            return;
     }
     for (i = 0; i < b->spins; i++) {
         if (__atomic_load_n(&b->generation, __ATOMIC_ACQUIRE) != gen)
@@ -176,14 +185,14 @@ static inline void nc_prof_end(void) {
         nc_prof_ns[nc_prof_tid][nc_prof_k][0] += nc_prof_now() - nc_prof_t;
     nc_prof_tid = -1;
 }
-static inline void nc_barrier_wait(nc_barrier* b) {
+static inline void nc_barrier_wait_pf(nc_barrier* b, nc_pf_stream* pf) {
     long long t0, t1;
     if (nc_prof_tid < 0 || nc_prof_k >= NC_PROF_MEETINGS) {
-        nc_barrier_wait_impl(b);
+        nc_barrier_wait_impl(b, pf);
         return;
     }
     t0 = nc_prof_now();
-    nc_barrier_wait_impl(b);
+    nc_barrier_wait_impl(b, pf);
     t1 = nc_prof_now();
     nc_prof_ns[nc_prof_tid][nc_prof_k][0] += t0 - nc_prof_t;
     nc_prof_ns[nc_prof_tid][nc_prof_k][1] += t1 - t0;
@@ -202,8 +211,11 @@ static inline long long nc_prof_read(long long* out) {
 #else
 static inline void nc_prof_begin(int tid) { (void)tid; }
 static inline void nc_prof_end(void) {}
-static inline void nc_barrier_wait(nc_barrier* b) { nc_barrier_wait_impl(b); }
+static inline void nc_barrier_wait_pf(nc_barrier* b, nc_pf_stream* pf) { nc_barrier_wait_impl(b, pf); }
 static inline long long nc_prof_read(long long* out) { (void)out; return -1; }
 #endif
+
+/* a meeting with no prefetch stream to pump */
+static inline void nc_barrier_wait(nc_barrier* b) { nc_barrier_wait_pf(b, NULL); }
 
 #endif

@@ -300,6 +300,25 @@ def test_prefill_row_shares_are_bit_identical_across_thread_counts(archive_dir):
         np.testing.assert_array_equal(Model.load(path, backend="cython", threads=threads).forward(ids), one)
 
 
+@pytest.mark.parametrize("ahead", ["0", "64", "100000000"])
+def test_prefetch_streams_do_not_change_a_decode_step(archive_dir, monkeypatch, ahead):
+    """A step's waiting threads prefetch their next rows (CythonEngine._plan_prefetch,
+    NEEDLE_CY_PF_AHEAD bytes ahead; 0: no streams, and the old prefetch calls instead):
+    timing only, so 2- and 3-thread decode gives the 1-thread logits bit for bit with
+    no budget, a line, and the whole plan."""
+    path = archive(archive_dir, "rows_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
+                   qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
+    ids = ids_for(300, 90, seed=8)
+    monkeypatch.setenv("NEEDLE_CY_PF_AHEAD", ahead)
+    out = {}
+    for threads in (1, 2, 3):
+        m = Model.load(path, backend="cython", threads=threads)
+        rows = [m.prefill(ids[:40])] + [m.step(int(t)) for t in ids[40:]]
+        out[threads] = np.stack(rows)
+    np.testing.assert_array_equal(out[2], out[1])
+    np.testing.assert_array_equal(out[3], out[1])
+
+
 def test_lut_kernel_in_the_model(archive_dir):
     """Deploy numerics on an AVX-512 CPU run the 2-bit matrices of >= LUT_MIN_ROWS rows
     by table lookup (avx512lut).  The logits are the same bits at 1, 2 and 3 threads and

@@ -345,3 +345,75 @@ def test_barrier_check_validates_its_arguments():
         _parallel.barrier_check(0, 10)
     with pytest.raises(ValueError):
         _parallel.barrier_check(2, 10, "spin")
+
+
+@pytest.mark.parametrize("policy", ["passive", "spin"])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_team_barrier_with_prefetch_streams_keeps_every_thread_in_step(monkeypatch, policy, threads):
+    """A decode step's waiters pump their prefetch streams (prefetch_stream.h) before
+    they spin or sleep: the meetings must still hold every thread in step, with lines
+    due at most meetings (each round consumes a phase of 4 KB)."""
+    from needle_cy import _parallel
+    if not thr.openmp_enabled():
+        pytest.skip("built without OpenMP: a team is one thread, nothing to meet")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    if policy == "passive":
+        monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    else:
+        monkeypatch.setenv("GOMP_SPINCOUNT", "2000")
+    team, wrong, _ = _parallel.barrier_check(threads, 3000, "nc_pf")
+    assert team == threads and wrong == 0
+
+
+def test_prefetch_stream_hands_out_whole_lines_in_order_within_its_budget():
+    """The pump asks for each line of the plan once, in plan order, rounded out to whole
+    64-byte lines, never more than `ahead` bytes beyond what is consumed."""
+    from needle_cy._parallel import pf_stream_trace
+    ranges = [(0, 200, 0), (1000, 64, 1), (4096, 256, 2)]
+    every = [0, 64, 128, 192, 960, 1024, 4096, 4160, 4224, 4288]
+    # an unbounded budget: the whole plan in order, then nothing
+    assert pf_stream_trace(ranges, 1 << 30, [("next", 100), ("next", 5)]) == [every, []]
+    # a budget of 4 lines: 4, then only as phases are consumed
+    got = pf_stream_trace(ranges, 256, [("next", 10), ("done", 0), ("next", 10), ("next", 10)])
+    assert got == [every[:4], every[4:8], []]
+    # rewind starts the same plan over
+    assert pf_stream_trace(ranges, 1 << 30, [("next", 3), ("rewind",), ("next", 3)]) == [every[:3]] * 2
+    # no budget: nothing at all
+    assert pf_stream_trace(ranges, 0, [("next", 10)]) == [[]]
+
+
+def test_prefetch_stream_skips_what_was_read_before_it_got_there():
+    """A phase read before the pump reached it is not asked for afterwards; a phase
+    consumed while the pump was ahead does not move the pump back."""
+    from needle_cy._parallel import pf_stream_trace
+    ranges = [(0, 128, 0), (128, 128, 1), (256, 128, 2), (384, 128, 3)]
+    assert pf_stream_trace(ranges, 1 << 30, [("next", 1), ("done", 1), ("next", 2)]) == [[0], [256, 320]]
+    assert pf_stream_trace(ranges, 1 << 30, [("next", 6), ("done", 0), ("next", 5)]) == [[0, 64, 128, 192, 256, 320], [384, 448]]
+    # phases with no ranges of this thread (another thread's rows) are consumed too
+    sparse = [(0, 64, 0), (640, 64, 5)]
+    assert pf_stream_trace(sparse, 64, [("next", 2), ("done", 3), ("next", 2), ("done", 5), ("next", 2)]) == [[0], [640], []]
+
+
+def test_prefetch_stream_drops_ranges_beyond_its_capacity():
+    from needle_cy._parallel import pf_stream_trace
+    ranges = [(64 * i, 64, i) for i in range(2100)]
+    got = pf_stream_trace(ranges, 1 << 30, [("next", 3000)])[0]
+    assert got == [64 * i for i in range(2048)]          # NC_PF_RANGES of them, the first ones
+    with pytest.raises(ValueError, match="negative"):
+        pf_stream_trace([(-64, 64, 0)], 64, [])
+    with pytest.raises(ValueError, match="unknown step"):
+        pf_stream_trace([(0, 64, 0)], 64, [("jump", 1)])
+
+
+def test_prefetch_ahead_follows_the_environment(monkeypatch):
+    from needle_cy._model import prefetch_ahead_bytes
+    monkeypatch.setenv("NEEDLE_CY_PF_AHEAD", "0")
+    assert prefetch_ahead_bytes() == 0
+    monkeypatch.setenv("NEEDLE_CY_PF_AHEAD", "12345")
+    assert prefetch_ahead_bytes() == 12345
+    for bad in ("lots", "-1"):
+        monkeypatch.setenv("NEEDLE_CY_PF_AHEAD", bad)
+        with pytest.raises(ValueError, match="NEEDLE_CY_PF_AHEAD"):
+            prefetch_ahead_bytes()
+    monkeypatch.delenv("NEEDLE_CY_PF_AHEAD")
+    assert 0 < prefetch_ahead_bytes() <= 1 << 30
