@@ -386,6 +386,27 @@ def prefetch_ahead_bytes():
     return l2 // 2 if l2 > 0 else 256 << 10
 
 
+def mlp_team_min():
+    """The smallest team that splits a decode step's Monarch MLP between its threads
+    (``NEEDLE_CY_MLP_TEAM``, default 3); a smaller team runs the MLP and its lane update
+    on thread 0 while the others wait.  The split MLP meets six times and each of its
+    three Kronecker products reads the vector the whole team wrote: on the Xeon of
+    issue 18 (2 threads, full size) it took 10.2 / 11.2 us a block on the two threads
+    against 7.7 us on thread 0 alone, whose 2-thread decode then read 1.11x (2-bit) and
+    1.07x (4-bit).  Three or more threads are not measured (the split stays there).
+    The values are the same bits either way."""
+    env = os.environ.get("NEEDLE_CY_MLP_TEAM")
+    if env is not None and env.strip() != "":
+        try:
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"NEEDLE_CY_MLP_TEAM must be a thread count >= 1, got {env!r}")
+        return n
+    return 3
+
+
 def barrier_profile():
     """The meeting profile of the one-region decode steps (_step_blocks) run since the
     last call, then reset: ``(ns, steps)`` with ns int64 [NC_PROF_THREADS, NC_PROF_MEETINGS,
@@ -506,6 +527,7 @@ cdef class CythonEngine:
     cdef nc_pf_stream* pf_streams   # [threads]: each thread's prefetch stream of a decode step (_plan_prefetch)
     cdef int* pf_planned            # [threads]: the team size its stream was planned for (0: not yet)
     cdef long long pf_ahead         # bytes a waiter may ask for beyond what it has read (0: no streams)
+    cdef int mlp_team               # smallest team that splits a step's Monarch MLP (mlp_team_min)
     cdef Py_ssize_t mlp_work_len, row_len
     cdef int64_t* s_ctx      # [n_tok_hist + CH] token context
     cdef cnp.ndarray _ctx_arr
@@ -856,6 +878,7 @@ cdef class CythonEngine:
         self.pf_streams = <nc_pf_stream*>pf_base
         self.pf_planned = <int*>(pf_base + T * pf_bytes)
         self.pf_ahead = prefetch_ahead_bytes()
+        self.mlp_team = mlp_team_min()
 
     cdef Py_ssize_t _need_step(self, const CQView* v, Py_ssize_t work):
         """Grow a thread's one-token step workspace to fit matrix v."""
@@ -1520,9 +1543,10 @@ cdef class CythonEngine:
 
         Threads meet at a barrier (parallel_barrier.h) between dependent steps.  Every
         thread rotates each product input into its own workspace (_rotate_team).  The engram and block CQ products are split by rows (_products), the KV heads of the
-        attention go to thread kh mod nt, the Monarch MLP is split by rows
-        (monarch_mlp_c's team form) and so are the columns of the lane update that follows
-        it, and the other per-token operations run on thread 0;
+        attention go to thread kh mod nt, the Monarch MLP and the columns of the lane
+        update that follows it are split by rows (monarch_mlp_c's team form) in a team of
+        mlp_team_min() threads or more and run on thread 0 in a smaller one, and the other
+        per-token operations run on thread 0;
         every value is computed as on one thread, so the logits are the same bits at any
         thread count.
         The probe pools of block l's cell run on the last thread, in four parts beside
@@ -1642,7 +1666,10 @@ cdef class CythonEngine:
             # way into the attention (the stream asks for them while the thread waits;
             # with both, these calls cost 3.7 % of a 2-thread step's samples for nothing)
             if pf == NULL:
-                self._prefetch_mlp(lc, tid, nt)
+                if nt >= self.mlp_team:
+                    self._prefetch_mlp(lc, tid, nt)
+                elif tid == 0:
+                    self._prefetch_mlp(lc, 0, 1)
                 if l + 1 < self.L and self.layers[l + 1].phi_shared:   # this thread's share
                     self._phi_list(&self.layers[l + 1], ws, ys)
                     self._prefetch_products(ws, 3, tid, nt)
@@ -1662,21 +1689,30 @@ cdef class CythonEngine:
             nc_pf_done(pf, ph)
             ph += 1
             nc_barrier_wait_pf(bar, pf)
-            # rest of the block: the Monarch MLP split between the threads; lanes, cell
+            # rest of the block: the Monarch MLP (split between the threads of a team of
+            # mlp_team or more, else on thread 0 alone); lanes, cell
             if tid == 0:
                 self._mlp_input(lc, 0)
             if tid == nt - 1 and l > 0:     # (the cell is next written by the lane update below)
                 self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[3], pool_at[4], 1)
             nc_barrier_wait_pf(bar, pf)
-            monarch_mlp_c(self.s_a, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
-                          lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
-                          lc.cond_v, lc.cond_u, self.p1, self.p2, self.s_mlp_work,
-                          self.s_mlp_work + tid * self.mlp_work_len + 4 * self.N, self.s_ao, tid, nt, bar, pf)
+            if nt >= self.mlp_team:
+                monarch_mlp_c(self.s_a, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
+                              lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
+                              lc.cond_v, lc.cond_u, self.p1, self.p2, self.s_mlp_work,
+                              self.s_mlp_work + tid * self.mlp_work_len + 4 * self.N, self.s_ao,
+                              tid, nt, bar, pf)
+                # the lane update of the MLP output's columns this thread wrote (team_cols)
+                team_cols(d, tid, nt, &c0, &c1)
+                self._lane_update_cols(lc, 0, c0, c1)
+            elif tid == 0:
+                monarch_mlp_c(self.s_a, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
+                              lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
+                              lc.cond_v, lc.cond_u, self.p1, self.p2, self.s_mlp_work,
+                              self.s_mlp_work + 4 * self.N, self.s_ao, 0, 1, NULL, pf)
+                self._lane_update_cols(lc, 0, 0, d)
             nc_pf_done(pf, ph)
             ph += 1
-            # the lane update of the MLP output's columns this thread wrote (team_cols)
-            team_cols(d, tid, nt, &c0, &c1)
-            self._lane_update_cols(lc, 0, c0, c1)
             nc_barrier_wait_pf(bar, pf)
         # the last cell's pools: after the head's products when there is a head (before
         # it, the head's rotation waited for them, ~5 us a step)
@@ -1702,8 +1738,9 @@ cdef class CythonEngine:
         MLP (the phases _step_blocks counts in `ph`; a plan that disagrees only wastes
         bandwidth).  The rows are its shares of each list (_list_share, as _products
         splits them); the Monarch MLP's floats its team_cols share of each array, as
-        _prefetch_mlp asks for them."""
-        cdef int ph = 0
+        _prefetch_mlp asks for them (all of them on thread 0 where it runs the MLP
+        alone: mlp_team_min)."""
+        cdef int ph = 0, mt, mn
         cdef Py_ssize_t l, i
         cdef Py_ssize_t N = self.N, ba2 = self.ba * self.ba, bb2 = self.bb * self.bb
         cdef const CQView* ws[4]
@@ -1739,19 +1776,26 @@ cdef class CythonEngine:
             ws[0] = &lc.out_proj
             self._pf_add_list(s, ws, 1, tid, nt, ph)
             ph += 1
-            _pf_add_share(s, lc.cond_v, self.d * self.R_cond, tid, nt, ph)
-            _pf_add_share(s, lc.cond_u, self.R_cond * N, tid, nt, ph)
-            _pf_add_share(s, lc.d1, N, tid, nt, ph)
-            _pf_add_share(s, lc.w1a, ba2, tid, nt, ph)
-            _pf_add_share(s, lc.w1b, bb2, tid, nt, ph)
-            _pf_add_share(s, lc.d2, N, tid, nt, ph)
-            _pf_add_share(s, lc.b2, N, tid, nt, ph)
-            _pf_add_share(s, lc.w2a, ba2, tid, nt, ph)
-            _pf_add_share(s, lc.w2b, bb2, tid, nt, ph)
-            _pf_add_share(s, lc.d3, N, tid, nt, ph)
-            _pf_add_share(s, lc.w3a, ba2, tid, nt, ph)
-            _pf_add_share(s, lc.w3b, bb2, tid, nt, ph)
-            _pf_add_share(s, lc.d4, N, tid, nt, ph)
+            # the MLP's floats: this thread's share of each array where the team splits
+            # the MLP, all of them on thread 0 where it runs the MLP alone
+            if nt >= self.mlp_team:
+                mt, mn = tid, nt
+            else:
+                mt, mn = 0, 1
+            if nt >= self.mlp_team or tid == 0:
+                _pf_add_share(s, lc.cond_v, self.d * self.R_cond, mt, mn, ph)
+                _pf_add_share(s, lc.cond_u, self.R_cond * N, mt, mn, ph)
+                _pf_add_share(s, lc.d1, N, mt, mn, ph)
+                _pf_add_share(s, lc.w1a, ba2, mt, mn, ph)
+                _pf_add_share(s, lc.w1b, bb2, mt, mn, ph)
+                _pf_add_share(s, lc.d2, N, mt, mn, ph)
+                _pf_add_share(s, lc.b2, N, mt, mn, ph)
+                _pf_add_share(s, lc.w2a, ba2, mt, mn, ph)
+                _pf_add_share(s, lc.w2b, bb2, mt, mn, ph)
+                _pf_add_share(s, lc.d3, N, mt, mn, ph)
+                _pf_add_share(s, lc.w3a, ba2, mt, mn, ph)
+                _pf_add_share(s, lc.w3b, bb2, mt, mn, ph)
+                _pf_add_share(s, lc.d4, N, mt, mn, ph)
             ph += 1
         ws[0] = &self.emb_out
         self._pf_add_list(s, ws, 1, tid, nt, ph)

@@ -319,6 +319,24 @@ def test_prefetch_streams_do_not_change_a_decode_step(archive_dir, monkeypatch, 
     np.testing.assert_array_equal(out[3], out[1])
 
 
+@pytest.mark.parametrize("team", ["2", "3", "4"])
+def test_mlp_on_thread_zero_or_the_team_gives_the_same_step(archive_dir, monkeypatch, team):
+    """A decode step's Monarch MLP is split between the threads of a team of at least
+    NEEDLE_CY_MLP_TEAM (mlp_team_min) and runs on thread 0 alone in a smaller one: 2- and
+    3-thread decode give the 1-thread logits bit for bit on either side of the bound."""
+    path = archive(archive_dir, "rows_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
+                   qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
+    ids = ids_for(300, 80, seed=9)
+    monkeypatch.setenv("NEEDLE_CY_MLP_TEAM", team)
+    out = {}
+    for threads in (1, 2, 3):
+        m = Model.load(path, backend="cython", threads=threads)
+        rows = [m.prefill(ids[:40])] + [m.step(int(t)) for t in ids[40:]]
+        out[threads] = np.stack(rows)
+    np.testing.assert_array_equal(out[2], out[1])
+    np.testing.assert_array_equal(out[3], out[1])
+
+
 def test_lut_kernel_in_the_model(archive_dir):
     """Deploy numerics on an AVX-512 CPU run the 2-bit matrices of >= LUT_MIN_ROWS rows
     by table lookup (avx512lut).  The logits are the same bits at 1, 2 and 3 threads and

@@ -429,3 +429,15 @@ def test_prefetch_ahead_follows_the_environment(monkeypatch):
             prefetch_ahead_bytes()
     monkeypatch.delenv("NEEDLE_CY_PF_AHEAD")
     assert 0 < prefetch_ahead_bytes() <= 1 << 30
+
+
+def test_mlp_team_follows_the_environment(monkeypatch):
+    from needle_cy._model import mlp_team_min
+    monkeypatch.delenv("NEEDLE_CY_MLP_TEAM", raising=False)
+    assert mlp_team_min() == 3
+    monkeypatch.setenv("NEEDLE_CY_MLP_TEAM", "2")
+    assert mlp_team_min() == 2
+    for bad in ("0", "-1", "two"):
+        monkeypatch.setenv("NEEDLE_CY_MLP_TEAM", bad)
+        with pytest.raises(ValueError, match="NEEDLE_CY_MLP_TEAM"):
+            mlp_team_min()
