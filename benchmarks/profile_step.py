@@ -31,8 +31,7 @@ from needle_cy.model import Model  # noqa: E402
 
 # meetings of one block, in _step_blocks' order: what happened before each one
 BLOCK_PHASES = [
-    "router input (t0) | pools, part 1 (last)",
-    "mHC Φ products",
+    "router input, mHC Φ products (t0) | pools, part 1 (last)",
     "router weights, block input (t0) | pools, part 2 (last)",
     "q/k/v/gate products",
     "conv, RoPE, cache, attention (KV heads)",

@@ -1542,7 +1542,8 @@ cdef class CythonEngine:
         instead of one per product.
 
         Threads meet at a barrier (parallel_barrier.h) between dependent steps.  Every
-        thread rotates each product input into its own workspace (_rotate_team).  The engram and block CQ products are split by rows (_products), the KV heads of the
+        thread rotates each product input into its own workspace (_rotate_team).  The engram and block CQ products are split by rows (_products; the three
+        short mHC Φ run on thread 0), the KV heads of the
         attention go to thread kh mod nt, the Monarch MLP and the columns of the lane
         update that follows it are split by rows (monarch_mlp_c's team form) in a team of
         mlp_team_min() threads or more and run on thread 0 in a smaller one, and the other
@@ -1624,20 +1625,23 @@ cdef class CythonEngine:
                 self._engram_values(s, sc, 1, pos0, vhist)
         for l in range(self.L):
             lc = &self.layers[l]
-            # mHC router input and its rotation (spec §4.5); the previous cell's pools, in
-            # four parts, beside thread 0's four serial steps of this block (pool_at)
+            # mHC router input and the three Φ products on thread 0 (spec §4.5): 24 rows at
+            # full size, where a thread's share of 12 took less time than the rotation of
+            # their 3072-wide input each thread made for it, and a meeting between (split
+            # by rows, the 2-thread decode read 0.99x of this); the previous cell's pools, in four
+            # parts, beside thread 0's four serial steps of this block (pool_at)
             if tid == 0:
                 self._router_input(0)
+                if lc.phi_shared:
+                    cq_rotate(&lc.phi_pre, self.s_nx, 1, lc.phi_pre.cols, mine, 1)
+                    self._phi_list(lc, ws, ys)
+                    self._products(mine, ws, ys, 3, 0, 1)
+                else:
+                    _project_shared(&lc.phi_pre, &lc.phi_pre, self.s_nx, 1, nd, phi, 0, mine, 1)
+                    _project(&lc.phi_post, self.s_nx, 1, nd, phi + n, 0, cqw, 1)
+                    _project(&lc.phi_res, self.s_nx, 1, nd, phi + 2 * n, 0, cqw, 1)
             if tid == nt - 1 and l > 0:
                 self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[0], pool_at[1], 1)
-            self._rotate_team(mine, pf, &lc.phi_pre, self.s_nx, tid, nt, bar)
-            if lc.phi_shared:
-                self._phi_list(lc, ws, ys)
-                self._products(mine, ws, ys, 3, tid, nt)
-            elif tid == 0:
-                _project_shared(&lc.phi_pre, &lc.phi_pre, self.s_nx, 1, nd, phi, 0, mine, 1)
-                _project(&lc.phi_post, self.s_nx, 1, nd, phi + n, 0, cqw, 1)
-                _project(&lc.phi_res, self.s_nx, 1, nd, phi + 2 * n, 0, cqw, 1)
             nc_pf_done(pf, ph)
             ph += 1
             nc_barrier_wait_pf(bar, pf)
@@ -1670,9 +1674,9 @@ cdef class CythonEngine:
                     self._prefetch_mlp(lc, tid, nt)
                 elif tid == 0:
                     self._prefetch_mlp(lc, 0, 1)
-                if l + 1 < self.L and self.layers[l + 1].phi_shared:   # this thread's share
+                if tid == 0 and l + 1 < self.L and self.layers[l + 1].phi_shared:   # thread 0's
                     self._phi_list(&self.layers[l + 1], ws, ys)
-                    self._prefetch_products(ws, 3, tid, nt)
+                    self._prefetch_products(ws, 3, 0, 1)
             kh = tid
             while kh < K:
                 self._group_step(lc, l, kh, pos0, conv_q, conv_k, conv_v, kv, rng, n_rng)
@@ -1762,9 +1766,7 @@ cdef class CythonEngine:
         for l in range(self.L):
             lc = &self.layers[l]
             self._phi_list(lc, ws, ys)
-            if lc.phi_shared:
-                self._pf_add_list(s, ws, 3, tid, nt, ph)
-            elif tid == 0:
+            if tid == 0:            # (thread 0 runs the Φ products alone)
                 self._pf_add_list(s, ws, 3, 0, 1, ph)
             ph += 1
             self._qkvg_list(lc, ws, ys)
