@@ -300,6 +300,18 @@ def test_prefill_row_shares_are_bit_identical_across_thread_counts(archive_dir):
         np.testing.assert_array_equal(Model.load(path, backend="cython", threads=threads).forward(ids), one)
 
 
+def _assert_steps_equal_across_threads(path, ids, prompt=40):
+    """A prefill of ids[:prompt], then a step per later id: the logits of 2 and 3
+    threads are the 1-thread logits bit for bit."""
+    out = {}
+    for threads in (1, 2, 3):
+        m = Model.load(path, backend="cython", threads=threads)
+        rows = [m.prefill(ids[:prompt])] + [m.step(int(t)) for t in ids[prompt:]]
+        out[threads] = np.stack(rows)
+    np.testing.assert_array_equal(out[2], out[1])
+    np.testing.assert_array_equal(out[3], out[1])
+
+
 @pytest.mark.parametrize("ahead", ["0", "64", "100000000"])
 def test_prefetch_streams_do_not_change_a_decode_step(archive_dir, monkeypatch, ahead):
     """A step's waiting threads prefetch their next rows (CythonEngine._plan_prefetch,
@@ -310,13 +322,7 @@ def test_prefetch_streams_do_not_change_a_decode_step(archive_dir, monkeypatch, 
                    qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
     ids = ids_for(300, 90, seed=8)
     monkeypatch.setenv("NEEDLE_CY_PF_AHEAD", ahead)
-    out = {}
-    for threads in (1, 2, 3):
-        m = Model.load(path, backend="cython", threads=threads)
-        rows = [m.prefill(ids[:40])] + [m.step(int(t)) for t in ids[40:]]
-        out[threads] = np.stack(rows)
-    np.testing.assert_array_equal(out[2], out[1])
-    np.testing.assert_array_equal(out[3], out[1])
+    _assert_steps_equal_across_threads(path, ids)
 
 
 @pytest.mark.parametrize("team", ["2", "3", "4"])
@@ -328,13 +334,7 @@ def test_mlp_on_thread_zero_or_the_team_gives_the_same_step(archive_dir, monkeyp
                    qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
     ids = ids_for(300, 80, seed=9)
     monkeypatch.setenv("NEEDLE_CY_MLP_TEAM", team)
-    out = {}
-    for threads in (1, 2, 3):
-        m = Model.load(path, backend="cython", threads=threads)
-        rows = [m.prefill(ids[:40])] + [m.step(int(t)) for t in ids[40:]]
-        out[threads] = np.stack(rows)
-    np.testing.assert_array_equal(out[2], out[1])
-    np.testing.assert_array_equal(out[3], out[1])
+    _assert_steps_equal_across_threads(path, ids)
 
 
 def test_lut_kernel_in_the_model(archive_dir):
