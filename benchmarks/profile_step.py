@@ -60,7 +60,7 @@ def phase_table(ns, steps, n_sites, n_layers, threads):
         rows.append((f"block (mean of {len(idx)}): {name}", us[:, idx].mean(axis=1)))
     k = first_block + per_block * n_layers
     rows.append(("final norm (t0), head rotation wait", us[:, k]))
-    rows.append(("head products, last pools (last)", us[:, k + 1]))
+    rows.append(("head products, last pools (each thread a part)", us[:, k + 1]))
     return rows, us
 
 

@@ -1718,10 +1718,12 @@ cdef class CythonEngine:
             nc_pf_done(pf, ph)
             ph += 1
             nc_barrier_wait_pf(bar, pf)
-        # the last cell's pools: after the head's products when there is a head (before
-        # it, the head's rotation waited for them, ~5 us a step)
-        if tid == nt - 1 and logits == NULL:
-            self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, pool_at[4], 1)
+        # the last cell's pools, shared by the team (every pool is its own): after the
+        # head's products when there is a head (before it, the head's rotation waited for
+        # them, ~5 us a step; on the last thread alone, after its share of the head, they
+        # kept thread 0 waiting at the region's end)
+        if logits == NULL:
+            self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, tid, pool_at[4], nt)
         # output: final norm, A8, tied head (spec §4.9)
         if logits != NULL:
             if tid == 0:
@@ -1732,8 +1734,8 @@ cdef class CythonEngine:
             ws[0] = &self.emb_out
             ys[0] = logits
             self._products(mine, ws, ys, 1, tid, nt)
-            if tid == nt - 1:      # the last cell's pools (s_cell is no longer written)
-                self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, pool_at[4], 1)
+            # the last cell's pools (s_cell is no longer written)
+            self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, tid, pool_at[4], nt)
         nc_prof_end()
 
     cdef void _plan_prefetch(self, nc_pf_stream* s, int tid, int nt) noexcept nogil:
