@@ -330,6 +330,33 @@ cdef extern from *:
         for (g = 0; g < G; g++)
             for (v = 0; v < 4; v++) _mm256_storeu_ps(scores + g * score_stride + j + 8 * v, acc[g][v]);
     }
+    /* sinkhorn_c's iterations on a 4×4 P = exp(M − max) (the mHC router of 4 lanes), in
+       SSE registers: the row sums of all four rows at once from the columns, lane i =
+       ((P[i][0] + P[i][1]) + P[i][2]) + P[i][3], one division and four products, then the
+       column sums from the rows (a transpose between), the scalar loop's operations
+       element by element, so the same bits.  Its chain of dependent scalar sums and
+       divisions took 0.53 us a matrix, on thread 0's serial path of every block. */
+    static inline int nc_sinkhorn4(float* M, int iters) {
+        __m128 r0 = _mm_loadu_ps(M), r1 = _mm_loadu_ps(M + 4), r2 = _mm_loadu_ps(M + 8),
+               r3 = _mm_loadu_ps(M + 12);
+        const __m128 one = _mm_set1_ps(1.0f);
+        __m128 inv;
+        _MM_TRANSPOSE4_PS(r0, r1, r2, r3);            /* now columns */
+        for (int it = 0; it < iters; it++) {
+            inv = _mm_div_ps(one, _mm_add_ps(_mm_add_ps(_mm_add_ps(r0, r1), r2), r3));
+            r0 = _mm_mul_ps(r0, inv); r1 = _mm_mul_ps(r1, inv);
+            r2 = _mm_mul_ps(r2, inv); r3 = _mm_mul_ps(r3, inv);
+            _MM_TRANSPOSE4_PS(r0, r1, r2, r3);        /* rows */
+            inv = _mm_div_ps(one, _mm_add_ps(_mm_add_ps(_mm_add_ps(r0, r1), r2), r3));
+            r0 = _mm_mul_ps(r0, inv); r1 = _mm_mul_ps(r1, inv);
+            r2 = _mm_mul_ps(r2, inv); r3 = _mm_mul_ps(r3, inv);
+            _MM_TRANSPOSE4_PS(r0, r1, r2, r3);        /* columns */
+        }
+        _MM_TRANSPOSE4_PS(r0, r1, r2, r3);            /* rows */
+        _mm_storeu_ps(M, r0); _mm_storeu_ps(M + 4, r1);
+        _mm_storeu_ps(M + 8, r2); _mm_storeu_ps(M + 12, r3);
+        return 1;
+    }
     /* max(mx, x[0], …, x[n−1]), NaNs ignored like the scalar comparison (maxps returns
        its second operand when either is NaN).  The scalar loop was a vmaxss chain:
        about a seventh of the attention time in prefill. */
@@ -470,6 +497,9 @@ cdef extern from *:
     static inline float nc_max_from(const float* x, Py_ssize_t n, float mx) {
         for (Py_ssize_t i = 0; i < n; i++) if (x[i] > mx) mx = x[i];
         return mx;
+    }
+    static inline int nc_sinkhorn4(float* M, int iters) {
+        return 0;                                     /* the scalar loop runs */
     }
     #endif
     /* ---- GQA attention over the int8 KV cache (deploy numerics, kv_bits ≥ 8) ----
@@ -781,6 +811,7 @@ cdef extern from *:
                   const float* vs, Py_ssize_t dv, const Py_ssize_t* ranges, int n_ranges,
                   const float* inv, float* out, Py_ssize_t out_stride) noexcept nogil
     float nc_max_from(const float* x, Py_ssize_t n, float mx) noexcept nogil
+    int nc_sinkhorn4(float* M, int iters) noexcept nogil
     void nc_i8_detect() noexcept nogil
     int nc_i8_kernel() noexcept nogil
     int nc_i8_set_dot(int on) noexcept nogil
@@ -1116,7 +1147,13 @@ cdef void sinkhorn_c(float* M, int n, int iters) noexcept nogil:
     (column) sum, so when the entries span less than 60 (no exp under- or
     overflows) the iterations run on P = exp(M − max) with sums and divisions:
     n² exps instead of 2·iters·n·(n + 1) exps and logs, same result up to float
-    rounding.  Wider inputs take the log-domain path."""
+    rounding.  Wider inputs take the log-domain path.  At n = 4 the iterations run
+    in vector registers where the build has them (nc_sinkhorn4, same bits)."""
+    _sinkhorn(M, n, iters, True)
+
+
+cdef void _sinkhorn(float* M, int n, int iters, bint vector) noexcept nogil:
+    """sinkhorn_c; ``vector`` False keeps the scalar loop at n = 4 (the tests' twin)."""
     cdef int it, i, j
     cdef float mx, mn
     mx = M[0]
@@ -1129,6 +1166,8 @@ cdef void sinkhorn_c(float* M, int n, int iters) noexcept nogil:
     if mx - mn < 60.0:
         for i in range(n * n):
             M[i] = expf(M[i] - mx)
+        if vector and n == 4 and nc_sinkhorn4(M, iters):
+            return
         for it in range(iters):
             for i in range(n):
                 _sum_normalise(M, i * n, 1, n)      # row i
@@ -2001,6 +2040,15 @@ def logsumexp(x, axis):
 
 def sinkhorn(z, iters=SINKHORN_ITERS):
     """Log-domain Sinkhorn on [..., n, n] (rows, then columns, ``iters`` times), then exp."""
+    return _sinkhorn_batch(z, iters, True)
+
+
+def _sinkhorn_scalar(z, iters=SINKHORN_ITERS):
+    """sinkhorn with the scalar loop at every n (the tests compare nc_sinkhorn4 with it)."""
+    return _sinkhorn_batch(z, iters, False)
+
+
+def _sinkhorn_batch(z, iters, bint vector):
     out = np.array(z, dtype=np.float32, copy=True, order="C")
     if out.ndim < 2 or out.shape[-1] != out.shape[-2]:
         raise ValueError(f"sinkhorn: square matrices expected, got {out.shape}")
@@ -2011,7 +2059,7 @@ def sinkhorn(z, iters=SINKHORN_ITERS):
     cdef int nn = n, it = int(iters)
     with nogil:
         for r in range(v.shape[0]):
-            sinkhorn_c(&v[r, 0], nn, it)
+            _sinkhorn(&v[r, 0], nn, it, vector)
     return out
 
 
