@@ -29,22 +29,22 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from needle_cy import _model  # noqa: E402
 from needle_cy.model import Model  # noqa: E402
 
-# meetings of one block, in _step_blocks' order: what happened before each one
+# meetings of one block, in _step_blocks' order: what happened before each one (a team
+# smaller than mlp_team_min(), so the MLP runs on thread 0 without meetings of its own)
 BLOCK_PHASES = [
-    "router input, mHC Φ products (t0) | pools, part 1 (last)",
-    "router weights, block input (t0) | pools, part 2 (last)",
+    "router input, Φ, router weights, block input (t0) | pools (last)",
     "q/k/v/gate products",
     "conv, RoPE, cache, attention (KV heads)",
-    "gate, A8 (t0) | pools, part 3 (last)",
+    "gate, A8 (t0)",
     "out products",
-    "MLP input (t0) | pools, part 4 (last)",
-    "Monarch MLP + lane update",
+    "MLP input, Monarch MLP, lane update (t0)",
 ]
 SITE_PHASES = ["site input (t0) | previous value conv (last)", "key/value products"]
 
 
-def phase_table(ns, steps, n_sites, n_layers, threads):
-    """Rows (name, [work, wait] per thread in µs per step), one per phase."""
+def phase_table(ns, steps, n_sites, n_layers, threads, extra0=0):
+    """Rows (name, [work, wait] per thread in µs per step), one per phase; ``extra0``:
+    the meeting block 0 adds where it reads an engram site (engram_sites holds 0)."""
     us = ns[:threads].astype(np.float64) / 1e3 / max(steps, 1)     # [threads, meetings, 2]
     rows = []
     k = 0
@@ -56,9 +56,9 @@ def phase_table(ns, steps, n_sites, n_layers, threads):
     per_block = len(BLOCK_PHASES)
     for i, name in enumerate(BLOCK_PHASES):
         # block 0's first phase also holds the last site's value conv: blocks 1.. only
-        idx = [first_block + per_block * b + i for b in range(1, n_layers)] or [first_block + i]
+        idx = [first_block + extra0 + per_block * b + i for b in range(1, n_layers)] or [first_block + i]
         rows.append((f"block (mean of {len(idx)}): {name}", us[:, idx].mean(axis=1)))
-    k = first_block + per_block * n_layers
+    k = first_block + extra0 + per_block * n_layers
     rows.append(("final norm (t0), head rotation wait", us[:, k]))
     rows.append(("head products, last pools (each thread a part)", us[:, k + 1]))
     return rows, us
@@ -74,6 +74,9 @@ def main(argv):
     else:
         from bench_model import archive_path
         path = archive_path(bits)
+    if threads >= _model.mlp_team_min():
+        raise SystemExit(f"{threads} threads split the MLP (NEEDLE_CY_MLP_TEAM={_model.mlp_team_min()}): "
+                         "its meetings are not named here")
     m = Model.load(path, threads=threads)
     cfg = m.config
     ids = np.random.default_rng(0).integers(4, min(16000, m.vocab_size), size=context + steps + 8)
@@ -88,7 +91,8 @@ def main(argv):
     ns, n = _model.barrier_profile()
     if n != steps:
         raise SystemExit(f"profiled {n} regions for {steps} steps: is threads > 1 and the model a full one?")
-    rows, us = phase_table(ns, n, cfg.num_engram_sites, cfg.num_layers, threads)
+    rows, us = phase_table(ns, n, cfg.num_engram_sites, cfg.num_layers, threads,
+                           extra0=int(0 in tuple(cfg.engram_sites)))
     print(f"decode {bits}-bit after {context}, {threads} threads: {wall * 1e6:.0f} µs a step wall "
           f"({1 / wall:.0f} tok/s), {us[0].sum():.0f} µs in the region on thread 0")
     head = " | ".join(f"t{t} work  wait" for t in range(threads))

@@ -1550,14 +1550,13 @@ cdef class CythonEngine:
         per-token operations run on thread 0;
         every value is computed as on one thread, so the logits are the same bits at any
         thread count.
-        The probe pools of block l's cell run on the last thread, in four parts beside
-        thread 0's four serial steps of block l + 1 (router input, router weights and block
-        input, gate, MLP input; the cell is next written by block l + 1's lane update); the
-        last cell's pools run after the head's products."""
+        The probe pools of block l's cell run on the last thread beside thread 0's serial
+        start of block l + 1 (router input, Φ, router weights, block input; the cell is
+        next written by block l + 1's lane update); the last cell's pools run after the
+        head's products, shared by the team."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, K = self.K
         cdef Py_ssize_t gw = self.H * self.dv
         cdef Py_ssize_t l, kh, hd, s, c0, c1, n_pools
-        cdef Py_ssize_t pool_at[5]
         cdef SiteC* sc
         cdef Py_ssize_t rng[12]
         cdef int n_rng = 0
@@ -1586,21 +1585,15 @@ cdef class CythonEngine:
             nc_barrier_init(bar, nt)
         nc_team_barrier()
         nc_prof_begin(tid)       # (the opt-in meeting profile: barrier_profile)
-        # the (head, probe) pools of a cell cut in four consecutive parts, 4 : 5 : 1 : 2,
-        # roughly the time of thread 0's four serial steps they run beside (router input,
-        # router weights and block input, gate, MLP input: 1.9, 2.1, 0.6, 0.8 us at full
-        # size on Zen 4; in halves beside the first two, thread 0 waited ~1 us a block)
+        # the (head, probe) pools of a cell: all of them beside thread 0's serial start of
+        # the next block, 8-9 us at full size since the Φ run there (session 24; they had
+        # been cut in four parts beside four serial steps, with a meeting between each)
         n_pools = self._pool_count(n_heads)
-        pool_at[0] = 0
-        pool_at[1] = (4 * n_pools + 6) // 12
-        pool_at[2] = (9 * n_pools + 6) // 12
-        pool_at[3] = (10 * n_pools + 6) // 12
-        pool_at[4] = n_pools
         # engram sites (spec §4.4): input on thread 0, the key and value
         # products split by rows, the value conv on the last thread beside thread 0's
         # input of the next site (the conv reads s_evraw, which the next site's products
         # write only after the meeting of its rotation; its output is read by thread 0's
-        # _block_in, several meetings later)
+        # _block_in, several meetings later, or after one meeting more in block 0)
         for s in range(self.n_sites):
             sc = &self.sites[s]
             if tid == 0:
@@ -1628,8 +1621,9 @@ cdef class CythonEngine:
             # mHC router input and the three Φ products on thread 0 (spec §4.5): 24 rows at
             # full size, where a thread's share of 12 took less time than the rotation of
             # their 3072-wide input each thread made for it, and a meeting between (split
-            # by rows, the 2-thread decode read 0.99x of this); the previous cell's pools, in four
-            # parts, beside thread 0's four serial steps of this block (pool_at)
+            # by rows, the 2-thread decode read 0.99x of this); then the router weights and
+            # the block input, a = A8(ZCRMS(x)), with no meeting between: every one of them
+            # reads only what thread 0 wrote.  The previous cell's pools beside them.
             if tid == 0:
                 self._router_input(0)
                 if lc.phi_shared:
@@ -1640,17 +1634,17 @@ cdef class CythonEngine:
                     _project_shared(&lc.phi_pre, &lc.phi_pre, self.s_nx, 1, nd, phi, 0, mine, 1)
                     _project(&lc.phi_post, self.s_nx, 1, nd, phi + n, 0, cqw, 1)
                     _project(&lc.phi_res, self.s_nx, 1, nd, phi + 2 * n, 0, cqw, 1)
-            if tid == nt - 1 and l > 0:
-                self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[0], pool_at[1], 1)
-            nc_pf_done(pf, ph)
-            ph += 1
-            nc_barrier_wait_pf(bar, pf)
-            # router weights, block input, a = A8(ZCRMS(x)) and its rotation
+            if l == 0 and lc.site >= 0:
+                # the last site's value conv (last thread, after the sites' meetings) may be
+                # the one the first block's _block_in reads
+                nc_barrier_wait_pf(bar, pf)
             if tid == 0:
                 self._mhc_in(lc, 0)
                 self._block_in(lc, 0)
             if tid == nt - 1 and l > 0:
-                self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[1], pool_at[2], 1)
+                self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, n_pools, 1)
+            nc_pf_done(pf, ph)
+            ph += 1
             self._rotate_team(mine, pf, &lc.q_proj, self.s_a, tid, nt, bar)
             if lc.qkvg_shared:
                 self._qkvg_list(lc, ws, ys)
@@ -1684,8 +1678,6 @@ cdef class CythonEngine:
             nc_barrier_wait_pf(bar, pf)
             if tid == 0:
                 self._attend_gate(0)
-            if tid == nt - 1 and l > 0:
-                self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[2], pool_at[3], 1)
             self._rotate_team(mine, pf, &lc.out_proj, self.s_o, tid, nt, bar)
             ws[0] = &lc.out_proj
             ys[0] = self.s_ao
@@ -1694,13 +1686,12 @@ cdef class CythonEngine:
             ph += 1
             nc_barrier_wait_pf(bar, pf)
             # rest of the block: the Monarch MLP (split between the threads of a team of
-            # mlp_team or more, else on thread 0 alone); lanes, cell
+            # mlp_team or more, after a meeting that shows them its input; else on thread 0
+            # alone, right after it); lanes, cell
             if tid == 0:
                 self._mlp_input(lc, 0)
-            if tid == nt - 1 and l > 0:     # (the cell is next written by the lane update below)
-                self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, pool_at[3], pool_at[4], 1)
-            nc_barrier_wait_pf(bar, pf)
             if nt >= self.mlp_team:
+                nc_barrier_wait_pf(bar, pf)
                 monarch_mlp_c(self.s_a, d, self.N, self.R_cond, lc.d1, lc.d2, lc.b2, lc.d3, lc.d4,
                               lc.w1a, lc.w1b, lc.w2a, lc.w2b, lc.w3a, lc.w3b, self.ba, self.bb,
                               lc.cond_v, lc.cond_u, self.p1, self.p2, self.s_mlp_work,
@@ -1723,7 +1714,7 @@ cdef class CythonEngine:
         # them, ~5 us a step; on the last thread alone, after its share of the head, they
         # kept thread 0 waiting at the region's end)
         if logits == NULL:
-            self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, tid, pool_at[4], nt)
+            self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, tid, n_pools, nt)
         # output: final norm, A8, tied head (spec §4.9)
         if logits != NULL:
             if tid == 0:
@@ -1735,7 +1726,7 @@ cdef class CythonEngine:
             ys[0] = logits
             self._products(mine, ws, ys, 1, tid, nt)
             # the last cell's pools (s_cell is no longer written)
-            self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, tid, pool_at[4], nt)
+            self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, tid, n_pools, nt)
         nc_prof_end()
 
     cdef void _plan_prefetch(self, nc_pf_stream* s, int tid, int nt) noexcept nogil:

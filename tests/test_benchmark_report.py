@@ -182,21 +182,23 @@ def _load_profile_step_module():
     return mod
 
 
-def test_meeting_profile_names_every_meeting_once():
+@pytest.mark.parametrize("extra0", [0, 1])
+def test_meeting_profile_names_every_meeting_once(extra0):
     """profile_step.py's phase table: engram sites, the block phases (the mean over blocks
-    1..L-1), the head; each meeting of the step is read by exactly one row."""
+    1..L-1), the head; each meeting of the step is read by exactly one row (with the
+    meeting more of a block 0 that reads an engram site, or without)."""
     ps = _load_profile_step_module()
     n_sites, n_layers, threads = 2, 4, 2
-    meetings = 2 * n_sites + len(ps.BLOCK_PHASES) * n_layers + 2
+    meetings = 2 * n_sites + len(ps.BLOCK_PHASES) * n_layers + extra0 + 2
     ns = np.zeros((8, 1024, 2), np.int64)
     ns[:threads, :meetings, 0] = 1000 * np.arange(1, meetings + 1)      # meeting k: k+1 µs of work
     ns[:threads, :meetings, 1] = 500
-    rows, us = ps.phase_table(ns, 1, n_sites, n_layers, threads)
+    rows, us = ps.phase_table(ns, 1, n_sites, n_layers, threads, extra0=extra0)
     assert len(rows) == 2 * n_sites + len(ps.BLOCK_PHASES) + 2
     assert rows[0][1][0, 0] == 1.0 and rows[2 * n_sites - 1][1][1, 0] == 2 * n_sites
     first = 2 * n_sites
     for i in range(len(ps.BLOCK_PHASES)):                 # mean of blocks 1..L-1 of phase i
-        want = np.mean([first + len(ps.BLOCK_PHASES) * b + i + 1 for b in range(1, n_layers)])
+        want = np.mean([first + extra0 + len(ps.BLOCK_PHASES) * b + i + 1 for b in range(1, n_layers)])
         assert rows[first + i][1][0, 0] == pytest.approx(want)
     assert rows[-1][1][0, 0] == meetings and rows[-2][1][0, 0] == meetings - 1
     assert np.all(us[:, :meetings, 1] == 0.5)

@@ -337,6 +337,15 @@ def test_mlp_on_thread_zero_or_the_team_gives_the_same_step(archive_dir, monkeyp
     _assert_steps_equal_across_threads(path, ids)
 
 
+def test_a_site_at_block_zero_steps_the_same_on_every_thread_count(archive_dir):
+    """Block 0's input reads the last engram site's values, which the last thread convolves
+    after the sites' meetings: a meeting more there (_step_blocks), so 2 and 3 threads
+    still give the 1-thread logits bit for bit."""
+    path = archive(archive_dir, "site0_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
+                   qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(0,), global_layers=(1,))
+    _assert_steps_equal_across_threads(path, ids_for(300, 80, seed=10))
+
+
 def test_lut_kernel_in_the_model(archive_dir):
     """Deploy numerics on an AVX-512 CPU run the 2-bit matrices of >= LUT_MIN_ROWS rows
     by table lookup (avx512lut).  The logits are the same bits at 1, 2 and 3 threads and
