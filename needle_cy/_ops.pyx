@@ -20,12 +20,16 @@ cnp.import_array()
 
 cdef extern from *:
     """
-    /* _a8_level(v, s, qmax) * s: clip(rint(v/s), -qmax-1, qmax)·s (the vector loops' tail) */
-    static inline float nc_a8_one(float v, float s, float qmax) {
+    /* _a8_level(v, s, qmax): clip(rint(v/s), -qmax-1, qmax) (the vector loops' tails) */
+    static inline float nc_a8_level(float v, float s, float qmax) {
         float k = rintf(v / s);
         if (k < -qmax - 1.0f) k = -qmax - 1.0f;
         if (k > qmax) k = qmax;
-        return k * s;
+        return k;
+    }
+    /* _a8_level(v, s, qmax) * s */
+    static inline float nc_a8_one(float v, float s, float qmax) {
+        return nc_a8_level(v, s, qmax) * s;
     }
     #if defined(__AVX2__) && defined(__FMA__)
     #include <immintrin.h>
@@ -277,6 +281,23 @@ cdef extern from *:
         }
         for (; j < n; j++) x[j] = nc_a8_one(x[j], s, qmax);
     }
+    /* codes[j] = (int8) clip(rint(x[j]/s), -qmax-1, qmax), eight at a time: the scalar
+       loop's division, rounding and clip lane by lane; the integral floats go to int32
+       and their low bytes are kept (as the scalar conversion stores them) */
+    static inline void nc_a8_codes(const float* x, Py_ssize_t n, float s, float qmax, signed char* codes) {
+        const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-qmax - 1.0f), hi = _mm256_set1_ps(qmax);
+        const __m128i low_bytes = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+        Py_ssize_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m256 k = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + j), vs),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m256i ki = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, k)));
+            const __m128i a = _mm_shuffle_epi8(_mm256_castsi256_si128(ki), low_bytes);
+            const __m128i b = _mm_shuffle_epi8(_mm256_extracti128_si256(ki, 1), low_bytes);
+            _mm_storel_epi64((__m128i*)(codes + j), _mm_unpacklo_epi32(a, b));
+        }
+        for (; j < n; j++) codes[j] = (signed char)nc_a8_level(x[j], s, qmax);
+    }
     /* max |x[i]| (0 for n = 0; NaNs ignored, as the scalar comparison does) */
     static inline float nc_absmax(const float* x, Py_ssize_t n) {
         const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -482,6 +503,9 @@ cdef extern from *:
     }
     static inline void nc_a8_apply(float* x, Py_ssize_t n, float s, float qmax) {
         for (Py_ssize_t j = 0; j < n; j++) x[j] = nc_a8_one(x[j], s, qmax);
+    }
+    static inline void nc_a8_codes(const float* x, Py_ssize_t n, float s, float qmax, signed char* codes) {
+        for (Py_ssize_t j = 0; j < n; j++) codes[j] = (signed char)nc_a8_level(x[j], s, qmax);
     }
     /* portable: 4 independent accumulators so the adds pipeline */
     static inline float nc_dot(const float* a, const float* b, Py_ssize_t n) {
@@ -787,6 +811,7 @@ cdef extern from *:
     float nc_dot(const float* a, const float* b, Py_ssize_t n) noexcept nogil
     float nc_absmax(const float* x, Py_ssize_t n) noexcept nogil
     void nc_a8_apply(float* x, Py_ssize_t n, float s, float qmax) noexcept nogil
+    void nc_a8_codes(const float* x, Py_ssize_t n, float s, float qmax, int8_t* codes) noexcept nogil
     int nc_cond_logits(const float* m, Py_ssize_t d, const float* cond_v, Py_ssize_t R, float* logit) noexcept nogil
     int nc_cond_mix(const float* w, Py_ssize_t R, const float* cond_u, Py_ssize_t N,
                     float* c, Py_ssize_t i0, Py_ssize_t i1) noexcept nogil
@@ -856,10 +881,8 @@ cdef float a8_inplace(float* x, Py_ssize_t n, float qmax) noexcept nogil:
 cdef float a8_codes_c(const float* x, Py_ssize_t n, float qmax, int8_t* codes) noexcept nogil:
     """The codes and scale of a8_inplace (same arithmetic, so codes[j]·s is exactly
     the value a8_inplace leaves in x[j]).  Returns s."""
-    cdef Py_ssize_t j
     cdef float s = _a8_scale(x, n, qmax)
-    for j in range(n):
-        codes[j] = <int8_t>_a8_level(x[j], s, qmax)
+    nc_a8_codes(x, n, s, qmax, codes)  # _a8_level(x[j], s, qmax), eight at a time
     return s
 
 

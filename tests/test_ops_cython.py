@@ -187,6 +187,23 @@ def test_a8_codes_exact(rng, bits):
         cy.a8_codes(x, 9)
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 64, 100])
+def test_a8_codes_vector_loop_and_tail_round_ties_to_even(rng, n):
+    """a8_codes runs eight values at a time, then a scalar tail: every length gives the
+    reference's codes, ties (k + 0.5 steps) round to even, the clip holds at both ends."""
+    x = rng.normal(size=(6, n)).astype(np.float32) * 5
+    x[0, 0] = 127.0                                          # scale 1: the steps are exact
+    x[0, 1:] = (np.arange(1, n) % 9 - 4.5).astype(np.float32)   # ties: -4.5 .. 3.5
+    x[1] = -x[1]
+    codes, scales = cy.a8_codes(x)
+    want_codes, want_scales = ref.a8_codes(x)
+    np.testing.assert_array_equal(codes, want_codes)
+    np.testing.assert_array_equal(scales, want_scales)
+    if n > 1:
+        assert codes[0, 0] == 127 and codes[0, 1] == -4     # -3.5 rounds to -4
+    np.testing.assert_array_equal(codes * scales[:, None], cy.a8(x))
+
+
 # (6, 3, 48, 64) and (12, 2, 48, 64): the vector paths (dv a multiple of 16, G ≤ 6 / > 6 heads
 # per block); (4, 2, 18, 24), (2, 1, 7, 12): key widths that leave a partial quad, scalar P·V
 @pytest.mark.parametrize("H,K,dq,dv", [(4, 2, 18, 24), (2, 1, 7, 12), (6, 3, 48, 64), (12, 2, 48, 64),
