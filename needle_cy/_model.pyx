@@ -1559,7 +1559,7 @@ cdef class CythonEngine:
         cdef Py_ssize_t l, kh, hd, s, c0, c1, n_pools
         cdef SiteC* sc
         cdef Py_ssize_t rng[12]
-        cdef int n_rng = 0
+        cdef int n_rng = 0, mt, mn
         cdef float* cqw = self.s_cq_work
         cdef float* phi = self.s_phi
         cdef LayerC* lc
@@ -1664,10 +1664,8 @@ cdef class CythonEngine:
             # way into the attention (the stream asks for them while the thread waits;
             # with both, these calls cost 3.7 % of a 2-thread step's samples for nothing)
             if pf == NULL:
-                if nt >= self.mlp_team:
-                    self._prefetch_mlp(lc, tid, nt)
-                elif tid == 0:
-                    self._prefetch_mlp(lc, 0, 1)
+                if self._mlp_share(tid, nt, &mt, &mn):
+                    self._prefetch_mlp(lc, mt, mn)
                 if tid == 0 and l + 1 < self.L and self.layers[l + 1].phi_shared:   # thread 0's
                     self._phi_list(&self.layers[l + 1], ws, ys)
                     self._prefetch_products(ws, 3, 0, 1)
@@ -1729,6 +1727,16 @@ cdef class CythonEngine:
             self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, tid, n_pools, nt)
         nc_prof_end()
 
+    cdef inline bint _mlp_share(self, int tid, int nt, int* mt, int* mn) noexcept nogil:
+        """Whether thread tid of an nt-thread decode step reads the Monarch MLP's floats,
+        and its share of them, part mt of mn: its own part where the team splits the MLP
+        (mlp_team_min), all of them on thread 0 where it runs the MLP alone."""
+        if nt >= self.mlp_team:
+            mt[0], mn[0] = tid, nt
+            return True
+        mt[0], mn[0] = 0, 1
+        return tid == 0
+
     cdef void _plan_prefetch(self, nc_pf_stream* s, int tid, int nt) noexcept nogil:
         """Thread tid's prefetch stream for a decode step of nt threads: the weights it
         reads, in the order _step_blocks reads them, one phase per product list and per
@@ -1771,13 +1779,8 @@ cdef class CythonEngine:
             ws[0] = &lc.out_proj
             self._pf_add_list(s, ws, 1, tid, nt, ph)
             ph += 1
-            # the MLP's floats: this thread's share of each array where the team splits
-            # the MLP, all of them on thread 0 where it runs the MLP alone
-            if nt >= self.mlp_team:
-                mt, mn = tid, nt
-            else:
-                mt, mn = 0, 1
-            if nt >= self.mlp_team or tid == 0:
+            # the MLP's floats: this thread's share of each array (_mlp_share)
+            if self._mlp_share(tid, nt, &mt, &mn):
                 _pf_add_share(s, lc.cond_v, self.d * self.R_cond, mt, mn, ph)
                 _pf_add_share(s, lc.cond_u, self.R_cond * N, mt, mn, ph)
                 _pf_add_share(s, lc.d1, N, mt, mn, ph)
