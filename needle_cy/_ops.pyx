@@ -20,14 +20,15 @@ cnp.import_array()
 
 cdef extern from *:
     """
-    /* _a8_level(v, s, qmax): clip(rint(v/s), -qmax-1, qmax) (the vector loops' tails) */
+    /* The A8 level of v at scale s: clip(rint(v/s), -qmax-1, qmax); rintf rounds half to
+       even in the default rounding mode, like np.round (the vector loops' tails) */
     static inline float nc_a8_level(float v, float s, float qmax) {
         float k = rintf(v / s);
         if (k < -qmax - 1.0f) k = -qmax - 1.0f;
         if (k > qmax) k = qmax;
         return k;
     }
-    /* _a8_level(v, s, qmax) * s */
+    /* nc_a8_level(v, s, qmax) * s */
     static inline float nc_a8_one(float v, float s, float qmax) {
         return nc_a8_level(v, s, qmax) * s;
     }
@@ -267,31 +268,30 @@ cdef extern from *:
         }
         return 1;
     }
-    /* x[j] = clip(rint(x[j]/s), -qmax-1, qmax)·s: _a8_level's arithmetic on 8 lanes
-       (vdivps and round-to-nearest-even are the scalar divss and rintf; min/max in the
-       order that lets a NaN through, as the scalar comparisons do). */
+    /* nc_a8_level's arithmetic on the 8 lanes at x (vdivps and round-to-nearest-even are
+       the scalar divss and rintf; min/max in the order that lets a NaN through, as the
+       scalar comparisons do) */
+    static inline __m256 nc_a8_level8(const float* x, __m256 vs, __m256 lo, __m256 hi) {
+        const __m256 k = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x), vs),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        return _mm256_min_ps(hi, _mm256_max_ps(lo, k));
+    }
+    /* x[j] = nc_a8_level(x[j], s, qmax)·s, eight at a time */
     static inline void nc_a8_apply(float* x, Py_ssize_t n, float s, float qmax) {
         const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-qmax - 1.0f), hi = _mm256_set1_ps(qmax);
         Py_ssize_t j = 0;
-        for (; j + 8 <= n; j += 8) {
-            __m256 k = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + j), vs),
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            k = _mm256_min_ps(hi, _mm256_max_ps(lo, k));
-            _mm256_storeu_ps(x + j, _mm256_mul_ps(k, vs));
-        }
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(x + j, _mm256_mul_ps(nc_a8_level8(x + j, vs, lo, hi), vs));
         for (; j < n; j++) x[j] = nc_a8_one(x[j], s, qmax);
     }
-    /* codes[j] = (int8) clip(rint(x[j]/s), -qmax-1, qmax), eight at a time: the scalar
-       loop's division, rounding and clip lane by lane; the integral floats go to int32
-       and their low bytes are kept (as the scalar conversion stores them) */
+    /* codes[j] = (int8) nc_a8_level(x[j], s, qmax), eight at a time: the integral floats
+       go to int32 and their low bytes are kept (as the scalar conversion stores them) */
     static inline void nc_a8_codes(const float* x, Py_ssize_t n, float s, float qmax, signed char* codes) {
         const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-qmax - 1.0f), hi = _mm256_set1_ps(qmax);
         const __m128i low_bytes = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
         Py_ssize_t j = 0;
         for (; j + 8 <= n; j += 8) {
-            __m256 k = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + j), vs),
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            const __m256i ki = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, k)));
+            const __m256i ki = _mm256_cvtps_epi32(nc_a8_level8(x + j, vs, lo, hi));
             const __m128i a = _mm_shuffle_epi8(_mm256_castsi256_si128(ki), low_bytes);
             const __m128i b = _mm_shuffle_epi8(_mm256_extracti128_si256(ki, 1), low_bytes);
             _mm_storel_epi64((__m128i*)(codes + j), _mm_unpacklo_epi32(a, b));
@@ -859,22 +859,11 @@ cdef inline float _a8_scale(const float* x, Py_ssize_t n, float qmax) noexcept n
     return amax / qmax if amax > 0 else <float>1.0
 
 
-cdef inline float _a8_level(float v, float s, float qmax) noexcept nogil:
-    """clip(rint(v/s), -qmax-1, qmax): ``rintf`` rounds half to even in the default
-    rounding mode, like ``np.round``."""
-    cdef float k = rintf(v / s)
-    if k < -qmax - 1.0:
-        return -qmax - 1.0
-    if k > qmax:
-        return qmax
-    return k
-
-
 cdef float a8_inplace(float* x, Py_ssize_t n, float qmax) noexcept nogil:
     """Symmetric per-vector fake-quant: k = clip(rint(x/s), -qmax-1, qmax), x = k·s.
     Returns the scale s."""
     cdef float s = _a8_scale(x, n, qmax)
-    nc_a8_apply(x, n, s, qmax)        # _a8_level(x[j], s, qmax) * s, vectorised
+    nc_a8_apply(x, n, s, qmax)        # nc_a8_level(x[j], s, qmax) * s, vectorised
     return s
 
 
@@ -882,7 +871,7 @@ cdef float a8_codes_c(const float* x, Py_ssize_t n, float qmax, int8_t* codes) n
     """The codes and scale of a8_inplace (same arithmetic, so codes[j]·s is exactly
     the value a8_inplace leaves in x[j]).  Returns s."""
     cdef float s = _a8_scale(x, n, qmax)
-    nc_a8_codes(x, n, s, qmax, codes)  # _a8_level(x[j], s, qmax), eight at a time
+    nc_a8_codes(x, n, s, qmax, codes)  # nc_a8_level(x[j], s, qmax), eight at a time
     return s
 
 
