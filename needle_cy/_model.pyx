@@ -349,6 +349,21 @@ cdef inline bint _list_share(const CQView** ws, int count, int i, int tid, int n
     return True
 
 
+def _env_count(name, minimum, what):
+    """The integer in environment variable `name` (None when unset or blank); anything
+    else than an integer >= minimum is a ValueError naming the variable."""
+    env = os.environ.get(name)
+    if env is None or env.strip() == "":
+        return None
+    try:
+        n = int(env)
+    except ValueError:
+        n = minimum - 1
+    if n < minimum:
+        raise ValueError(f"{name} must be {what} >= {minimum}, got {env!r}")
+    return n
+
+
 def prefetch_ahead_bytes():
     """How far a decode step's waiting thread may prefetch beyond what it has read
     (prefetch_stream.h): ``NEEDLE_CY_PF_AHEAD`` bytes (0 turns the streams off), else
@@ -356,14 +371,8 @@ def prefetch_ahead_bytes():
     brings is still in L2 when read beside the step's other data.  On the Xeon of
     issue 18 (2 MB L2) 0.5, 1 and 1.5 MB measured alike (1.05-1.09x the step without
     streams)."""
-    env = os.environ.get("NEEDLE_CY_PF_AHEAD")
-    if env is not None and env.strip() != "":
-        try:
-            n = int(env)
-        except ValueError:
-            n = -1
-        if n < 0:
-            raise ValueError(f"NEEDLE_CY_PF_AHEAD must be a byte count >= 0, got {env!r}")
+    n = _env_count("NEEDLE_CY_PF_AHEAD", 0, "a byte count")
+    if n is not None:
         return n
     l2 = 0
     try:
@@ -395,16 +404,8 @@ def mlp_team_min():
     against 7.7 us on thread 0 alone, whose 2-thread decode then read 1.11x (2-bit) and
     1.07x (4-bit).  Three or more threads are not measured (the split stays there).
     The values are the same bits either way."""
-    env = os.environ.get("NEEDLE_CY_MLP_TEAM")
-    if env is not None and env.strip() != "":
-        try:
-            n = int(env)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"NEEDLE_CY_MLP_TEAM must be a thread count >= 1, got {env!r}")
-        return n
-    return 3
+    n = _env_count("NEEDLE_CY_MLP_TEAM", 1, "a thread count")
+    return 3 if n is None else n
 
 
 def barrier_profile():
@@ -1542,14 +1543,14 @@ cdef class CythonEngine:
         instead of one per product.
 
         Threads meet at a barrier (parallel_barrier.h) between dependent steps.  Every
-        thread rotates each product input into its own workspace (_rotate_team).  The engram and block CQ products are split by rows (_products; the three
-        short mHC Φ run on thread 0), the KV heads of the
-        attention go to thread kh mod nt, the Monarch MLP and the columns of the lane
-        update that follows it are split by rows (monarch_mlp_c's team form) in a team of
-        mlp_team_min() threads or more and run on thread 0 in a smaller one, and the other
-        per-token operations run on thread 0;
-        every value is computed as on one thread, so the logits are the same bits at any
-        thread count.
+        thread rotates each product input into its own workspace (_rotate_team).  The
+        engram and block CQ products are split by rows (_products; the three short mHC Φ
+        run on thread 0), the KV heads of the attention go to thread kh mod nt, the
+        Monarch MLP and the columns of the lane update that follows it are split by rows
+        (monarch_mlp_c's team form) in a team of mlp_team_min() threads or more and run
+        on thread 0 in a smaller one, and the other per-token operations run on thread
+        0; every value is computed as on one thread, so the logits are the same bits at
+        any thread count.
         The probe pools of block l's cell run on the last thread beside thread 0's serial
         start of block l + 1 (router input, Φ, router weights, block input; the cell is
         next written by block l + 1's lane update); the last cell's pools run after the
