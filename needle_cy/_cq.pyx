@@ -74,7 +74,12 @@ Three inner loops:
   to int16 at one power-of-two scale per token (reference.cq.lut_table_scale); one
   vpermw on the packed nibbles looks up 16 rows × 4 fields (two pairs' tables side by
   side), and vpdpwssd against ones (vpmaddwd + vpaddd without VNNI: ``lut_dot``) adds
-  them into exact int32 group sums.  The rows are re-laid out at load in 16-row
+  them into exact int32 group sums.  With AVX-512 VBMI the matvec splits each entry
+  into its low and high bytes (cq_lut_bytes.h): one vpermb looks up 16 rows × 4
+  nibbles from four nibbles' tables side by side, vpdpbusd against ones adds them, and
+  Σ q = 256·Σ hi + Σ lo is the same exact sum with 11 instructions per 16 rows × 8
+  nibbles instead of 16 (measured 1.18–1.38× on 768–3072-input matvecs, one thread,
+  session 25); the matmul keeps the int16 tiles.  The rows are re-laid out at load in 16-row
   blocks of interleaved dwords (``CQWeight.enable_lut``; a copy as large as the packed
   rows, on huge pages in the engine's ``LutArena``; the .cact mapping is left alone).
   Its own numerics (reference.cq.matmul_lut, bit for bit): per group
@@ -876,7 +881,8 @@ cdef extern from *:
     #if !defined(NC_CQ_HAVE_LUT)   /* no AVX-512: kernel 7 is never chosen, the layout never made */
     #define NC_CQ_HAVE_LUT 0
     static int nc_cq_lut_base(void) { return 0; }
-    static int nc_cql_vnni = 0;
+    static int nc_cql_dot = 0;
+    static int nc_cq_cpu_has_avx512vbmi(void) { return 0; }
     static void nc_cql_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_t rows, ptrdiff_t n_dw,
                                 const float* norms, ptrdiff_t norm_stride, ptrdiff_t n_groups,
                                 uint32_t* bits, float* pnorms) {}
@@ -975,7 +981,8 @@ cdef extern from *:
     int nc_cq_cpu_has_neon_dotprod() nogil
     int nc_cq_int_kernel
     int NC_CQ_HAVE_LUT
-    int nc_cql_vnni
+    int nc_cql_dot
+    int nc_cq_cpu_has_avx512vbmi() nogil
     int nc_cq_lut_base() noexcept nogil
     void nc_cql_relayout(const uint8_t* packed, Py_ssize_t row_bytes, Py_ssize_t rows, Py_ssize_t n_dw,
                          const float* norms, Py_ssize_t norm_stride, Py_ssize_t n_groups,
@@ -2381,21 +2388,36 @@ def lut_base_kernel():
     return _INT_NAMES.get(nc_cq_lut_base())
 
 
+_LUT_DOTS = ("bw", "vnni", "vbmi")     # nc_cql_dot's values 0, 1, 2 (cq_lut_kernel.h)
+
+
 def lut_dot(name=None):
-    """Which instantiation of the lookup rows runs (cq_lut_rows.h): 'vnni' (vpdpwssd) or
-    'bw' (vpmaddwd + vpaddd; the same bits); name: force one for a test ('vnni' only
-    where the CPU has it).  Returns the previous one (None without the lookup kernel)."""
+    """Which row loops of the lookups run: 'vbmi' (byte tables, vpermb + vpdpbusd;
+    cq_lut_bytes.h), 'vnni' (int16 tables, vpermw + vpdpwssd) or 'bw' (vpermw +
+    vpmaddwd + vpaddd; cq_lut_rows.h), all three the same bits; by default the first
+    this CPU has.  name: force one for a test or a comparison ('vnni' only where the CPU
+    has AVX-512 VNNI, 'vbmi' where it also has VBMI).  Returns the previous one (None
+    without the lookup kernel)."""
     if not (NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw()):
         return None
-    global nc_cql_vnni
-    if nc_cql_vnni < 0:
-        nc_cql_vnni = nc_cq_cpu_has_avx512vnni()
-    previous = "vnni" if nc_cql_vnni else "bw"
+    global nc_cql_dot
+    if nc_cql_dot < 0:
+        nc_cql_dot = 2 if nc_cq_cpu_has_avx512vbmi() else (1 if nc_cq_cpu_has_avx512vnni() else 0)
+    previous = _LUT_DOTS[nc_cql_dot]
     if name is not None:
-        if name not in ("vnni", "bw") or (name == "vnni" and not nc_cq_cpu_has_avx512vnni()):
-            raise ValueError(f"lut_dot: expected 'bw' or (with AVX-512 VNNI) 'vnni', got {name!r}")
-        nc_cql_vnni = 1 if name == "vnni" else 0
+        if not lut_dot_available(name):
+            raise ValueError(f"lut_dot: expected 'bw', 'vnni' (with AVX-512 VNNI) or 'vbmi' (with AVX-512 "
+                             f"VNNI and VBMI), got {name!r}")
+        nc_cql_dot = _LUT_DOTS.index(name)
     return previous
+
+
+def lut_dot_available(name):
+    """Whether this CPU (and build) can run the lookups' row loops `name` (see lut_dot)."""
+    if not (NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw()) or not isinstance(name, str):
+        return False
+    return {"bw": True, "vnni": bool(nc_cq_cpu_has_avx512vnni()),
+            "vbmi": bool(nc_cq_cpu_has_avx512vbmi())}.get(name, False)
 
 
 def kernel_name(a8=True):

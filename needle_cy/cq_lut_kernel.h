@@ -60,6 +60,25 @@
 #define NC_CQL_PF_BYTES 2048
 #endif
 
+/* Which row loops run, and so which table layout the tables take (read once, or set
+   by _cq.lut_dot for a test): NC_CQL_VBMI (cq_lut_bytes.h, byte tables) where the CPU
+   has AVX-512 VBMI and VNNI, else NC_CQL_VNNI (vpdpwssd), else NC_CQL_BW (vpmaddwd +
+   vpaddd); the last two read int16 tables (cq_lut_rows.h).  The same bits all three. */
+#define NC_CQL_BW 0
+#define NC_CQL_VNNI 1
+#define NC_CQL_VBMI 2
+static int nc_cq_cpu_has_avx512vbmi(void) {
+    return nc_cq_cpu_has_avx512vnni() && __builtin_cpu_supports("avx512vbmi");
+}
+static int nc_cql_dot = -1;
+static inline int nc_cql_dot_mode(void) {
+    if (nc_cql_dot < 0)
+        nc_cql_dot = nc_cq_cpu_has_avx512vbmi() ? NC_CQL_VBMI : (nc_cq_cpu_has_avx512vnni() ? NC_CQL_VNNI : NC_CQL_BW);
+    return nc_cql_dot;
+}
+/* the matmul's row loops: the int16 tables always (VBMI's take VNNI's, see cq_lut_bytes.h) */
+static inline int nc_cql_mm_dot(void) { return nc_cql_dot_mode() == NC_CQL_VBMI ? NC_CQL_VNNI : nc_cql_dot_mode(); }
+
 /* The lookup layout of a matrix of 2-bit fields (portable C; bits and pnorms zeroed
    by the caller, sized for ceil(rows/16) blocks).  packed: rows × row_bytes with
    row_bytes = 4·n_dw; norms: float32 rows × norm_stride. */
@@ -119,10 +138,11 @@ NC_CQL_FN float nc_cql_token_scale(const float* kf, ptrdiff_t n, const float* co
 }
 
 /* The int16 entries of the nibbles [0, n·fb/4) of a token at table scale S (kf[0:n], n
-   a multiple of 32/fb: whole dwords), in the layout above: nibble p is pair p (fields
-   2p, 2p+1) at fb 2, field p at fb 4. */
+   a multiple of 32/fb: whole dwords), in the layout above (bytes = 0) or split into
+   low and high bytes for the VBMI row loops (bytes = 1, cq_lut_bytes.h): nibble p is
+   pair p (fields 2p, 2p+1) at fb 2, field p at fb 4. */
 NC_CQL_AI void nc_cql_entries_at(const float* kf, ptrdiff_t n, const float* codebook, int fb, float S,
-                                 int16_t* out) {
+                                 int16_t* out, int bytes) {
     const __m512 vs = _mm512_set1_ps(S);
     const ptrdiff_t n_nib = fb == 2 ? n / 2 : n;
     float lo[16], hi[16];
@@ -130,27 +150,36 @@ NC_CQL_AI void nc_cql_entries_at(const float* kf, ptrdiff_t n, const float* code
     const __m512 cl = _mm512_loadu_ps(fb == 2 ? lo : codebook), ch = _mm512_loadu_ps(hi);
     for (ptrdiff_t p = 0; p < n_nib; p++) {
         const ptrdiff_t d = p / 8, k = p % 8;
-        int16_t* at = out + (d * 4 + (k & 3)) * 32 + (k >= 4 ? 16 : 0);
-        /* the tables were evicted by the weights streamed since they were last made:
-           ask for the lines 1 KB ahead, or each store waits for its line */
-        __builtin_prefetch(at + 512, 1, 3);
         const __m512 f = fb == 2
             ? _mm512_fmadd_ps(ch, _mm512_set1_ps(kf[2 * p + 1]), _mm512_mul_ps(cl, _mm512_set1_ps(kf[2 * p])))
             : _mm512_mul_ps(cl, _mm512_set1_ps(kf[p]));
-        _mm256_storeu_si256((__m256i*)at, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(f, vs))));
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(f, vs));
+        /* the tables were evicted by the weights streamed since they were last made:
+           ask for the lines 1 KB ahead, or each store waits for its line */
+        if (bytes) {
+            uint8_t* at = (uint8_t*)out + d * 256 + 128 * (k & 1) + 16 * (k >> 1);
+            __builtin_prefetch(at + 1024, 1, 3);
+            _mm_storeu_si128((__m128i*)at, _mm512_cvtepi32_epi8(q));
+            _mm_storeu_si128((__m128i*)(at + 64), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 8)));
+        } else {
+            int16_t* at = out + (d * 4 + (k & 3)) * 32 + (k >= 4 ? 16 : 0);
+            __builtin_prefetch(at + 512, 1, 3);
+            _mm256_storeu_si256((__m256i*)at, _mm512_cvtepi32_epi16(q));
+        }
     }
 }
 
 /* The tables of one token (kf[0:n], n = n_dw·32/fb): header and entries. */
-NC_CQL_AI void nc_cql_tables_inl(const float* kf, ptrdiff_t n, const float* codebook, int fb, float* tab) {
+NC_CQL_AI void nc_cql_tables_inl(const float* kf, ptrdiff_t n, const float* codebook, int fb, float* tab,
+                                 int bytes) {
     const float S = nc_cql_token_scale(kf, n, codebook, fb);
     for (int i = 0; i < 16; i++) tab[i] = 0.0f;
     tab[0] = 1.0f / S;                                   /* exact: a power of two */
-    nc_cql_entries_at(kf, n, codebook, fb, S, (int16_t*)(tab + 16));
+    nc_cql_entries_at(kf, n, codebook, fb, S, (int16_t*)(tab + 16), bytes);
 }
 
 NC_CQL_FN void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook, int fb, float* tab) {
-    nc_cql_tables_inl(kf, n, codebook, fb, tab);
+    nc_cql_tables_inl(kf, n, codebook, fb, tab, nc_cql_dot_mode() == NC_CQL_VBMI);
 }
 
 /* lanes [lo, hi) of a block whose first row is r */
@@ -175,18 +204,16 @@ static inline __mmask16 nc_cql_lanes(ptrdiff_t r, ptrdiff_t r0, ptrdiff_t r1) {
 #undef NC_CQL_RTGT
 #undef NC_CQL_DOT
 
-/* which instantiation runs: VNNI where the CPU has it (read once) */
-static int nc_cql_vnni = -1;
-static inline int nc_cql_use_vnni(void) {
-    if (nc_cql_vnni < 0) nc_cql_vnni = nc_cq_cpu_has_avx512vnni();
-    return nc_cql_vnni;
-}
+#include "cq_lut_bytes.h"
 
 /* y[r] for r0 ≤ r < r1 (one token; tab its tables, scale = s·descale). */
 static void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
                         int g, int fb, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
-    if (nc_cql_use_vnni()) nc_cql_rows_vnni(bits, pnorms, n_dw, n_groups, g, fb, tab, scale, r0, r1, y);
-    else nc_cql_rows_bw(bits, pnorms, n_dw, n_groups, g, fb, tab, scale, r0, r1, y);
+    switch (nc_cql_dot_mode()) {
+    case NC_CQL_VBMI: nc_cql_rows_vbmi(bits, pnorms, n_dw, n_groups, g, fb, tab, scale, r0, r1, y); break;
+    case NC_CQL_VNNI: nc_cql_rows_vnni(bits, pnorms, n_dw, n_groups, g, fb, tab, scale, r0, r1, y); break;
+    default: nc_cql_rows_bw(bits, pnorms, n_dw, n_groups, g, fb, tab, scale, r0, r1, y); break;
+    }
 }
 
 /* Rows r0 ≤ r < r1 of the nt ≤ NC_CQL_MM_TOKENS tokens whose tables nc_cql_tile_tables
@@ -194,10 +221,12 @@ static void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_d
 static void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
                              int g, int fb, const float* tab, int nt, const float* s, float descale,
                              ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
-    if (nc_cql_use_vnni())
-        nc_cql_tile_rows_vnni(bits, pnorms, n_dw, n_groups, g, fb, tab, nt, s, descale, r0, r1, Y, y_stride);
-    else
-        nc_cql_tile_rows_bw(bits, pnorms, n_dw, n_groups, g, fb, tab, nt, s, descale, r0, r1, Y, y_stride);
+    switch (nc_cql_mm_dot()) {
+    case NC_CQL_VNNI:
+        nc_cql_tile_rows_vnni(bits, pnorms, n_dw, n_groups, g, fb, tab, nt, s, descale, r0, r1, Y, y_stride); break;
+    default:
+        nc_cql_tile_rows_bw(bits, pnorms, n_dw, n_groups, g, fb, tab, nt, s, descale, r0, r1, Y, y_stride); break;
+    }
 }
 
 /* Tokens per tile whose tables fit in scratch_floats floats (0: not one token's). */
@@ -211,7 +240,7 @@ static inline ptrdiff_t nc_cql_tile_tokens(ptrdiff_t n_dw, ptrdiff_t scratch_flo
 NC_CQL_FN void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_t n_dw, const float* codebook,
                                   int fb, int nt, float* tab) {
     for (int t = 0; t < nt; t++)
-        nc_cql_tables_inl(kf + t * kf_stride, 32 / fb * n_dw, codebook, fb, tab + t * nc_cql_table_floats(n_dw));
+        nc_cql_tables_inl(kf + t * kf_stride, 32 / fb * n_dw, codebook, fb, tab + t * nc_cql_table_floats(n_dw), 0);
 }
 
 /* Y[t·y_stride + r] for r0 ≤ r < r1 and 0 ≤ t < n_tokens, from the tokens' rotated
@@ -235,12 +264,14 @@ NC_CQL_FN void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff
             const float* z = kf + t * kf_stride;
             const float S = nc_cql_token_scale(z, 32 / fb * n_dw, codebook, fb);
             const float scale = (s[t] * descale) * (1.0f / S);
-            if (nc_cql_use_vnni())
+            switch (nc_cql_mm_dot()) {
+            case NC_CQL_VNNI:
                 nc_cql_rows_by_group_vnni(bits, pnorms, n_dw, n_groups, g, fb, z, codebook, S, scale, r0, r1,
-                                          Y + t * y_stride, entries);
-            else
+                                          Y + t * y_stride, entries); break;
+            default:
                 nc_cql_rows_by_group_bw(bits, pnorms, n_dw, n_groups, g, fb, z, codebook, S, scale, r0, r1,
-                                        Y + t * y_stride, entries);
+                                        Y + t * y_stride, entries); break;
+            }
         }
         return;
     }

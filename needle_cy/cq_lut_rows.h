@@ -71,7 +71,7 @@ static __attribute__((target(NC_CQL_RTGT))) void NC_CQL_RFN(nc_cql_rows_by_group
         const float* nb = pnorms + rb * n_groups * 16;
         __m512 acc = _mm512_setzero_ps();
         for (ptrdiff_t gi = 0; gi < n_groups; gi++) {
-            nc_cql_entries_at(z + gi * g, g, codebook, fb, S, entries);
+            nc_cql_entries_at(z + gi * g, g, codebook, fb, S, entries, 0);
             acc = _mm512_fmadd_ps(_mm512_loadu_ps(nb + 16 * gi),
                                   NC_CQL_RFN(nc_cql_group)(wb + gi * dpg * 16, entries, dpg), acc);
         }

@@ -486,17 +486,21 @@ def test_lut_and_integer_views_share_an_input(lut_kernel):
                                           else _cq.matmul(W, inputs, a8=True))
 
 
-@pytest.mark.parametrize("dot", ["vnni", "bw"])
+@pytest.mark.parametrize("dot", ["vbmi", "vnni", "bw"])
 def test_lut_dot_instantiations_give_the_reference_bits(lut_kernel, dot):
-    """Both row loops of the lookups (vpdpwssd, or vpmaddwd + vpaddd without VNNI) sum
-    exact integers: the same bits as matmul_lut, matvec and matmul, 2 bits and ternary."""
+    """The three row loops of the lookups (byte tables with vpermb + vpdpbusd; int16
+    tables with vpdpwssd, or vpmaddwd + vpaddd without VNNI) sum exact integers: the
+    same bits as matmul_lut, matvec and matmul, 2 bits, ternary and 4 bits."""
     if dot == "vnni" and "avx512vnni" not in _cq.available_kernels():
         pytest.skip("CPU lacks AVX-512 VNNI: the vnni row loops cannot run here")
+    if dot == "vbmi" and not _cq.lut_dot_available("vbmi"):
+        pytest.skip("CPU lacks AVX-512 VBMI + VNNI: the vbmi row loops cannot run here")
     previous = _cq.lut_dot(dot)
     try:
         assert _cq.lut_dot() == dot
         rng = np.random.default_rng(77)
-        for bits, g, rows, cols, T in [(2, 64, 70, 768, 9), (5, 32, 65, 200, 5), (2, 256, 80, 600, 1)]:
+        for bits, g, rows, cols, T in [(2, 64, 70, 768, 9), (5, 32, 65, 200, 5), (2, 256, 80, 600, 1),
+                                       (4, 32, 96, 384, 6), (2, 16, 64, 96, 3)]:
             W = random_cq(rng, rows, cols, bits, g)
             X = a8(rng.standard_normal((T, cols)) * rng.uniform(0.01, 100, size=(T, 1)))
             want = ref.matmul_lut(W, X)
