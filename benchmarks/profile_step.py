@@ -37,14 +37,16 @@ BLOCK_PHASES = [
     "conv, RoPE, cache, attention (KV heads)",
     "gate, A8 (t0)",
     "out products",
-    "MLP input, Monarch MLP, lane update (t0)",
+    "MLP input, Monarch MLP, lane update (t0) | engram site parts (last)",
 ]
 SITE_PHASES = ["site input (t0) | previous value conv (last)", "key/value products"]
 
 
 def phase_table(ns, steps, n_sites, n_layers, threads, extra0=0):
     """Rows (name, [work, wait] per thread in µs per step), one per phase; ``extra0``:
-    the meeting block 0 adds where it reads an engram site (engram_sites holds 0)."""
+    the meeting block 0 adds where it reads an engram site (engram_sites holds 0);
+    n_sites: the sites with phases of their own before block 0 (0 where the last thread
+    runs them beside thread 0's MLPs: CythonEngine.sites_late)."""
     us = ns[:threads].astype(np.float64) / 1e3 / max(steps, 1)     # [threads, meetings, 2]
     rows = []
     k = 0
@@ -91,7 +93,8 @@ def main(argv):
     ns, n = _model.barrier_profile()
     if n != steps:
         raise SystemExit(f"profiled {n} regions for {steps} steps: is threads > 1 and the model a full one?")
-    rows, us = phase_table(ns, n, cfg.num_engram_sites, cfg.num_layers, threads,
+    own_sites = 0 if m.engine.sites_late else cfg.num_engram_sites
+    rows, us = phase_table(ns, n, own_sites, cfg.num_layers, threads,
                            extra0=int(0 in tuple(cfg.engram_sites)))
     print(f"decode {bits}-bit after {context}, {threads} threads: {wall * 1e6:.0f} µs a step wall "
           f"({1 / wall:.0f} tok/s), {us[0].sum():.0f} µs in the region on thread 0")

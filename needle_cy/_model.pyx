@@ -529,9 +529,27 @@ cdef class CythonEngine:
     cdef int* pf_planned            # [threads]: the team size its stream was planned for (0: not yet)
     cdef long long pf_ahead         # bytes a waiter may ask for beyond what it has read (0: no streams)
     cdef int mlp_team               # smallest team that splits a step's Monarch MLP (mlp_team_min)
+    cdef cnp.ndarray _site_plan_arr
+    cdef int* site_order            # [n_sites]: the sites by the first layer that reads them
+    cdef int* site_upto             # [L]: site parts (_site_part) done by the end of block l
+    cdef bint sites_late            # the site parts fit the last thread's MLP waits (_plan_sites)
     cdef Py_ssize_t mlp_work_len, row_len
     cdef int64_t* s_ctx      # [n_tok_hist + CH] token context
     cdef cnp.ndarray _ctx_arr
+
+    @property
+    def sites_late(self):
+        """Whether a decode step of a team smaller than mlp_team_min() runs the engram
+        sites on its last thread, beside thread 0's Monarch MLP (_plan_sites): every
+        site is read after block 0."""
+        return bool(self.sites_late)
+
+    @property
+    def site_plan(self):
+        """(site_order, site_upto) of _plan_sites: the sites by the first layer that reads
+        them, and per block the engram site parts done by its end."""
+        S, L = self.n_sites, self.L
+        return (tuple(self.site_order[i] for i in range(S)), tuple(self.site_upto[l] for l in range(L)))
 
     @property
     def run_threads(self):
@@ -737,6 +755,7 @@ cdef class CythonEngine:
             self._check_view(sc.key_proj, self.d, self.NT * self.sub, f"engram site {i} key_proj")
             self._check_view(sc.value_proj, self.d, self.NT * self.sub, f"engram site {i} value_proj")
             sc.taps = self._f32(np.asarray(site.taps).reshape(self.e_taps, self.d))
+        self._plan_sites(w)
         self._check_view(self.emb, self.V, self.d, "embedding")
         if self.V_out > self.V:
             raise ValueError(f"out_vocab {self.V_out} exceeds vocab {self.V}")
@@ -880,6 +899,35 @@ cdef class CythonEngine:
         self.pf_planned = <int*>(pf_base + T * pf_bytes)
         self.pf_ahead = prefetch_ahead_bytes()
         self.mlp_team = mlp_team_min()
+
+    cdef _plan_sites(self, w):
+        """When a decode step's team leaves the Monarch MLP to thread 0 (smaller than
+        mlp_team_min), the last thread waits through it in every block; it runs the
+        engram sites there instead of in phases of their own before block 0 (_step_blocks).
+        A site is two parts (_site_part): its input and key product, then its value
+        product and value conv.  The parts go in the order of the first layer that reads
+        each site, one a block (more where a site's layer comes sooner), all of a site's
+        done by the end of the block before its layer: site_upto[l] parts by block l.
+        sites_late: every site is read after block 0 (a site read by block 0 keeps the
+        phases before it)."""
+        cdef Py_ssize_t L = self.L, S = self.n_sites, l, i
+        first = {}
+        for l, layer in enumerate(w.layers):
+            if layer.engram_site is not None:
+                first.setdefault(int(layer.engram_site), l)
+        order = sorted(range(S), key=lambda site: (first.get(site, L), site))   # never read: by the end
+        layer_of = [first.get(site, L) for site in order]
+        self._site_plan_arr = np.zeros(max(1, S) + max(1, L), np.int32)
+        self.site_order = <int*>cnp.PyArray_DATA(self._site_plan_arr)
+        self.site_upto = self.site_order + max(1, S)
+        upto = 0
+        for i in range(S):
+            self.site_order[i] = order[i]
+        for l in range(L):
+            due = 2 * sum(1 for at in layer_of if at <= l + 1)
+            upto = min(2 * S, max(upto + 1, due))
+            self.site_upto[l] = upto
+        self.sites_late = S > 0 and L > 0 and min(layer_of) >= 1
 
     cdef Py_ssize_t _need_step(self, const CQView* v, Py_ssize_t work):
         """Grow a thread's one-token step workspace to fit matrix v."""
@@ -1203,7 +1251,7 @@ cdef class CythonEngine:
                 # (a decode step on several threads runs the sites in _step_blocks' region)
                 for s in range(0 if stepped else self.n_sites):
                     sc = &self.sites[s]
-                    self._engram_input(sc, T, pos0)
+                    self._engram_input(sc, T, pos0, self.s_row)
                     # keys and values read the same input: one rotation when their CQ layouts agree
                     cq_rotate(&sc.key_proj, self.s_e, T, NT * sub, cqw, cq_threads)
                     _project_shared(&sc.key_proj, &sc.key_proj, self.s_e, T, NT * sub,
@@ -1327,10 +1375,11 @@ cdef class CythonEngine:
                 _project(&self.emb_out, hid, T - first, d, logits, self.V_out, cqw, cq_threads)
         st.position += T
 
-    cdef void _engram_input(self, SiteC* sc, Py_ssize_t T, Py_ssize_t pos0) noexcept nogil:
+    cdef void _engram_input(self, SiteC* sc, Py_ssize_t T, Py_ssize_t pos0, float* row) noexcept nogil:
         """Site sc's input for the chunk's T tokens into s_e (spec §4.4): per token, the
         table row of each (order, head) n-gram hash that fits in the window (zeros
-        otherwise), A8 when quantized.  Reads the token context s_ctx."""
+        otherwise), A8 when quantized.  Reads the token context s_ctx; row: the calling
+        thread's dequantization scratch (its part of s_row)."""
         cdef Py_ssize_t NT = self.NT, sub = self.sub, t
         cdef int oi, e
         cdef float* ptr
@@ -1340,7 +1389,7 @@ cdef class CythonEngine:
                 for e in range(self.E):
                     ptr = self.s_e + t * NT * sub + (oi * self.E + e) * sub
                     if self._engram_row(oi, e, t, pos0, &row_id):
-                        cq_dequantize_row(&sc.tables, row_id, ptr, self.s_row)
+                        cq_dequantize_row(&sc.tables, row_id, ptr, row)
                     else:
                         memset(ptr, 0, sub * sizeof(float))
             if self.quant:
@@ -1560,7 +1609,9 @@ cdef class CythonEngine:
         cdef Py_ssize_t l, kh, hd, s, c0, c1, n_pools
         cdef SiteC* sc
         cdef Py_ssize_t rng[12]
-        cdef int n_rng = 0, mt, mn
+        cdef int n_rng = 0, mt, mn, part = 0
+        # the engram sites in the last thread's waits through thread 0's MLP (_plan_sites)
+        cdef bint late = self.sites_late and 2 <= nt < self.mlp_team
         cdef float* cqw = self.s_cq_work
         cdef float* phi = self.s_phi
         cdef LayerC* lc
@@ -1595,10 +1646,10 @@ cdef class CythonEngine:
         # input of the next site (the conv reads s_evraw, which the next site's products
         # write only after the meeting of its rotation; its output is read by thread 0's
         # _block_in, several meetings later, or after one meeting more in block 0)
-        for s in range(self.n_sites):
+        for s in range(0 if late else self.n_sites):
             sc = &self.sites[s]
             if tid == 0:
-                self._engram_input(sc, 1, pos0)
+                self._engram_input(sc, 1, pos0, self.s_row)
             self._rotate_team(mine, pf, &sc.key_proj, self.s_e, tid, nt, bar)
             ws[0] = &sc.key_proj
             ys[0] = self.s_ekey + s * CHUNK_MAX * d
@@ -1705,6 +1756,11 @@ cdef class CythonEngine:
                               lc.cond_v, lc.cond_u, self.p1, self.p2, self.s_mlp_work,
                               self.s_mlp_work + 4 * self.N, self.s_ao, 0, 1, NULL, pf)
                 self._lane_update_cols(lc, 0, 0, d)
+            elif late and tid == nt - 1:
+                # the sites' parts due by this block, where this thread would wait
+                while part < self.site_upto[l]:
+                    self._site_part(part, mine, self.s_row + tid * self.row_len, pos0, vhist, ws, ys)
+                    part += 1
             nc_pf_done(pf, ph)
             ph += 1
             nc_barrier_wait_pf(bar, pf)
@@ -1727,6 +1783,26 @@ cdef class CythonEngine:
             # the last cell's pools (s_cell is no longer written)
             self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, tid, n_pools, nt)
         nc_prof_end()
+
+    cdef void _site_part(self, int part, float* mine, float* row, Py_ssize_t pos0, float* vhist,
+                         const CQView** ws, float** ys) noexcept nogil:
+        """Part `part` of a one-token step's engram sites, on one thread (_plan_sites):
+        part 2i is site site_order[i]'s input and key product, part 2i + 1 its value
+        product (the input rotated again: the thread's workspace held other products'
+        inputs between) and value conv.  The same values as the sites' own phases."""
+        cdef Py_ssize_t s = self.site_order[part // 2]
+        cdef SiteC* sc = &self.sites[s]
+        if part % 2 == 0:
+            self._engram_input(sc, 1, pos0, row)
+            ws[0] = &sc.key_proj
+            ys[0] = self.s_ekey + s * CHUNK_MAX * self.d
+        else:
+            ws[0] = &sc.value_proj
+            ys[0] = self.s_evraw
+        cq_rotate(ws[0], self.s_e, 1, ws[0].cols, mine, 1)
+        self._products(mine, ws, ys, 1, 0, 1)
+        if part % 2 == 1:
+            self._engram_values(s, sc, 1, pos0, vhist)
 
     cdef inline bint _mlp_share(self, int tid, int nt, int* mt, int* mn) noexcept nogil:
         """Whether thread tid of an nt-thread decode step reads the Monarch MLP's floats,
@@ -1753,8 +1829,10 @@ cdef class CythonEngine:
         cdef float* ys[4]
         cdef LayerC* lc
         cdef SiteC* sc
+        cdef bint late = self.sites_late and 2 <= nt < self.mlp_team
+        cdef int part = 0
         nc_pf_clear(s, self.pf_ahead)
-        for i in range(self.n_sites):
+        for i in range(0 if late else self.n_sites):
             sc = &self.sites[i]
             ws[0] = &sc.key_proj
             ws[1] = &sc.value_proj
@@ -1795,6 +1873,13 @@ cdef class CythonEngine:
                 _pf_add_share(s, lc.w3a, ba2, mt, mn, ph)
                 _pf_add_share(s, lc.w3b, bb2, mt, mn, ph)
                 _pf_add_share(s, lc.d4, N, mt, mn, ph)
+            elif late and tid == nt - 1:
+                # the sites' parts this thread runs there (_site_part: key, then value)
+                while part < self.site_upto[l]:
+                    sc = &self.sites[self.site_order[part // 2]]
+                    ws[0] = &sc.key_proj if part % 2 == 0 else &sc.value_proj
+                    self._pf_add_list(s, ws, 1, 0, 1, ph)
+                    part += 1
             ph += 1
         ws[0] = &self.emb_out
         self._pf_add_list(s, ws, 1, tid, nt, ph)

@@ -346,6 +346,39 @@ def test_a_site_at_block_zero_steps_the_same_on_every_thread_count(archive_dir):
     _assert_steps_equal_across_threads(path, ids_for(300, 80, seed=10))
 
 
+@pytest.mark.parametrize("sites", [(1,), (1, 2), (2, 3), (3,)])
+def test_engram_sites_beside_the_mlp_step_the_same(archive_dir, sites):
+    """A 2-thread decode step runs the engram sites on its last thread while thread 0
+    runs each block's Monarch MLP (_plan_sites: a site's input and key product, then its
+    value product and conv, all done by the block before the first layer that reads
+    it; 3 threads split the MLP and keep the sites' own phases): the 1-thread logits
+    bit for bit, for sites soon after one another, far apart and at the last layer."""
+    path = archive(archive_dir, "sites_" + "_".join(map(str, sites)), bits=2, d_model=256, num_heads=8,
+                   num_kv_heads=2, qk_head_dim=32, v_head_dim=32, layers=4, engram_sites=sites,
+                   global_layers=(1,))
+    m = Model.load(path, backend="cython", threads=2)
+    engine = m.engine
+    assert engine.sites_late
+    layer_of = {}
+    for l, layer in enumerate(m.weights.layers):
+        if layer.engram_site is not None:
+            layer_of.setdefault(layer.engram_site, l)
+    order, upto = engine.site_plan
+    assert order == tuple(sorted(layer_of, key=lambda s: (layer_of[s], s)))
+    assert list(upto) == sorted(upto) and upto[-1] == 2 * len(sites)
+    for i, s in enumerate(order):          # both parts of a site by the block before its layer
+        assert upto[layer_of[s] - 1] >= 2 * (i + 1)
+    assert all(b - a <= 2 for a, b in zip((0,) + upto, upto))   # one part a block where there is time
+    _assert_steps_equal_across_threads(path, ids_for(300, 70, seed=11))
+
+
+def test_a_site_at_block_zero_keeps_the_sites_phases(archive_dir):
+    """Block 0 reading a site leaves no block before it for the last thread's parts."""
+    path = archive(archive_dir, "site0_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
+                   qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(0,), global_layers=(1,))
+    assert not Model.load(path, backend="cython", threads=2).engine.sites_late
+
+
 def test_lut_kernel_in_the_model(archive_dir):
     """Deploy numerics on an AVX-512 CPU run the 2-bit matrices of >= LUT_MIN_ROWS rows
     by table lookup (avx512lut).  The logits are the same bits at 1, 2 and 3 threads and
