@@ -531,7 +531,7 @@ cdef class CythonEngine:
     cdef int mlp_team               # smallest team that splits a step's Monarch MLP (mlp_team_min)
     cdef cnp.ndarray _site_plan_arr
     cdef int* site_order            # [n_sites]: the sites by the first layer that reads them
-    cdef int* site_upto             # [L]: site parts (_site_part) done by the end of block l
+    cdef int* site_upto             # [2L]: site units (_site_unit) done by the end of window w
     cdef bint sites_late            # the site parts fit the last thread's MLP waits (_plan_sites)
     cdef Py_ssize_t mlp_work_len, row_len
     cdef int64_t* s_ctx      # [n_tok_hist + CH] token context
@@ -547,9 +547,10 @@ cdef class CythonEngine:
     @property
     def site_plan(self):
         """(site_order, site_upto) of _plan_sites: the sites by the first layer that reads
-        them, and per block the engram site parts done by its end."""
+        them, and per window of the last thread (2l: block l's start, 2l + 1: its MLP)
+        the engram site units done by its end."""
         S, L = self.n_sites, self.L
-        return (tuple(self.site_order[i] for i in range(S)), tuple(self.site_upto[l] for l in range(L)))
+        return (tuple(self.site_order[i] for i in range(S)), tuple(self.site_upto[w] for w in range(2 * L)))
 
     @property
     def run_threads(self):
@@ -902,32 +903,41 @@ cdef class CythonEngine:
 
     cdef _plan_sites(self, w):
         """When a decode step's team leaves the Monarch MLP to thread 0 (smaller than
-        mlp_team_min), the last thread waits through it in every block; it runs the
-        engram sites there instead of in phases of their own before block 0 (_step_blocks).
-        A site is two parts (_site_part): its input and key product, then its value
-        product and value conv.  The parts go in the order of the first layer that reads
-        each site, one a block (more where a site's layer comes sooner), all of a site's
-        done by the end of the block before its layer: site_upto[l] parts by block l.
+        mlp_team_min), the last thread waits in two places of every block: through
+        thread 0's serial start (router input, Φ, block input; beside the pools) and
+        through its MLP.  It runs the engram sites there instead of in phases of their
+        own before block 0 (_step_blocks).  A site is four units (_site_unit): its input
+        and its value conv (short: in a block's start), its key product and its value
+        product (one per MLP).  The units go in the order of the first layer that reads
+        each site and in the first window of their kind, except that all of a site's
+        units left run in the MLP of the block before that layer, its deadline:
+        site_upto[w] units by the end of window w (2l: block l's start, 2l + 1: its MLP).
         sites_late: every site is read after block 0 (a site read by block 0 keeps the
         phases before it)."""
-        cdef Py_ssize_t L = self.L, S = self.n_sites, l, i
+        cdef Py_ssize_t L = self.L, S = self.n_sites, i, win
         first = {}
         for l, layer in enumerate(w.layers):
             if layer.engram_site is not None:
                 first.setdefault(int(layer.engram_site), l)
         order = sorted(range(S), key=lambda site: (first.get(site, L), site))   # never read: by the end
-        layer_of = [first.get(site, L) for site in order]
-        self._site_plan_arr = np.zeros(max(1, S) + max(1, L), np.int32)
+        deadline = [2 * first.get(site, L) - 1 for site in order]               # its reader's last MLP
+        self._site_plan_arr = np.zeros(max(1, S) + max(1, 2 * L), np.int32)
         self.site_order = <int*>cnp.PyArray_DATA(self._site_plan_arr)
         self.site_upto = self.site_order + max(1, S)
-        upto = 0
         for i in range(S):
             self.site_order[i] = order[i]
-        for l in range(L):
-            due = 2 * sum(1 for at in layer_of if at <= l + 1)
-            upto = min(2 * S, max(upto + 1, due))
-            self.site_upto[l] = upto
-        self.sites_late = S > 0 and L > 0 and min(layer_of) >= 1
+        unit = 0
+        for win in range(2 * L):
+            mlp = win % 2 == 1
+            if mlp and unit < 4 * S and unit % 4 in (1, 2):
+                unit += 1                                  # a product in an MLP
+            elif not mlp:
+                while unit < 4 * S and unit % 4 in (0, 3):
+                    unit += 1                              # inputs and convs in a block's start
+            while unit < 4 * S and deadline[unit // 4] <= win:
+                unit += 1                                  # what is due
+            self.site_upto[win] = unit
+        self.sites_late = S > 0 and L > 0 and min(deadline) >= 1
 
     cdef Py_ssize_t _need_step(self, const CQView* v, Py_ssize_t work):
         """Grow a thread's one-token step workspace to fit matrix v."""
@@ -1609,7 +1619,7 @@ cdef class CythonEngine:
         cdef Py_ssize_t l, kh, hd, s, c0, c1, n_pools
         cdef SiteC* sc
         cdef Py_ssize_t rng[12]
-        cdef int n_rng = 0, mt, mn, part = 0
+        cdef int n_rng = 0, mt, mn, unit = 0
         # the engram sites in the last thread's waits through thread 0's MLP (_plan_sites)
         cdef bint late = self.sites_late and 2 <= nt < self.mlp_team
         cdef float* cqw = self.s_cq_work
@@ -1695,6 +1705,10 @@ cdef class CythonEngine:
                 self._block_in(lc, 0)
             if tid == nt - 1 and l > 0:
                 self._pool_tasks(l, self.s_cell, ids, 1, n_heads, pmax, pden, psum, 0, n_pools, 1)
+            if late and tid == nt - 1:
+                while unit < self.site_upto[2 * l]:        # engram site units (_plan_sites)
+                    self._site_unit(unit, mine, self.s_row + tid * self.row_len, pos0, vhist, ws, ys)
+                    unit += 1
             nc_pf_done(pf, ph)
             ph += 1
             self._rotate_team(mine, pf, &lc.q_proj, self.s_a, tid, nt, bar)
@@ -1757,10 +1771,10 @@ cdef class CythonEngine:
                               self.s_mlp_work + 4 * self.N, self.s_ao, 0, 1, NULL, pf)
                 self._lane_update_cols(lc, 0, 0, d)
             elif late and tid == nt - 1:
-                # the sites' parts due by this block, where this thread would wait
-                while part < self.site_upto[l]:
-                    self._site_part(part, mine, self.s_row + tid * self.row_len, pos0, vhist, ws, ys)
-                    part += 1
+                # engram site units (_plan_sites), where this thread would wait
+                while unit < self.site_upto[2 * l + 1]:
+                    self._site_unit(unit, mine, self.s_row + tid * self.row_len, pos0, vhist, ws, ys)
+                    unit += 1
             nc_pf_done(pf, ph)
             ph += 1
             nc_barrier_wait_pf(bar, pf)
@@ -1784,25 +1798,25 @@ cdef class CythonEngine:
             self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, tid, n_pools, nt)
         nc_prof_end()
 
-    cdef void _site_part(self, int part, float* mine, float* row, Py_ssize_t pos0, float* vhist,
+    cdef void _site_unit(self, int unit, float* mine, float* row, Py_ssize_t pos0, float* vhist,
                          const CQView** ws, float** ys) noexcept nogil:
-        """Part `part` of a one-token step's engram sites, on one thread (_plan_sites):
-        part 2i is site site_order[i]'s input and key product, part 2i + 1 its value
-        product (the input rotated again: the thread's workspace held other products'
-        inputs between) and value conv.  The same values as the sites' own phases."""
-        cdef Py_ssize_t s = self.site_order[part // 2]
+        """Unit `unit` of a one-token step's engram sites, on one thread (_plan_sites):
+        units 4i … 4i + 3 of site site_order[i] are its input, its key product, its value
+        product (the input rotated for each product: the thread's workspace holds other
+        products' inputs between) and its value conv.  The same values as the sites'
+        own phases."""
+        cdef Py_ssize_t s = self.site_order[unit // 4]
         cdef SiteC* sc = &self.sites[s]
-        if part % 2 == 0:
+        cdef int kind = unit % 4
+        if kind == 0:
             self._engram_input(sc, 1, pos0, row)
-            ws[0] = &sc.key_proj
-            ys[0] = self.s_ekey + s * CHUNK_MAX * self.d
-        else:
-            ws[0] = &sc.value_proj
-            ys[0] = self.s_evraw
-        cq_rotate(ws[0], self.s_e, 1, ws[0].cols, mine, 1)
-        self._products(mine, ws, ys, 1, 0, 1)
-        if part % 2 == 1:
+        elif kind == 3:
             self._engram_values(s, sc, 1, pos0, vhist)
+        else:
+            ws[0] = &sc.key_proj if kind == 1 else &sc.value_proj
+            ys[0] = self.s_ekey + s * CHUNK_MAX * self.d if kind == 1 else self.s_evraw
+            cq_rotate(ws[0], self.s_e, 1, ws[0].cols, mine, 1)
+            self._products(mine, ws, ys, 1, 0, 1)
 
     cdef inline bint _mlp_share(self, int tid, int nt, int* mt, int* mn) noexcept nogil:
         """Whether thread tid of an nt-thread decode step reads the Monarch MLP's floats,
@@ -1830,7 +1844,7 @@ cdef class CythonEngine:
         cdef LayerC* lc
         cdef SiteC* sc
         cdef bint late = self.sites_late and 2 <= nt < self.mlp_team
-        cdef int part = 0
+        cdef int unit = 0
         nc_pf_clear(s, self.pf_ahead)
         for i in range(0 if late else self.n_sites):
             sc = &self.sites[i]
@@ -1848,6 +1862,8 @@ cdef class CythonEngine:
             self._phi_list(lc, ws, ys)
             if tid == 0:            # (thread 0 runs the Φ products alone)
                 self._pf_add_list(s, ws, 3, 0, 1, ph)
+            elif late and tid == nt - 1:
+                unit = self._pf_add_site_units(s, unit, self.site_upto[2 * l], ph)
             ph += 1
             self._qkvg_list(lc, ws, ys)
             if lc.qkvg_shared:
@@ -1874,15 +1890,23 @@ cdef class CythonEngine:
                 _pf_add_share(s, lc.w3b, bb2, mt, mn, ph)
                 _pf_add_share(s, lc.d4, N, mt, mn, ph)
             elif late and tid == nt - 1:
-                # the sites' parts this thread runs there (_site_part: key, then value)
-                while part < self.site_upto[l]:
-                    sc = &self.sites[self.site_order[part // 2]]
-                    ws[0] = &sc.key_proj if part % 2 == 0 else &sc.value_proj
-                    self._pf_add_list(s, ws, 1, 0, 1, ph)
-                    part += 1
+                unit = self._pf_add_site_units(s, unit, self.site_upto[2 * l + 1], ph)
             ph += 1
         ws[0] = &self.emb_out
         self._pf_add_list(s, ws, 1, tid, nt, ph)
+
+    cdef int _pf_add_site_units(self, nc_pf_stream* s, int unit, int upto, int phase) noexcept nogil:
+        """The products among engram site units [unit, upto) (_site_unit) onto the last
+        thread's prefetch stream; returns upto."""
+        cdef const CQView* ws[1]
+        cdef SiteC* sc
+        while unit < upto:
+            if unit % 4 in (1, 2):
+                sc = &self.sites[self.site_order[unit // 4]]
+                ws[0] = &sc.key_proj if unit % 4 == 1 else &sc.value_proj
+                self._pf_add_list(s, ws, 1, 0, 1, phase)
+            unit += 1
+        return upto
 
     cdef void _pf_add_list(self, nc_pf_stream* s, const CQView** ws, int count, int tid, int nt,
                            int phase) noexcept nogil:

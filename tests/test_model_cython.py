@@ -349,9 +349,9 @@ def test_a_site_at_block_zero_steps_the_same_on_every_thread_count(archive_dir):
 @pytest.mark.parametrize("sites", [(1,), (1, 2), (2, 3), (3,)])
 def test_engram_sites_beside_the_mlp_step_the_same(archive_dir, sites):
     """A 2-thread decode step runs the engram sites on its last thread while thread 0
-    runs each block's Monarch MLP (_plan_sites: a site's input and key product, then its
-    value product and conv, all done by the block before the first layer that reads
-    it; 3 threads split the MLP and keep the sites' own phases): the 1-thread logits
+    runs each block's Monarch MLP and serial start (_plan_sites: a site's input, key
+    product, value product and conv, all done by the block before the first layer that
+    reads it; 3 threads split the MLP and keep the sites' own phases): the 1-thread logits
     bit for bit, for sites soon after one another, far apart and at the last layer."""
     path = archive(archive_dir, "sites_" + "_".join(map(str, sites)), bits=2, d_model=256, num_heads=8,
                    num_kv_heads=2, qk_head_dim=32, v_head_dim=32, layers=4, engram_sites=sites,
@@ -365,10 +365,11 @@ def test_engram_sites_beside_the_mlp_step_the_same(archive_dir, sites):
             layer_of.setdefault(layer.engram_site, l)
     order, upto = engine.site_plan
     assert order == tuple(sorted(layer_of, key=lambda s: (layer_of[s], s)))
-    assert list(upto) == sorted(upto) and upto[-1] == 2 * len(sites)
-    for i, s in enumerate(order):          # both parts of a site by the block before its layer
-        assert upto[layer_of[s] - 1] >= 2 * (i + 1)
-    assert all(b - a <= 2 for a, b in zip((0,) + upto, upto))   # one part a block where there is time
+    assert len(upto) == 2 * 4 and list(upto) == sorted(upto) and upto[-1] == 4 * len(sites)
+    for i, s in enumerate(order):          # a site's four units by the MLP before its layer
+        assert upto[2 * layer_of[s] - 1] >= 4 * (i + 1)
+    if sites == (3,):                      # time enough: each unit in the first window of its kind
+        assert upto == (1, 2, 2, 3, 4, 4, 4, 4)
     _assert_steps_equal_across_threads(path, ids_for(300, 70, seed=11))
 
 
