@@ -408,6 +408,20 @@ def mlp_team_min():
     return 3 if n is None else n
 
 
+def sites_late_mode():
+    """Whether a decode step of a team smaller than mlp_team_min() runs the engram sites
+    on its last thread beside thread 0's Monarch MLPs (CythonEngine._plan_sites):
+    ``NEEDLE_CY_SITES_LATE`` "1" where the archive allows it (no site read by block 0),
+    "0" never, "auto" (default) where moreover every site product has the lookup layout
+    (avx512lut): a 768×768 lookup product (7 µs alone on the Xeon of issue 18) fits the
+    MLP's 8 µs, where the 4-bit integer kernel's (24 µs) kept thread 0 waiting (2-thread
+    4-bit decode 0.97x; 2-bit 1.05-1.06x)."""
+    v = os.environ.get("NEEDLE_CY_SITES_LATE", "auto").strip().lower()
+    if v not in ("auto", "0", "1"):
+        raise ValueError(f"NEEDLE_CY_SITES_LATE: expected auto, 0 or 1, got {v!r}")
+    return v
+
+
 def barrier_profile():
     """The meeting profile of the one-region decode steps (_step_blocks) run since the
     last call, then reset: ``(ns, steps)`` with ns int64 [NC_PROF_THREADS, NC_PROF_MEETINGS,
@@ -540,8 +554,8 @@ cdef class CythonEngine:
     @property
     def sites_late(self):
         """Whether a decode step of a team smaller than mlp_team_min() runs the engram
-        sites on its last thread, beside thread 0's Monarch MLP (_plan_sites): every
-        site is read after block 0."""
+        sites on its last thread, beside thread 0's Monarch MLP (_plan_sites,
+        sites_late_mode)."""
         return bool(self.sites_late)
 
     @property
@@ -913,7 +927,8 @@ cdef class CythonEngine:
         units left run in the MLP of the block before that layer, its deadline:
         site_upto[w] units by the end of window w (2l: block l's start, 2l + 1: its MLP).
         sites_late: every site is read after block 0 (a site read by block 0 keeps the
-        phases before it)."""
+        phases before it), and sites_late_mode() agrees (by default: every site
+        product runs by table lookup, fast enough to fit the MLP)."""
         cdef Py_ssize_t L = self.L, S = self.n_sites, i, win
         first = {}
         for l, layer in enumerate(w.layers):
@@ -937,7 +952,12 @@ cdef class CythonEngine:
             while unit < 4 * S and deadline[unit // 4] <= win:
                 unit += 1                                  # what is due
             self.site_upto[win] = unit
-        self.sites_late = S > 0 and L > 0 and min(deadline) >= 1
+        mode = sites_late_mode()
+        lut = True
+        for i in range(S):
+            lut = lut and self.sites[i].key_proj.lut_bits != NULL and self.sites[i].value_proj.lut_bits != NULL
+        self.sites_late = (S > 0 and L > 0 and min(deadline) >= 1 and mode != "0"
+                           and (mode == "1" or lut))
 
     cdef Py_ssize_t _need_step(self, const CQView* v, Py_ssize_t work):
         """Grow a thread's one-token step workspace to fit matrix v."""

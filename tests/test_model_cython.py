@@ -347,7 +347,7 @@ def test_a_site_at_block_zero_steps_the_same_on_every_thread_count(archive_dir):
 
 
 @pytest.mark.parametrize("sites", [(1,), (1, 2), (2, 3), (3,)])
-def test_engram_sites_beside_the_mlp_step_the_same(archive_dir, sites):
+def test_engram_sites_beside_the_mlp_step_the_same(archive_dir, monkeypatch, sites):
     """A 2-thread decode step runs the engram sites on its last thread while thread 0
     runs each block's Monarch MLP and serial start (_plan_sites: a site's input, key
     product, value product and conv, all done by the block before the first layer that
@@ -356,6 +356,7 @@ def test_engram_sites_beside_the_mlp_step_the_same(archive_dir, sites):
     path = archive(archive_dir, "sites_" + "_".join(map(str, sites)), bits=2, d_model=256, num_heads=8,
                    num_kv_heads=2, qk_head_dim=32, v_head_dim=32, layers=4, engram_sites=sites,
                    global_layers=(1,))
+    monkeypatch.setenv("NEEDLE_CY_SITES_LATE", "1")      # on any CPU (auto: lookup products only)
     m = Model.load(path, backend="cython", threads=2)
     engine = m.engine
     assert engine.sites_late
@@ -373,11 +374,38 @@ def test_engram_sites_beside_the_mlp_step_the_same(archive_dir, sites):
     _assert_steps_equal_across_threads(path, ids_for(300, 70, seed=11))
 
 
-def test_a_site_at_block_zero_keeps_the_sites_phases(archive_dir):
-    """Block 0 reading a site leaves no block before it for the last thread's parts."""
+def test_a_site_at_block_zero_keeps_the_sites_phases(archive_dir, monkeypatch):
+    """Block 0 reading a site leaves no block before it for the last thread's units."""
     path = archive(archive_dir, "site0_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
                    qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(0,), global_layers=(1,))
+    monkeypatch.setenv("NEEDLE_CY_SITES_LATE", "1")
     assert not Model.load(path, backend="cython", threads=2).engine.sites_late
+
+
+def test_sites_late_follows_the_environment_and_the_kernel(archive_dir, monkeypatch):
+    """NEEDLE_CY_SITES_LATE: 0 never, 1 wherever the archive allows, auto (default) only
+    where the site products run by table lookup (avx512lut); a bad value is named."""
+    from needle_cy import _cq
+    from needle_cy._model import sites_late_mode
+    path = archive(archive_dir, "rows_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
+                   qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
+    monkeypatch.delenv("NEEDLE_CY_SITES_LATE", raising=False)
+    assert sites_late_mode() == "auto"
+    lut = _cq.kernel_name() == "avx512lut"
+    assert Model.load(path, backend="cython", threads=2).engine.sites_late == lut
+    path4 = archive(archive_dir, "rows4_d256", bits=4, d_model=256, num_heads=8, num_kv_heads=2,
+                    qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
+    assert not Model.load(path4, backend="cython", threads=2).engine.sites_late   # 4-bit: integer kernel
+    monkeypatch.setenv("NEEDLE_CY_SITES_LATE", "0")
+    assert not Model.load(path, backend="cython", threads=2).engine.sites_late
+    _assert_steps_equal_across_threads(path, ids_for(300, 60, seed=12))
+    monkeypatch.setenv("NEEDLE_CY_SITES_LATE", "1")
+    assert Model.load(path4, backend="cython", threads=2).engine.sites_late
+    _assert_steps_equal_across_threads(path4, ids_for(300, 60, seed=12))
+    for bad in ("yes", "2", ""):
+        monkeypatch.setenv("NEEDLE_CY_SITES_LATE", bad)
+        with pytest.raises(ValueError, match="NEEDLE_CY_SITES_LATE"):
+            sites_late_mode()
 
 
 def test_lut_kernel_in_the_model(archive_dir):
