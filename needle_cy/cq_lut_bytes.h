@@ -69,15 +69,7 @@ NC_CQB_FN void nc_cql_rows_vbmi(const uint32_t* bits, const float* pnorms, ptrdi
     const int dpg = g * fb / 32;
     const uint8_t* t = (const uint8_t*)nc_cql_entries(tab);
     const __m512 sc = _mm512_set1_ps(scale * tab[0]);
-    for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
-        const uint32_t* wb = bits + rb * n_dw * 16;
-        const float* nb = pnorms + rb * n_groups * 16;
-        __m512 acc = _mm512_setzero_ps();
-        for (ptrdiff_t gi = 0; gi < n_groups; gi++)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(nb + 16 * gi),
-                                  nc_cqb_group(wb + gi * dpg * 16, t + gi * dpg * 256, dpg), acc);
-        _mm512_mask_storeu_ps(y + 16 * rb, nc_cql_lanes(16 * rb, r0, r1), _mm512_mul_ps(acc, sc));
-    }
+    NC_CQL_ROW_BLOCKS(nc_cqb_group, t, dpg * 256)
 }
 
 #undef NC_CQB_FN

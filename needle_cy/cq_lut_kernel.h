@@ -188,6 +188,22 @@ static inline __mmask16 nc_cql_lanes(ptrdiff_t r, ptrdiff_t r0, ptrdiff_t r1) {
     return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
 }
 
+/* The row-block loop of one token's matvec, shared by the row loops of every instruction
+   set: per 16-row block, acc = fma(ν_γ, GROUP_SUMS(the group's first dword vector, its
+   first table entry, dpg), acc) over the groups γ in order, then y = acc · sc in lanes
+   [r0, r1).  Expects bits, pnorms, n_dw, n_groups, dpg, sc, r0, r1 and y in scope; t: the
+   token's entries, per_group: entries per group. */
+#define NC_CQL_ROW_BLOCKS(GROUP_SUMS, t, per_group)                                                  \
+    for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {                                             \
+        const uint32_t* wb = bits + rb * n_dw * 16;                                                 \
+        const float* nb = pnorms + rb * n_groups * 16;                                              \
+        __m512 acc = _mm512_setzero_ps();                                                           \
+        for (ptrdiff_t gi = 0; gi < n_groups; gi++)                                                 \
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(nb + 16 * gi),                                    \
+                                  GROUP_SUMS(wb + gi * dpg * 16, (t) + gi * (per_group), dpg), acc); \
+        _mm512_mask_storeu_ps(y + 16 * rb, nc_cql_lanes(16 * rb, r0, r1), _mm512_mul_ps(acc, sc));  \
+    }
+
 /* the row loops, once per instruction set (cq_lut_rows.h) */
 #define NC_CQL_SUF vnni
 #define NC_CQL_RTGT "avx512f,avx512bw,avx512vl,avx512vnni,prfchw"
@@ -284,6 +300,7 @@ NC_CQL_FN void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff
     }
 }
 
+#undef NC_CQL_ROW_BLOCKS
 #undef NC_CQL_FN
 #undef NC_CQL_AI
 #undef NC_CQL_TGT

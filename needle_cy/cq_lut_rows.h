@@ -46,15 +46,7 @@ static __attribute__((target(NC_CQL_RTGT))) void NC_CQL_RFN(nc_cql_rows)(
     const int dpg = g * fb / 32;
     const int16_t* t = nc_cql_entries(tab);
     const __m512 sc = _mm512_set1_ps(scale * tab[0]);
-    for (ptrdiff_t rb = r0 / 16; 16 * rb < r1; rb++) {
-        const uint32_t* wb = bits + rb * n_dw * 16;
-        const float* nb = pnorms + rb * n_groups * 16;
-        __m512 acc = _mm512_setzero_ps();
-        for (ptrdiff_t gi = 0; gi < n_groups; gi++)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(nb + 16 * gi),
-                                  NC_CQL_RFN(nc_cql_group)(wb + gi * dpg * 16, t + gi * dpg * 128, dpg), acc);
-        _mm512_mask_storeu_ps(y + 16 * rb, nc_cql_lanes(16 * rb, r0, r1), _mm512_mul_ps(acc, sc));
-    }
+    NC_CQL_ROW_BLOCKS(NC_CQL_RFN(nc_cql_group), t, dpg * 128)
 }
 
 /* nc_cql_rows without a token's tables: each group's entries made in `entries` (room
