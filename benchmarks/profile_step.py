@@ -35,8 +35,7 @@ BLOCK_PHASES = [
     "router input, Φ, router weights, block input (t0) | pools (last)",
     "q/k/v/gate products",
     "conv, RoPE, cache, attention (KV heads)",
-    "gate, A8 (t0)",
-    "out products",
+    "gate, A8, out products (each thread its own gate)",
     "MLP input, Monarch MLP, lane update (t0) | engram site parts (last)",
 ]
 SITE_PHASES = ["site input (t0) | previous value conv (last)", "key/value products"]

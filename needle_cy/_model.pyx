@@ -519,6 +519,7 @@ cdef class CythonEngine:
     cdef float* s_vc         # [CH, K·dv]
     cdef float* s_g          # [CH, H·dv]
     cdef float* s_o          # [CH, H·dv]
+    cdef float* s_gate_own   # [threads, H·dv]: each thread's gated copy of a step's s_o
     cdef float* s_ao         # [CH, d]
     cdef float* s_cell       # [CH, d]
     cdef float* s_x0         # [CH, d]
@@ -817,7 +818,8 @@ cdef class CythonEngine:
                  ("u", CH * d), ("x", CH * d), ("a", CH * d),
                  ("q", CH * self.H * self.dq), ("k", CH * self.K * self.dq), ("v", CH * self.K * self.dv),
                  ("qc", CH * self.H * self.dq), ("kc", CH * self.K * self.dq), ("vc", CH * self.K * self.dv),
-                 ("g", CH * self.H * self.dv), ("o", CH * self.H * self.dv), ("ao", CH * d),
+                 ("g", CH * self.H * self.dv), ("o", CH * self.H * self.dv),
+                 ("gate_own", T * ((self.H * self.dv + 15) // 16 * 16)), ("ao", CH * d),
                  ("cell", CH * d), ("x0", CH * d), ("e", CH * max(1, self.NT * self.sub)),
                  ("ekey", max(1, self.n_sites) * CH * d), ("evraw", CH * d),
                  ("eval", max(1, self.n_sites) * CH * d), ("hid", CH * d)]
@@ -884,6 +886,7 @@ cdef class CythonEngine:
         self.s_vc = base + <Py_ssize_t>ptrs["vc"]
         self.s_g = base + <Py_ssize_t>ptrs["g"]
         self.s_o = base + <Py_ssize_t>ptrs["o"]
+        self.s_gate_own = base + <Py_ssize_t>ptrs["gate_own"]
         self.s_ao = base + <Py_ssize_t>ptrs["ao"]
         self.s_cell = base + <Py_ssize_t>ptrs["cell"]
         self.s_x0 = base + <Py_ssize_t>ptrs["x0"]
@@ -1636,6 +1639,7 @@ cdef class CythonEngine:
         head's products, shared by the team."""
         cdef Py_ssize_t d = self.d, n = self.n, nd = self.n * self.d, K = self.K
         cdef Py_ssize_t gw = self.H * self.dv
+        cdef float* og               # this thread's gated attention output (_gate_into)
         cdef Py_ssize_t l, kh, hd, s, c0, c1, n_pools
         cdef SiteC* sc
         cdef Py_ssize_t rng[12]
@@ -1760,9 +1764,12 @@ cdef class CythonEngine:
                 self._group_step(lc, l, kh, pos0, conv_q, conv_k, conv_v, kv, rng, n_rng)
                 kh = kh + nt
             nc_barrier_wait_pf(bar, pf)
-            if tid == 0:
-                self._attend_gate(0)
-            self._rotate_team(mine, pf, &lc.out_proj, self.s_o, tid, nt, bar)
+            # o ⊙ σ(g) and A8 by every thread into its own copy, then rotated there: no
+            # meeting between (on thread 0 alone the team met again to read its output)
+            og = self.s_gate_own + tid * ((gw + 15) // 16 * 16)
+            memcpy(og, self.s_o, gw * sizeof(float))
+            self._gate_into(og)
+            cq_rotate(&lc.out_proj, og, 1, lc.out_proj.cols, mine, 1)
             ws[0] = &lc.out_proj
             ys[0] = self.s_ao
             self._products(mine, ws, ys, 1, tid, nt)
@@ -2286,6 +2293,13 @@ cdef class CythonEngine:
         mul_sigmoid_c(self.s_o + t * gw, self.s_g + t * gw, gw)
         if self.quant:
             a8_inplace(self.s_o + t * gw, gw, A8_QMAX)
+
+    cdef void _gate_into(self, float* o) noexcept nogil:
+        """_attend_gate of a one-token step's token on a copy o of its attention output."""
+        cdef Py_ssize_t gw = self.H * self.dv
+        mul_sigmoid_c(o, self.s_g, gw)
+        if self.quant:
+            a8_inplace(o, gw, A8_QMAX)
 
     cdef void _block_out(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
         """Rest of Block_l for token t (post-norm, gated residual, Monarch MLP), then
