@@ -547,8 +547,8 @@ cdef class CythonEngine:
     cdef cnp.ndarray _site_plan_arr
     cdef int* site_order            # [n_sites]: the sites by the first layer that reads them
     cdef int* site_upto             # [2L]: site units (_site_unit) done by the end of window w
-    cdef bint sites_late            # the site parts fit the last thread's MLP waits (_plan_sites)
-    cdef Py_ssize_t mlp_work_len, row_len
+    cdef bint sites_late            # the last thread runs the engram sites in its waits (_plan_sites)
+    cdef Py_ssize_t mlp_work_len, row_len, gate_own_len
     cdef int64_t* s_ctx      # [n_tok_hist + CH] token context
     cdef cnp.ndarray _ctx_arr
 
@@ -814,12 +814,13 @@ cdef class CythonEngine:
     cdef _alloc_scratch(self):
         cdef Py_ssize_t CH = CHUNK_MAX, d = self.d, n = self.n, T = self.threads
         cdef Py_ssize_t nd = n * d, work = 0, i, step = 0
+        self.gate_own_len = (self.H * self.dv + 15) // 16 * 16   # whole cache lines a thread
         sizes = [("lanes", CH * nd), ("nx", CH * nd), ("phi", CH * (2 * n + n * n)),
                  ("u", CH * d), ("x", CH * d), ("a", CH * d),
                  ("q", CH * self.H * self.dq), ("k", CH * self.K * self.dq), ("v", CH * self.K * self.dv),
                  ("qc", CH * self.H * self.dq), ("kc", CH * self.K * self.dq), ("vc", CH * self.K * self.dv),
                  ("g", CH * self.H * self.dv), ("o", CH * self.H * self.dv),
-                 ("gate_own", T * ((self.H * self.dv + 15) // 16 * 16)), ("ao", CH * d),
+                 ("gate_own", T * self.gate_own_len), ("ao", CH * d),
                  ("cell", CH * d), ("x0", CH * d), ("e", CH * max(1, self.NT * self.sub)),
                  ("ekey", max(1, self.n_sites) * CH * d), ("evraw", CH * d),
                  ("eval", max(1, self.n_sites) * CH * d), ("hid", CH * d)]
@@ -1766,9 +1767,9 @@ cdef class CythonEngine:
             nc_barrier_wait_pf(bar, pf)
             # o ⊙ σ(g) and A8 by every thread into its own copy, then rotated there: no
             # meeting between (on thread 0 alone the team met again to read its output)
-            og = self.s_gate_own + tid * ((gw + 15) // 16 * 16)
+            og = self.s_gate_own + tid * self.gate_own_len
             memcpy(og, self.s_o, gw * sizeof(float))
-            self._gate_into(og)
+            self._gate_into(og, self.s_g)
             cq_rotate(&lc.out_proj, og, 1, lc.out_proj.cols, mine, 1)
             ws[0] = &lc.out_proj
             ys[0] = self.s_ao
@@ -2290,16 +2291,14 @@ cdef class CythonEngine:
     cdef void _attend_gate(self, Py_ssize_t t) noexcept nogil:
         """o ⊙ σ(g), then A8 (spec §4.7 step 9) for chunk token t."""
         cdef Py_ssize_t gw = self.H * self.dv
-        mul_sigmoid_c(self.s_o + t * gw, self.s_g + t * gw, gw)
-        if self.quant:
-            a8_inplace(self.s_o + t * gw, gw, A8_QMAX)
+        self._gate_into(self.s_o + t * gw, self.s_g + t * gw)
 
-    cdef void _gate_into(self, float* o) noexcept nogil:
-        """_attend_gate of a one-token step's token on a copy o of its attention output."""
-        cdef Py_ssize_t gw = self.H * self.dv
-        mul_sigmoid_c(o, self.s_g, gw)
+    cdef void _gate_into(self, float* o, const float* g) noexcept nogil:
+        """o ⊙ σ(g), then A8, in place on one token's attention output o (s_o's row, or a
+        thread's own copy of it in a decode step)."""
+        mul_sigmoid_c(o, g, self.H * self.dv)
         if self.quant:
-            a8_inplace(o, gw, A8_QMAX)
+            a8_inplace(o, self.H * self.dv, A8_QMAX)
 
     cdef void _block_out(self, LayerC* lc, Py_ssize_t t) noexcept nogil:
         """Rest of Block_l for token t (post-norm, gated residual, Monarch MLP), then
