@@ -883,6 +883,7 @@ cdef extern from *:
     static int nc_cq_lut_base(void) { return 0; }
     static int nc_cql_dot = 0;
     static int nc_cq_cpu_has_avx512vbmi(void) { return 0; }
+    static inline int nc_cql_dot_mode(void) { return 0; }
     static void nc_cql_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_t rows, ptrdiff_t n_dw,
                                 const float* norms, ptrdiff_t norm_stride, ptrdiff_t n_groups,
                                 uint32_t* bits, float* pnorms) {}
@@ -983,6 +984,7 @@ cdef extern from *:
     int NC_CQ_HAVE_LUT
     int nc_cql_dot
     int nc_cq_cpu_has_avx512vbmi() nogil
+    int nc_cql_dot_mode() nogil
     int nc_cq_lut_base() noexcept nogil
     void nc_cql_relayout(const uint8_t* packed, Py_ssize_t row_bytes, Py_ssize_t rows, Py_ssize_t n_dw,
                          const float* norms, Py_ssize_t norm_stride, Py_ssize_t n_groups,
@@ -2401,9 +2403,7 @@ def lut_dot(name=None):
     if not (NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw()):
         return None
     global nc_cql_dot
-    if nc_cql_dot < 0:
-        nc_cql_dot = 2 if nc_cq_cpu_has_avx512vbmi() else (1 if nc_cq_cpu_has_avx512vnni() else 0)
-    previous = _LUT_DOTS[nc_cql_dot]
+    previous = _LUT_DOTS[nc_cql_dot_mode()]     # (the CPU's default on first use)
     if name is not None:
         if not lut_dot_available(name):
             raise ValueError(f"lut_dot: expected 'bw', 'vnni' (with AVX-512 VNNI) or 'vbmi' (with AVX-512 "
