@@ -161,7 +161,7 @@ def test_each_call_has_the_confidence_of_the_calls_up_to_it(tok):
 def test_confidence_arithmetic(tok):
     body = f"[{CALL_B}]"
     script = f"<tool_call>{body}"
-    ids = tok.encode(script, dummy_prefix=False)
+    ids = tok.encode(script, dummy_prefix=False, allowed_special="all")
     V = tok.vocab_size
     p_peak = math.exp(12.0) / (math.exp(12.0) + V - 1)
     # Make the 4th call token less certain: a rival at logit 11 (not allowed by the grammar

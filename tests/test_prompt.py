@@ -54,7 +54,7 @@ def test_multi_turn_tool_result_matches_fixture(tok, cases):
     call_text, results_text = rest.split("<|im_end|>\n", 1)[0] + "<|im_end|>", None
     body = re.search(r"<tool_call>(.*)</tool_call>", call_text).group(1)
     assert call_text == assistant_text("", json.loads(body))
-    conv.append_assistant(tok.encode(call_text, dummy_prefix=False), had_calls=True)
+    conv.append_assistant(tok.encode(call_text, dummy_prefix=False, allowed_special="all"), had_calls=True)
     results = json.loads(re.search(r"<tool_result>(.*)</tool_result>", rest).group(1))
     r = conv.tool_result_ids(results)
     conv.append_user(r)
@@ -85,7 +85,8 @@ def test_follow_up_query_and_reset(tok):
     second = conv.query_ids("again")
     assert tok.decode(second) == "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
     whole = [2] + tok.encode(conv.prefix_text + first_query_text("hi") + "<|im_end|>"
-                             + "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
+                             + "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n",
+                             allowed_special="all")
     assert conv.ids + second == whole
     conv.reset()
     assert conv.ids == conv.prefix_ids and conv.n_user_turns == 0
