@@ -60,21 +60,16 @@ def encode_template(tokenizer, parts, dummy_prefix: bool = False) -> list:
     ids, run = [], []
     first = True
 
-    def flush():
+    def flush(before_marker):
         nonlocal first
         text = "".join(run)
         run.clear()
-        if first and dummy_prefix:
-            first = False
-            if not text and tokenizer.add_dummy_prefix:
-                # The dummy "▁" in front of a leading marker is a segment of its own.
-                ids.extend(tokenizer.encode(" ", dummy_prefix=False))
-            else:
-                ids.extend(tokenizer.encode(text, dummy_prefix=True))
-            return
+        if first and dummy_prefix and before_marker and not text and tokenizer.add_dummy_prefix:
+            # The dummy "▁" in front of a leading marker is a segment of its own.
+            ids.extend(tokenizer.encode(" ", dummy_prefix=False))
+        elif text:
+            ids.extend(tokenizer.encode(text, dummy_prefix=first and dummy_prefix))
         first = False
-        if text:
-            ids.extend(tokenizer.encode(text, dummy_prefix=False))
 
     for part in parts:
         if isinstance(part, OutsideText):
@@ -82,11 +77,11 @@ def encode_template(tokenizer, parts, dummy_prefix: bool = False) -> list:
             continue
         for k, piece in enumerate(_TEMPLATE_MARKER.split(part)):
             if k % 2:           # a marker the template wrote
-                flush()
+                flush(True)
                 ids.append(tokenizer.marker_id(piece))
             elif piece:
                 run.append(piece)
-    flush()
+    flush(False)
     return ids
 
 
