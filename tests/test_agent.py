@@ -336,7 +336,7 @@ def test_bad_arguments_are_rejected(tok):
     with pytest.raises(ValueError, match="retrieval"):
         make_agent(tok, [""], retrieval="magic")
     with pytest.raises(FileNotFoundError, match="model archive not found"):
-        Needle("/nonexistent/model.cact")
+        Needle("/nonexistent/model.cact", tools=[set_light])
 
 
 # ----------------------------------------------------------------- property tests
