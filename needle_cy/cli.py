@@ -64,7 +64,20 @@ _TOOLS_FILE_SHAPE = (f"write the file as a JSON list of tool definitions [{_TOOL
 def load_tools(path, strict=False):
     """Tools from a JSON file: a list, ``{"tools": [...]}``, or call-me-maybe definitions.
     ``None`` → the tool catalogue shipped with the embedded model, when there is one.
-    ``strict``: a misspelt schema keyword is an error, not a warning."""
+    Validated (``strict``: a misspelt schema keyword is an error, not a warning)."""
+    from .toolspec import normalize_tools
+    tools = _tool_definitions(path)
+    normalize_tools(tools, strict=strict)        # validate before any model is loaded
+    return tools
+
+
+def _load_specs(path, strict):
+    """The commands' tools, normalised once (each warning about them shown once)."""
+    from .toolspec import normalize_tools
+    return normalize_tools(_tool_definitions(path), strict=strict)
+
+
+def _tool_definitions(path):
     if path is None:
         if not os.path.exists(DEFAULT_TOOLS_PATH):
             raise CliError("no --tools file given and no embedded tool catalogue is installed; "
@@ -92,8 +105,6 @@ def load_tools(path, strict=False):
             entry["parameters"] = _typed_parameters_to_schema(entry["parameters"])
         entry.pop("returns", None)
         tools.append(entry)
-    from .toolspec import normalize_tools
-    normalize_tools(tools, strict=strict)        # validate before any model is loaded
     return tools
 
 
@@ -224,7 +235,7 @@ def cmd_run(args):
     if not args.query.strip():
         raise CliError("the request is blank: give the text of a request, e.g. "
                        "needle-cy run \"lock the front door\"")
-    tools = load_tools(args.tools, args.strict)
+    tools = _load_specs(args.tools, args.strict)
     agent = _make_agent(args, tools)
     # Drawn only on a terminal: a phase line while the request is read and the model
     # reasons, then the calls as they are written.
@@ -316,7 +327,7 @@ def batch_record(prompt, response):
 
 
 def cmd_batch(args):
-    tools = load_tools(args.functions_definition, args.strict)
+    tools = _load_specs(args.functions_definition, args.strict)
     prompts = _read_json(args.input, "input")
     if not isinstance(prompts, list):
         raise CliError(f"input file {args.input} must hold a JSON list of prompts")
@@ -384,7 +395,7 @@ _LOOP_STOP_NOTES = {
 
 
 def cmd_chat(args):
-    tools = load_tools(args.tools, args.strict)
+    tools = _load_specs(args.tools, args.strict)
     agent = _make_agent(args, tools)
     for spec in agent.specs:         # JSON-Schema tools have no function: simulate them
         if spec.function is None:
@@ -480,7 +491,7 @@ def bench_rows(agent, queries):
 
 
 def cmd_bench(args):
-    tools = load_tools(args.tools, args.strict)
+    tools = _load_specs(args.tools, args.strict)
     agent = _make_agent(args, tools)
     queries = args.queries or BENCH_QUERIES
     rows = bench_rows(agent, queries)

@@ -573,7 +573,7 @@ def _report_misspelt(tool_name, found, strict):
         if strict:
             raise SchemaError(f"{problem}; correct the spelling")
         warnings.warn(f"{problem}; it is ignored, so nothing enforces it: correct the spelling "
-                      f"(strict=True makes this an error)", SchemaWarning,
+                      f"(strict=True, on the command line --strict, makes it an error)", SchemaWarning,
                       stacklevel=_outside_package_stacklevel())
 
 
