@@ -53,7 +53,8 @@ def test_mypy_types_the_public_api(tmp_path, request):
         "reveal_type(response['function_calls'])\n"
         "reveal_type(Model.load)\n"
         "wrong: int = agent\n")
-    cache = request.config.cache.mkdir("mypy") if request.config.cache is not None else tmp_path / "cache"
+    pytest_cache = getattr(request.config, "cache", None)       # absent under -p no:cacheprovider
+    cache = pytest_cache.mkdir("mypy") if pytest_cache is not None else tmp_path / "mypy-cache"
     env = dict(os.environ, MYPYPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-error-summary",
                            "--cache-dir", str(cache), str(snippet)],
