@@ -609,14 +609,14 @@ class NeedleTorch(nn.Module):
         if K != H:
             k = k.repeat_interleave(H // K, dim=1)
             v = v.repeat_interleave(H // K, dim=1)
+        # zero-padding q and k to v's width leaves every score as it was and lets PyTorch
+        # use its fused (flash) kernel, which needs equal head widths
+        pad = dv - dq if dv > dq else 0
+        qp, kp = (F.pad(q, (0, pad)), F.pad(k, (0, pad))) if pad else (q, k)
         if mask is None:
-            # zero-padding q and k to v's width leaves every score as it was and lets
-            # PyTorch use its fused (flash) causal kernel, which needs equal head widths
-            pad = dv - dq if dv > dq else 0
-            o = F.scaled_dot_product_attention(F.pad(q, (0, pad)), F.pad(k, (0, pad)), v,
-                                               is_causal=True, scale=dq ** -0.5)
+            o = F.scaled_dot_product_attention(qp, kp, v, is_causal=True, scale=dq ** -0.5)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
+            o = F.scaled_dot_product_attention(qp, kp, v, attn_mask=mask.to(q.dtype), scale=dq ** -0.5)
         o = o.transpose(1, 2).reshape(B, T, H * dv)
         o = o * torch.sigmoid(g)
         if quant:
