@@ -1,10 +1,13 @@
 """needle_cy: a Cython CPU engine for Needle tool-calling models.
 
 Public names are imported lazily so that importing the package is cheap and a
-module's heavy dependencies load only when used.
+module's heavy dependencies load only when used.  Type checkers see them through the
+``TYPE_CHECKING`` imports below (a module ``__getattr__`` alone makes every name ``Any``
+to mypy and pyright).
 """
 import os
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 # OpenMP waits spin briefly, then sleep.  A decode step runs ~70 short parallel
 # regions back to back: sleeping waits (OMP_WAIT_POLICY=passive) pay ~80 µs per
@@ -30,8 +33,18 @@ from .errors import (
     QueryExpansionError,
     SchemaError,
     TokenizerError,
+    SchemaWarning,
     UnsupportedSchemaError,
 )
+
+if TYPE_CHECKING:     # the same names as _LAZY (tests/test_api_surface.py checks they agree)
+    from .agent import Needle, extract
+    from .archive import Archive
+    from .envelope import ExecutedCall, Response, RunResponse
+    from .model import Model
+    from .threads import get_num_threads, set_num_threads
+    from .tokenizer import Tokenizer
+    from .toolspec import Field, home_tools, tool
 
 __version__ = "0.1.0"
 
@@ -41,6 +54,7 @@ _LAZY = {
     "Tokenizer": ("needle_cy.tokenizer", "Tokenizer"),
     "Needle": ("needle_cy.agent", "Needle"),
     "tool": ("needle_cy.toolspec", "tool"),
+    "home_tools": ("needle_cy.toolspec", "home_tools"),
     "Field": ("needle_cy.toolspec", "Field"),
     "extract": ("needle_cy.agent", "extract"),
     "set_num_threads": ("needle_cy.threads", "set_num_threads"),
@@ -61,6 +75,7 @@ __all__ = sorted(_LAZY) + [
     "NeedleError",
     "QueryExpansionError",
     "SchemaError",
+    "SchemaWarning",
     "TokenizerError",
     "UnsupportedSchemaError",
 ]

@@ -41,7 +41,7 @@ from .negation import negated_calls
 from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
 from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
                         rank_bm25, select_prefix)
-from .toolspec import ToolSpec, normalize_tool, normalize_tools
+from .toolspec import ToolSpec, home_tools, normalize_tool, normalize_tools
 
 __all__ = ["Needle", "extract", "DEFAULT_MODEL_PATH"]
 
@@ -130,6 +130,14 @@ class Needle:
     model_file: which ``.cact`` file of a folder or Hugging Face model (a relative path);
         by default the only one, else ``model.cact`` (``needle_cy.hub.pick_archive``).
     tools: functions (``@tool`` or plain), JSON-Schema dicts, JSON strings, pydantic models.
+        Left out (``None``): with ``model=None`` the smart-home catalogue the embedded
+        model was trained on (``needle_cy.home_tools()``); with any other model a
+        ``ValueError``, since a model calls only the tools it is given.  ``tools=[]`` is
+        allowed and declines every request.  The tools are checked here, before the model
+        loads: a malformed definition or a keyword the grammar cannot enforce raises
+        ``SchemaError`` / ``UnsupportedSchemaError`` naming the tool.
+    strict: a keyword that looks like a misspelt JSON-Schema keyword (``"maximun"``) raises
+        ``SchemaError`` instead of a ``SchemaWarning`` (``needle_cy.toolspec``).
     system: facts placed in the system block (``date: …; location: …``).
     auto_date: add today's ``date:`` fact as the official package does (spec §8.4); off
         by default so that prompts (and the prefix cache) are reproducible.
@@ -161,7 +169,7 @@ class Needle:
         (``_PrefixCheckpoints``); 0 turns this off.
     """
 
-    def __init__(self, model: ModelSource = None, tools: Any = (), system: Optional[str] = None,
+    def __init__(self, model: ModelSource = None, tools: Any = None, system: Optional[str] = None,
                  max_calls_per_turn: int = 4, tool_token_budget: Optional[int] = None,
                  max_retrieved_tools: Optional[int] = 5, retrieval: str = "auto",
                  reasoning_limit: int = 256, constrained: bool = True, threads: Optional[int] = None,
@@ -172,7 +180,7 @@ class Needle:
                  ground_values: bool = True, prefix_checkpoint_mb: float = 32,
                  query_expansion: Union[str, "os.PathLike[str]", QueryExpansion, None] = "default",
                  ground_notes: bool = True, negation_gate: bool = True,
-                 model_file: Optional[str] = None) -> None:
+                 model_file: Optional[str] = None, strict: bool = False) -> None:
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -182,8 +190,18 @@ class Needle:
         max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
         reasoning_limit = _int_at_least("reasoning_limit", reasoning_limit, 0)
         string_token_cap = _int_at_least("string_token_cap", string_token_cap, 0)
+        if tools is None:
+            if model is not None:
+                raise ValueError(
+                    "no tools given: pass tools=[...], the functions or JSON-Schema definitions "
+                    "the model may call (needle_cy.home_tools() is the embedded model's "
+                    "smart-home catalogue; tools=[] makes every request decline)")
+            tools = home_tools()
+        # Tools are checked before the model loads, so a bad schema fails fast.
+        self.specs = normalize_tools(list(tools) if isinstance(tools, (list, tuple)) else tools,
+                                     strict=strict)
+        _check_grammars(self.specs)
         self.model, self.tokenizer, self.model_path = _load(model, backend, threads, tokenizer, model_file)
-        self.specs = normalize_tools(list(tools) if isinstance(tools, (list, tuple)) else tools)
         self.tools = {s.name: s for s in self.specs}
         self.system = with_date_fact(system) if auto_date else system
         self.max_calls_per_turn = int(max_calls_per_turn)
@@ -700,6 +718,13 @@ class Needle:
         return self._active.names if self._active is not None else ()
 
 
+def _check_grammars(specs):
+    """Compile each tool's parameters now (cached for the turns), so that a keyword the
+    grammar cannot enforce fails at construction, naming the tool."""
+    from .grammar.tools import check_tools
+    check_tools([s.grammar_schema() for s in specs])
+
+
 def _compile_grammar(schemas, max_calls):
     from .grammar import compile_tools
     return compile_tools(schemas, max_calls=max_calls)
@@ -810,7 +835,7 @@ def extract(text: str, schema: Any, model: ModelSource = None, **kwargs: Any) ->
         schema = {"name": str(schema.get("title") or "extract").replace(" ", "_"),
                   "description": schema.get("description", "Extract the record from the text."),
                   "parameters": schema}
-    spec = normalize_tool(schema)
+    spec = normalize_tool(schema, strict=bool(kwargs.get("strict", False)))
     # A record is returned even from a negated sentence ("she doesn't eat meat" is a
     # fact to record), as the official engine does for extraction sessions.
     kwargs.setdefault("negation_gate", False)

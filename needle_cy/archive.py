@@ -382,21 +382,28 @@ def _dtype_nbytes(dtype, shape, group_size=0, bits=0):
 # Reader
 
 
+# What to do about a malformed archive, appended to every CactFormatError of the reader.
+CUT_SHORT = ("the file is cut short (an interrupted download or copy?): download or copy it "
+             "again in full")
+DAMAGED = ("the file is damaged or was not written as a Needle 3 .cact archive: download it "
+           "or export it again")
+
+
 class _Fail:
-    """Builds CactFormatError messages with a consistent 'where: what' shape."""
+    """Builds CactFormatError messages with a consistent 'where: what; what to do' shape."""
 
     def __init__(self, source):
         self.source = source
 
-    def header(self, name, msg):
-        raise CactFormatError(f"{self.source}: header field {name}: {msg}")
+    def header(self, name, msg, fix=DAMAGED):
+        raise CactFormatError(f"{self.source}: header field {name}: {msg}; {fix}")
 
-    def record(self, rec_index, role, msg):
+    def record(self, rec_index, role, msg, fix=DAMAGED):
         where = f"record {rec_index}" + (f" ({role})" if role else "")
-        raise CactFormatError(f"{self.source}: {where}: {msg}")
+        raise CactFormatError(f"{self.source}: {where}: {msg}; {fix}")
 
-    def file(self, msg):
-        raise CactFormatError(f"{self.source}: {msg}")
+    def file(self, msg, fix=DAMAGED):
+        raise CactFormatError(f"{self.source}: {msg}; {fix}")
 
 
 def _codebook_group(cb4):
@@ -437,7 +444,7 @@ class Archive:
             # Safety net: every check above should have caught the problem with a precise
             # message; if one slipped through, still report a format error, never a crash.
             raise CactFormatError(f"{source}: malformed archive (safety net): {type(exc).__name__} "
-                                  f"while validating the file: {exc}") from exc
+                                  f"while validating the file: {exc}; {DAMAGED}") from exc
 
     # construction ------------------------------------------------------------------
     @classmethod
@@ -447,7 +454,7 @@ class Archive:
         size = path.stat().st_size
         if size < HEADER_BYTES:
             raise CactFormatError(
-                f"{path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte header")
+                f"{path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte header; {CUT_SHORT}")
         # copy-on-write mapping: views are writable for Cython memoryviews, the file is never touched
         data = np.memmap(path, dtype=np.uint8, mode="c")
         return cls(data.view(np.ndarray), source=str(path), path=path)
@@ -458,7 +465,8 @@ class Archive:
         buf = np.frombuffer(bytes(data), dtype=np.uint8).copy()
         if buf.size < HEADER_BYTES:
             raise CactFormatError(
-                f"{source}: archive is {buf.size} bytes, shorter than the {HEADER_BYTES}-byte header")
+                f"{source}: archive is {buf.size} bytes, shorter than the {HEADER_BYTES}-byte header; "
+                f"{CUT_SHORT}")
         return cls(buf, source=source)
 
     def close(self) -> None:
@@ -488,14 +496,17 @@ class Archive:
         data = self._data
         size = self._size = int(data.size)
         if size < HEADER_BYTES:
-            fail.file(f"file is {size} bytes, shorter than the {HEADER_BYTES}-byte header")
+            fail.file(f"file is {size} bytes, shorter than the {HEADER_BYTES}-byte header", CUT_SHORT)
         values = _HEADER_STRUCT.unpack_from(data, 0)
         hdr = dict(zip(_HEADER_SCALARS, values[: len(_HEADER_SCALARS)]))
         self.header = hdr
         if hdr["tag"] != TAG_NEEDLE3:
             if hdr["tag"] == TAG_NEEDLE2:
-                fail.header("tag", "Needle 2 archive (0x05E12A83); only Needle 3 (0x05E12A84) is supported")
-            fail.header("tag", f"expected 0x{TAG_NEEDLE3:08X} (Needle 3), found 0x{hdr['tag']:08X}")
+                fail.header("tag", "Needle 2 archive (0x05E12A83); only Needle 3 (0x05E12A84) is supported",
+                            "export the model again in the Needle 3 format")
+            fail.header("tag", f"expected 0x{TAG_NEEDLE3:08X} (Needle 3), found 0x{hdr['tag']:08X}",
+                        "this is not a Needle 3 .cact archive (or its start is damaged): pass the "
+                        "path of one")
         if hdr["codebook_len"] != CODEBOOK_LEN:
             fail.header("codebook_len", f"expected {CODEBOOK_LEN}, found {hdr['codebook_len']}")
         n_tensors = hdr["num_tensors"]
@@ -504,7 +515,8 @@ class Archive:
             fail.header("num_tensors", f"expected >= 1, found {n_tensors}")
         dir_end = dir_start + RECORD_BYTES * n_tensors
         if dir_end > size:
-            fail.header("num_tensors", f"directory of {n_tensors} records needs {dir_end} bytes, file has {size}")
+            fail.header("num_tensors", f"directory of {n_tensors} records needs {dir_end} bytes, file has {size}",
+                        CUT_SHORT)
 
         rest = values[len(_HEADER_SCALARS):]
         orders_raw, n_sites, sites_raw, theta = rest[0:4], rest[4], rest[5:21], rest[21]
@@ -567,7 +579,10 @@ class Archive:
             if offset < dir_end:
                 fail.record(i, "", f"offset {offset} lies inside the header/directory (ends at {dir_end})")
             if offset + nbytes > size:
-                fail.record(i, "", f"blob [{offset}, {offset + nbytes}) runs past the end of the file ({size} bytes)")
+                needed = max(sum(_RECORD_STRUCT.unpack_from(data, dir_start + RECORD_BYTES * j)[7:9])
+                             for j in range(n_tensors))
+                fail.record(i, "", f"blob [{offset}, {offset + nbytes}) runs past the end of the file "
+                            f"({size} bytes; its directory's blobs end at byte {needed})", CUT_SHORT)
             records.append(Record(i, dtype, ndim, tuple(shape4[:ndim]), offset, nbytes, group, bits))
 
         # blobs must not overlap (order by offset; empty blobs take no space)

@@ -14,8 +14,9 @@ import sys
 import tempfile
 import time
 import unicodedata
+import warnings
 
-from .errors import NeedleError
+from .errors import NeedleError, SchemaWarning
 
 USER_ERRORS = (NeedleError, FileNotFoundError, IsADirectoryError, PermissionError,
                json.JSONDecodeError, UnicodeDecodeError, ValueError, OSError, ImportError)
@@ -55,34 +56,55 @@ def _looks_like_typed_parameters(params):
 
 
 DEFAULT_TOOLS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "home_tools.json")
+_TOOL_SHAPE = '{"name": "...", "description": "...", "parameters": {"type": "object", "properties": {...}}}'
+_TOOLS_FILE_SHAPE = (f"write the file as a JSON list of tool definitions [{_TOOL_SHAPE}, ...] "
+                     f"or as {{\"tools\": [...]}}")
 
 
-def load_tools(path):
+def load_tools(path, strict=False):
     """Tools from a JSON file: a list, ``{"tools": [...]}``, or call-me-maybe definitions.
-    ``None`` → the tool catalogue shipped with the embedded model, when there is one."""
+    ``None`` → the tool catalogue shipped with the embedded model, when there is one.
+    Validated (``strict``: a misspelt schema keyword is an error, not a warning)."""
+    from .toolspec import normalize_tools
+    tools = _tool_definitions(path)
+    normalize_tools(tools, strict=strict)        # validate before any model is loaded
+    return tools
+
+
+def _load_specs(path, strict):
+    """The commands' tools, normalised once (each warning about them shown once)."""
+    from .toolspec import normalize_tools
+    return normalize_tools(_tool_definitions(path), strict=strict)
+
+
+def _tool_definitions(path):
     if path is None:
         if not os.path.exists(DEFAULT_TOOLS_PATH):
-            raise CliError("no --tools file given and no embedded tool catalogue is installed")
+            raise CliError("no --tools file given and no embedded tool catalogue is installed; "
+                           "pass --tools FILE (a JSON list of tool definitions)")
         path = DEFAULT_TOOLS_PATH
     data = _read_json(path, "tools")
-    if isinstance(data, dict) and isinstance(data.get("tools"), list):
+    if isinstance(data, dict) and "tools" in data:
+        if not isinstance(data["tools"], list):
+            raise CliError(f"tools file {path}: \"tools\" must be a list of tool definitions, "
+                           f"got {type(data['tools']).__name__} {json.dumps(data['tools'])[:40]}; "
+                           f"{_TOOLS_FILE_SHAPE}")
         data = data["tools"]
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list):
         raise CliError(f"tools file {path} must hold a JSON list of tool definitions, "
-                       f"got {type(data).__name__}")
+                       f"got {type(data).__name__}; {_TOOLS_FILE_SHAPE}")
     tools = []
     for i, entry in enumerate(data):
         if not isinstance(entry, dict):
-            raise CliError(f"tools file {path}: entry {i} must be an object, got {type(entry).__name__}")
+            raise CliError(f"tools file {path}: entry {i} must be an object, got "
+                           f"{type(entry).__name__}; each tool is {_TOOL_SHAPE}")
         entry = dict(entry)
         if _looks_like_typed_parameters(entry.get("parameters")):
             entry["parameters"] = _typed_parameters_to_schema(entry["parameters"])
         entry.pop("returns", None)
         tools.append(entry)
-    from .toolspec import normalize_tools
-    normalize_tools(tools)        # validate before any model is loaded
     return tools
 
 
@@ -199,19 +221,21 @@ def _is_terminal(stream):
 
 def _make_agent(args, tools):
     from .agent import Needle
-    return Needle(args.model, tools=tools, system=getattr(args, "system", None),
+    return Needle(args.model, tools=tools, model_file=args.model_file,
+                  system=getattr(args, "system", None),
                   constrained=not getattr(args, "no_constrained", False),
                   ground_values=not getattr(args, "no_grounding", False),
                   ground_notes=not getattr(args, "no_grounding", False),
                   threads=args.threads, backend=args.backend,
-                  max_new_tokens=args.max_new_tokens, reasoning_limit=args.reasoning_limit)
+                  max_new_tokens=args.max_new_tokens, reasoning_limit=args.reasoning_limit,
+                  strict=getattr(args, "strict", False))
 
 
 def cmd_run(args):
     if not args.query.strip():
         raise CliError("the request is blank: give the text of a request, e.g. "
                        "needle-cy run \"lock the front door\"")
-    tools = load_tools(args.tools)
+    tools = _load_specs(args.tools, args.strict)
     agent = _make_agent(args, tools)
     # Drawn only on a terminal: a phase line while the request is read and the model
     # reasons, then the calls as they are written.
@@ -303,7 +327,7 @@ def batch_record(prompt, response):
 
 
 def cmd_batch(args):
-    tools = load_tools(args.functions_definition)
+    tools = _load_specs(args.functions_definition, args.strict)
     prompts = _read_json(args.input, "input")
     if not isinstance(prompts, list):
         raise CliError(f"input file {args.input} must hold a JSON list of prompts")
@@ -371,7 +395,7 @@ _LOOP_STOP_NOTES = {
 
 
 def cmd_chat(args):
-    tools = load_tools(args.tools)
+    tools = _load_specs(args.tools, args.strict)
     agent = _make_agent(args, tools)
     for spec in agent.specs:         # JSON-Schema tools have no function: simulate them
         if spec.function is None:
@@ -467,7 +491,7 @@ def bench_rows(agent, queries):
 
 
 def cmd_bench(args):
-    tools = load_tools(args.tools)
+    tools = _load_specs(args.tools, args.strict)
     agent = _make_agent(args, tools)
     queries = args.queries or BENCH_QUERIES
     rows = bench_rows(agent, queries)
@@ -527,6 +551,9 @@ def build_parser():
                             "(see needle_cy.grounding)")
         p.add_argument("--reasoning-limit", type=_int_at_least(0), default=256,
                        help="tokens of free reasoning before the turn declines")
+        p.add_argument("--strict", action="store_true",
+                       help="a tool schema keyword that looks misspelt (\"maximun\") is an error, "
+                            "not a warning")
 
     p = sub.add_parser("run", help="one request → tool calls")
     p.add_argument("query")
@@ -602,6 +629,18 @@ def _quiet_broken_pipe():
     return 141          # 128 + SIGPIPE, as a program killed by the signal reports
 
 
+def _warning_printer(show_other):
+    """``warnings.showwarning`` for the CLI: a SchemaWarning as one line ``needle-cy:
+    warning: …`` (a problem of the user's tools file, not a place in the code), any other
+    warning by ``show_other``."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, SchemaWarning):
+            print(f"needle-cy: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            show_other(message, category, filename, lineno, file, line)
+    return show
+
+
 def main(argv=None):
     try:
         parser = build_parser()
@@ -610,7 +649,9 @@ def main(argv=None):
         return _quiet_broken_pipe()
     try:
         _check_text_arguments(args)
-        return args.func(args) or 0
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_printer(warnings.showwarning)
+            return args.func(args) or 0
     except BrokenPipeError:
         return _quiet_broken_pipe()
     except KeyboardInterrupt:

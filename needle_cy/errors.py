@@ -30,6 +30,12 @@ class SchemaError(NeedleError, ValueError):
     """A JSON Schema or tool definition is malformed."""
 
 
+class SchemaWarning(UserWarning):
+    """A tool schema that works but is probably not what was meant: a keyword that looks
+    like a misspelt JSON-Schema keyword (``"maximun"``) and so is ignored, unenforced.
+    ``strict=True`` (``Needle``, ``normalize_tools``) raises ``SchemaError`` instead."""
+
+
 class GrammarLimitError(NeedleError, ValueError):
     """A schema needs more than the grammar's fixed capacities (stack depth, buffers)."""
 

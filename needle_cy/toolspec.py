@@ -12,7 +12,14 @@ Two views of each tool are kept on purpose:
   (unless the schema says otherwise) and local ``$ref``s inlined.
 
 Every malformed definition raises ``SchemaError`` naming the tool, the JSON pointer of
-the bad keyword, and what was expected.
+the bad keyword, and what was expected.  A keyword JSON Schema does not know is an
+annotation (it constrains nothing); one that looks like a misspelt constraint keyword
+(``"maximun": 10``, ``"minLenght"``, ``"max_length"``; ``grammar.keywords.misspelt_keyword``)
+warns with ``SchemaWarning`` naming the tool and the keyword's path, and raises
+``SchemaError`` with ``strict=True``.  A misspelt key of the tool itself (``"parameter"``,
+``"params"``) is treated the same way.
+
+``home_tools()`` is the smart-home catalogue the embedded default model was trained on.
 """
 from __future__ import annotations
 
@@ -20,14 +27,37 @@ import copy
 import enum
 import inspect
 import json
+import os
 import re
+import sys
 import typing
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
 
-from .errors import SchemaError
+from .errors import ModelNotAvailableError, SchemaError, SchemaWarning
 
-__all__ = ["Field", "tool", "ToolSpec", "normalize_tool", "normalize_tools", "function_schema"]
+__all__ = ["Field", "tool", "ToolSpec", "normalize_tool", "normalize_tools", "function_schema",
+           "home_tools", "HOME_TOOLS_PATH"]
+
+HOME_TOOLS_PATH = Path(__file__).resolve().parent / "models" / "home_tools.json"
+
+
+def home_tools() -> List[Dict[str, Any]]:
+    """The smart-home tool catalogue the embedded default model was trained on (20
+    JSON-Schema tool definitions: ``set_light``, ``lock_door``, ...), a fresh copy each
+    call.  ``Needle()`` with neither ``model`` nor ``tools`` uses it, as does the CLI
+    without ``--tools``; pass it (or a part of it) as ``tools=`` to use it with another
+    model."""
+    try:
+        with open(HOME_TOOLS_PATH, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise ModelNotAvailableError(
+            f"the smart-home tool catalogue of the embedded model is not installed "
+            f"({HOME_TOOLS_PATH} is missing); reinstall needle_cy, or pass your own tools=[...]"
+        ) from None
 
 _MISSING = object()
 
@@ -491,7 +521,73 @@ def _check_keywords(s, where, tool_name):
         bad("description", "a string")
 
 
-def _schema_from_dict(d: dict, where="tool") -> dict:
+# Keys of a tool definition (besides JSON Schema's own), for the misspelt-key check.
+_TOOL_KEYS = ("name", "description", "parameters", "input_schema", "triggers")
+_PARAMETERS_ALIASES = ("params", "param", "args", "arguments", "argument")
+# Keywords whose values are data, not schemas: nothing under them is a keyword.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                "dependencies")
+_SCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf", "items")
+_ONE_SCHEMA = ("items", "additionalItems", "additionalProperties", "propertyNames", "not", "if",
+               "then", "else", "contains", "unevaluatedItems", "unevaluatedProperties",
+               "contentSchema")
+
+
+def _misspelt_keywords(schema, where):
+    """(path, keyword, the keyword it looks like) for each key of ``schema`` and its
+    subschemas that looks like a misspelt constraint keyword."""
+    from .grammar.keywords import misspelt_keyword     # lazily: the grammar package is heavy
+    found = []
+
+    def walk(node, at):
+        if not isinstance(node, dict):
+            return
+        for key, value in node.items():
+            meant = misspelt_keyword(key, value)
+            if meant is not None:
+                found.append((at, key, meant))
+            if key in _DATA_KEYWORDS:
+                continue
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
+                for name, sub in value.items():
+                    walk(sub, f"{at}/{key}/{name}")
+            elif key in _SCHEMA_LISTS and isinstance(value, list):
+                for i, sub in enumerate(value):
+                    walk(sub, f"{at}/{key}/{i}")
+            elif key in _ONE_SCHEMA:
+                walk(value, f"{at}/{key}")
+
+    walk(schema, where)
+    return found
+
+
+def _report_misspelt(tool_name, found, strict):
+    """Warn (``SchemaWarning``) about each misspelt key, or raise ``SchemaError`` for the
+    first one when ``strict``."""
+    for at, key, meant in found:
+        problem = (f"tool {tool_name!r}: {at} has the key {key!r}, which is not a JSON-Schema "
+                   f"keyword (did you mean {meant!r}?)" if at != "tool" else
+                   f"tool {tool_name!r}: the tool definition has the key {key!r}, which needle_cy "
+                   f"does not read (did you mean {meant!r}?)")
+        if strict:
+            raise SchemaError(f"{problem}; correct the spelling")
+        warnings.warn(f"{problem}; it is ignored, so nothing enforces it: correct the spelling "
+                      f"(strict=True, on the command line --strict, makes it an error)", SchemaWarning,
+                      stacklevel=_outside_package_stacklevel())
+
+
+def _outside_package_stacklevel():
+    """The ``stacklevel`` of the innermost caller outside needle_cy, so that a warning
+    points at the user's line."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _schema_from_dict(d: dict, where="tool", strict=False) -> dict:
     if not isinstance(d, dict):
         raise SchemaError(f"{where}: expected a JSON object describing a tool, got {type(d).__name__}")
     # OpenAI-style wrapper {"type": "function", "function": {...}}
@@ -503,6 +599,16 @@ def _schema_from_dict(d: dict, where="tool") -> dict:
                           f"got keys {list(d)}")
     if any(ch.isspace() for ch in name):
         raise SchemaError(f"tool {name!r}: the name contains whitespace; use letters, digits, '_', '-' or '.'")
+    from .grammar.keywords import misspelt_keyword     # lazily: the grammar package is heavy
+    misspelt = []
+    for key in d:
+        if key in _TOOL_KEYS:
+            continue
+        meant = misspelt_keyword(key, known=_TOOL_KEYS)
+        if meant is None and key in _PARAMETERS_ALIASES and "parameters" not in d and "input_schema" not in d:
+            meant = "parameters"
+        if meant is not None:
+            misspelt.append(("tool", key, meant))
     out = {}
     for key, value in d.items():
         if key == "input_schema" and "parameters" not in d:   # Anthropic-style
@@ -518,6 +624,7 @@ def _schema_from_dict(d: dict, where="tool") -> dict:
         raise SchemaError(f"tool {name!r}: 'parameters' must be a JSON Schema object, got "
                           f"{type(params).__name__}")
     params = _map_types(params, "parameters", name)
+    _report_misspelt(name, misspelt + _misspelt_keywords(params, "parameters"), strict)
     ptype = params.get("type", "object" if "properties" in params or not params else None)
     if ptype != "object":
         raise SchemaError(f"tool {name!r}: parameters/type is {params.get('type')!r}, expected "
@@ -528,8 +635,9 @@ def _schema_from_dict(d: dict, where="tool") -> dict:
     return out
 
 
-def normalize_tool(entry) -> ToolSpec:
-    """One tool from a callable, dict, JSON string or pydantic model class."""
+def normalize_tool(entry: Any, strict: bool = False) -> ToolSpec:
+    """One tool from a callable, dict, JSON string or pydantic model class.  ``strict``:
+    a misspelt keyword raises ``SchemaError`` instead of warning (module docstring)."""
     function = pydantic_model = None
     if isinstance(entry, ToolSpec):
         return entry
@@ -550,14 +658,15 @@ def normalize_tool(entry) -> ToolSpec:
     else:
         raise SchemaError(f"cannot use {entry!r} as a tool: expected a function, a JSON-Schema "
                           f"dict, a JSON string or a pydantic model class")
-    schema = _schema_from_dict(copy.deepcopy(raw))
+    schema = _schema_from_dict(copy.deepcopy(raw), strict=strict)
     return ToolSpec(name=schema["name"], description=schema.get("description", ""),
                     parameters=schema["parameters"], schema=schema, function=function,
                     pydantic_model=pydantic_model)
 
 
-def normalize_tools(tools) -> list:
-    """A list of ToolSpec from ``tools`` (a list, or a JSON string holding a list)."""
+def normalize_tools(tools: Any, strict: bool = False) -> List[ToolSpec]:
+    """A list of ToolSpec from ``tools`` (a list, or a JSON string holding a list).
+    ``strict``: a misspelt keyword raises ``SchemaError`` instead of warning."""
     if tools is None:
         return []
     if isinstance(tools, (str, bytes)):
@@ -574,7 +683,7 @@ def normalize_tools(tools) -> list:
     seen = {}
     for i, entry in enumerate(tools):
         try:
-            spec = normalize_tool(entry)
+            spec = normalize_tool(entry, strict=strict)
         except SchemaError as exc:
             raise SchemaError(f"tools[{i}]: {exc}") from None
         if spec.name in seen:

@@ -7,9 +7,11 @@ import threading
 import numpy as np
 import pytest
 
+import needle_cy
 import needle_cy.agent as agent_mod
 from conftest import fixture_path, shared_path
-from needle_cy import ModelNotAvailableError, Needle, SchemaError, extract, tool
+from needle_cy import (ModelNotAvailableError, Needle, SchemaError, SchemaWarning, UnsupportedSchemaError,
+                       extract, tool)
 from needle_cy.toolspec import normalize_tool
 from scripted_support import FiniteGrammar, ScriptedModel, token_at_byte
 from test_generate_scripted import compile_tools
@@ -332,11 +334,53 @@ def test_model_none_without_default_is_a_clear_error(monkeypatch, tmp_path):
         Needle(tools=[set_light])
 
 
+def test_no_tools_with_a_model_is_a_clear_error_raised_before_the_model_loads():
+    with pytest.raises(ValueError, match=r"no tools given: pass tools=\[\.\.\.\].*needle_cy\.home_tools\(\)"):
+        Needle("/nonexistent/model.cact")          # the tools come first: not a FileNotFoundError
+
+
+def test_no_model_and_no_tools_is_the_embedded_model_with_its_catalogue(tok, monkeypatch):
+    loaded = []
+
+    def load(model, backend, threads, tokenizer, model_file=None):
+        loaded.append(model)
+        return ScriptedModel(tok, ["<tool_call>[]"]), tok, None
+
+    monkeypatch.setattr(agent_mod, "_load", load)
+    agent = Needle()
+    assert loaded == [None]                        # None: the embedded default model
+    assert [s.name for s in agent.specs] == [t["name"] for t in needle_cy.home_tools()]
+    assert len(agent.specs) == 20 and "set_light" in agent.tools
+    assert Needle(tools=[]).specs == []            # an explicit empty list stays empty
+
+
+def test_tools_are_checked_when_given_and_an_unsupported_keyword_names_the_tool():
+    tagger = {"name": "tagger", "parameters": {"type": "object", "properties": {
+        "tags": {"type": "array", "contains": {"const": "x"}}}}}
+    with pytest.raises(UnsupportedSchemaError,
+                       match=r"^tool 'tagger', in its parameters: keyword 'contains' is not supported "
+                             r"\(at #/properties/tags\); remove that keyword") as info:
+        Needle("/nonexistent/model.cact", tools=[set_light, tagger])     # before the model loads
+    assert info.value.keyword == "contains" and info.value.pointer == "#/properties/tags/contains"
+
+
+def test_a_misspelt_keyword_warns_and_strict_makes_it_an_error(tok):
+    volume = {"name": "set_volume", "parameters": {"type": "object", "properties": {
+        "level": {"type": "integer", "minimum": 0, "maximun": 10}}}}
+    with pytest.warns(SchemaWarning, match=r"tool 'set_volume': parameters/properties/level has the key "
+                                           r"'maximun'.*did you mean 'maximum'"):
+        make_agent(tok, ["<tool_call>[]"], tools=[volume])
+    with pytest.raises(SchemaError, match="'maximun'.*correct the spelling"):
+        Needle("/nonexistent/model.cact", tools=[volume], strict=True)
+    with pytest.raises(SchemaError, match="'maximun'"):
+        extract("volume 99", volume, model="/nonexistent/model.cact", strict=True)
+
+
 def test_bad_arguments_are_rejected(tok):
     with pytest.raises(ValueError, match="retrieval"):
         make_agent(tok, [""], retrieval="magic")
     with pytest.raises(FileNotFoundError, match="model archive not found"):
-        Needle("/nonexistent/model.cact")
+        Needle("/nonexistent/model.cact", tools=[set_light])
 
 
 # ----------------------------------------------------------------- property tests

@@ -26,6 +26,45 @@ def test_dir_lists_the_lazily_loaded_names():
     assert "os" not in names and "import_module" not in names
 
 
+def test_type_checkers_see_every_lazily_loaded_name():
+    """Each lazily loaded public name is also imported under TYPE_CHECKING, from the module
+    _LAZY loads it from: a module ``__getattr__`` alone makes mypy type them ``Any``."""
+    import ast
+    tree = ast.parse((REPO / "needle_cy" / "__init__.py").read_text(encoding="utf-8"))
+    typed = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.level == 1
+                typed.update({a.name: f"needle_cy.{imp.module}" for a in imp.names})
+    assert typed == {name: module for name, (module, attr) in needle_cy._LAZY.items()}
+    assert all(name == attr for name, (_, attr) in needle_cy._LAZY.items())
+
+
+def test_mypy_types_the_public_api(tmp_path, request):
+    """``from needle_cy import Needle`` is the class to mypy, not ``Any`` (the package is
+    found through MYPYPATH, as an installed one is through its py.typed)."""
+    pytest.importorskip("mypy")
+    snippet = tmp_path / "use_needle.py"
+    snippet.write_text(
+        "from needle_cy import Needle, Model, home_tools\n"
+        "agent = Needle(tools=home_tools())\n"
+        "response = agent.complete('turn on the kitchen light')\n"
+        "reveal_type(response['function_calls'])\n"
+        "reveal_type(Model.load)\n"
+        "wrong: int = agent\n")
+    pytest_cache = getattr(request.config, "cache", None)       # absent under -p no:cacheprovider
+    cache = pytest_cache.mkdir("mypy") if pytest_cache is not None else tmp_path / "mypy-cache"
+    env = dict(os.environ, MYPYPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-error-summary",
+                           "--cache-dir", str(cache), str(snippet)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    out = proc.stdout
+    assert 'Incompatible types in assignment (expression has type "Needle", variable has type "int")' in out, out
+    assert "needle_cy.envelope.Call" in out and "-> needle_cy.model.Model" in out, out
+    assert out.count("error:") == 1, out
+
+
 def _public_functions():
     """(label, function) for the public functions and methods of the agent-level API."""
     from needle_cy.model import Model

@@ -20,7 +20,7 @@ from needle_cy.archive import (
     _HEADER_SCALARS, _RECORD_STRUCT, CODEBOOK_LEN, DTYPE_CQ, DTYPE_FP16, DTYPE_FP32, DTYPE_RAW,
     HEADER_BYTES, RECORD_BYTES, TAG_NEEDLE2, Archive,
 )
-from needle_cy.archive import write_archive
+from needle_cy.archive import CUT_SHORT, DAMAGED, write_archive
 from needle_cy.testing import random_config, random_tensors
 
 DIR_START = HEADER_BYTES + 4 * CODEBOOK_LEN
@@ -82,6 +82,8 @@ def must_fail(data, label, failures, pattern=WHERE):
         failures.append(f"{label}: opened without error")
     elif not re.search(pattern, msg.split(": ", 1)[-1]) or "safety net" in msg:
         failures.append(f"{label}: message does not say where: {msg}")
+    elif not msg.endswith((CUT_SHORT, DAMAGED, "in the Needle 3 format", "pass the path of one")):
+        failures.append(f"{label}: message does not say what to do: {msg}")
 
 
 def patch(data, offset, fmt, value):
@@ -252,6 +254,20 @@ def test_truncation_at_many_lengths(base, tmp_path):
         p.write_bytes(data[:n])
         with pytest.raises(CactFormatError):
             Archive.open(p)
+
+
+def test_a_cut_short_file_says_so_and_what_to_do(base, tmp_path):
+    data, arc = base
+    for n in (0, 150, DIR_START + 10, arc.records[0].offset + 1, len(data) // 2, len(data) - 1):
+        with pytest.raises(CactFormatError, match=r"; the file is cut short \(an interrupted download or copy\?\): "
+                                                  r"download or copy it again in full$"):
+            Archive.from_bytes(data[:n])
+    p = tmp_path / "cut.cact"
+    p.write_bytes(data[:-1])
+    end = max(r.offset + r.nbytes for r in arc.records)
+    with pytest.raises(CactFormatError, match=rf"\({len(data) - 1} bytes; its directory's blobs end at byte "
+                                              rf"{end}\); the file is cut short"):
+        Archive.open(p)
 
 
 def test_codebook_block(base):

@@ -61,6 +61,31 @@ def test_unsupported_schema_is_one_line(tmp_path):
     assert_one_line_error(rc, err, "greater than")
 
 
+@pytest.mark.parametrize("content, fragment", [
+    ({"tools": 5}, '"tools" must be a list of tool definitions, got int 5; write the file as a JSON list'),
+    (5, "must hold a JSON list of tool definitions, got int; write the file as a JSON list"),
+    ([1], 'entry 0 must be an object, got int; each tool is {"name": '),
+])
+def test_a_tools_file_of_the_wrong_shape_says_how_to_write_it(tmp_path, capsys, content, fragment):
+    bad = tmp_path / "tools.json"
+    bad.write_text(json.dumps(content))
+    assert cli.main(["run", "hi", "--tools", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert_one_line_error(1, err, fragment)
+
+
+def test_a_misspelt_schema_keyword_is_a_warning_line_or_with_strict_an_error(scripted, tmp_path, capsys):
+    typo = [dict(TOOLS[0], parameters={**TOOLS[0]["parameters"], "requried": ["room"]})]
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps(typo))
+    assert cli.main(["run", "kitchen light on", "--tools", str(path)]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "requried" in line]
+    assert warning == [warning[0]] and warning[0].startswith(
+        "needle-cy: warning: tool 'set_light': parameters has the key 'requried'")
+    assert cli.main(["run", "kitchen light on", "--tools", str(path), "--strict"]) == 1
+    assert_one_line_error(1, capsys.readouterr().err, "'requried'")
+
+
 def test_missing_model_is_one_line(tools_file, tmp_path):
     rc, _, err = run_cli("run", "hi", "--tools", str(tools_file), "--model", str(tmp_path / "m.cact"))
     assert_one_line_error(rc, err, "model archive not found")
@@ -277,6 +302,10 @@ def test_model_given_as_a_folder(tmp_path):
     rc, _, err = run_cli("run", "hi", "--model", str(empty))
     assert_one_line_error(rc, err, "holds no .cact archive")
     assert "Errno" not in err
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    rc, _, err = run_cli("run", "hi", "--model", str(one), "--model-file", "other.cact", "--tools", str(tools))
+    assert rc == 0 and "several .cact archives" not in err, err          # run reads --model-file too
 
 
 def test_batch_keeps_every_call_and_marks_held_back_ones(scripted_agents, tmp_path, capsys):

@@ -320,3 +320,19 @@ def test_program_classes_are_the_common_refinement():
             same = (stacked[:, :, None] == stacked[:, None, :]).all(axis=0)
             assert np.array_equal(byte_class[:, None] == byte_class[None, :], same)
             assert np.array_equal(byte_class[first], np.arange(len(first)))
+
+
+def test_a_tool_whose_parameters_do_not_compile_is_named_with_what_to_do():
+    from needle_cy import SchemaError, UnsupportedSchemaError
+    ok = {"name": "ok", "parameters": {"type": "object"}}
+    tagger = {"name": "tagger", "parameters": {"type": "object", "properties": {
+        "tags": {"type": "array", "contains": {"const": "x"}}}}}
+    with pytest.raises(UnsupportedSchemaError, match=r"^tool 'tagger', in its parameters: keyword 'contains' is "
+                                                     r"not supported \(at #/properties/tags\); remove that keyword") as info:
+        compile_tools([ok, tagger])
+    assert info.value.keyword == "contains" and info.value.pointer == "#/properties/tags/contains"
+    negative = {"name": "neg", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string", "minLength": -1}}}}
+    with pytest.raises(SchemaError, match=r"^tool 'neg', in its parameters: minLength .*must be a non-negative "
+                                          r"integer.*; correct the tool's parameters$"):
+        compile_tools([negative, ok])

@@ -85,6 +85,10 @@ def _resolve(module, level, target, names):
     return [m for m in out if m in MODULES]
 
 
+def _is_type_checking(test):
+    return getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING"
+
+
 def _py_imports(module, path):
     """(target, lazy, function qualname or None) for each import of a .py file."""
     tree = ast.parse(path.read_text(), str(path))
@@ -96,6 +100,10 @@ def _py_imports(module, path):
                 visit(child, func or ".".join(scope + [child.name]), scope + [child.name])
             elif isinstance(child, ast.ClassDef):
                 visit(child, func, scope + [child.name])
+            elif isinstance(child, ast.If) and _is_type_checking(child.test):
+                # `if TYPE_CHECKING:` imports never run (the package __init__ names its lazily
+                # loaded exports there for type checkers, as _LAZY does for the interpreter)
+                visit(ast.Module(body=child.orelse, type_ignores=[]), func, scope)
             elif isinstance(child, ast.Import):
                 for alias in child.names:
                     for t in _resolve(module, 0, alias.name, []):

@@ -1,6 +1,7 @@
 """Tool schema normalisation (spec §8.3): callables, dicts, JSON strings, pydantic."""
 import enum
 import json
+import re
 from typing import Annotated, List, Literal, Optional
 
 import pytest
@@ -182,3 +183,98 @@ def test_pydantic_models_when_installed():
     assert spec.schema["description"] == "A table booking."
     assert spec.parameters["required"] == ["people"]
     assert spec.pydantic_model is Booking
+
+
+# ------------------------------------------------------------- misspelt keywords
+
+def _volume(level_schema, **extra):
+    return {"name": "set_volume", "description": "Set the speaker volume.",
+            "parameters": {"type": "object", "properties": {"level": level_schema}}, **extra}
+
+
+def test_misspelt_keyword_names_the_keyword_it_looks_like():
+    from needle_cy.grammar.keywords import misspelt_keyword
+    for typo, meant in [("maximun", "maximum"), ("minLenght", "minLength"), ("max_length", "maxLength"),
+                        ("additionalProperty", "additionalProperties"), ("Type", "type"),
+                        ("requried", "required"), ("enums", "enum"), ("exclusiveMaximun", "exclusiveMaximum"),
+                        ("oneof", "oneOf"), ("patern", "pattern"), ("ref", "$ref")]:
+        assert misspelt_keyword(typo) == meant, typo
+    assert misspelt_keyword("maximun", 10) == "maximum" and misspelt_keyword("type:", "string") == "type"
+    # known keywords, annotations, common vendor keys, keys switched off with a prefix and
+    # values of another shape than the keyword takes are not typos
+    for name in ("maximum", "title", "examples", "nullable", "discriminator", "x-order", "units",
+                 "readOnly", "deprecated", "tags", "id", "$comment", "order", "_format", "@type",
+                 "__ref", "note"):
+        assert misspelt_keyword(name) is None, name
+    assert misspelt_keyword("form", [{"type": "validator"}]) is None         # a UI layout, not format
+    assert misspelt_keyword("maximun", "ten") is None
+
+
+def test_a_misspelt_keyword_warns_naming_tool_and_path_and_strict_raises():
+    from needle_cy import SchemaWarning
+    tool_def = _volume({"type": "integer", "minimum": 0, "maximun": 10})
+    with pytest.warns(SchemaWarning) as caught:
+        spec = normalize_tools([tool_def])[0]
+    assert len(caught) == 1
+    text = str(caught[0].message)
+    assert "tool 'set_volume': parameters/properties/level has the key 'maximun'" in text
+    assert "did you mean 'maximum'?" in text and "strict=True" in text
+    assert caught[0].filename == __file__           # points at the caller, not at needle_cy
+    assert spec.parameters["properties"]["level"]["maximun"] == 10      # kept as written
+    with pytest.raises(SchemaError, match=r"tools\[0\]: tool 'set_volume': parameters/properties/level "
+                                          r"has the key 'maximun'.*did you mean 'maximum'\?.*correct the spelling"):
+        normalize_tools([tool_def], strict=True)
+    with pytest.raises(SchemaError, match="maximun"):
+        normalize_tool(tool_def, strict=True)
+
+
+def test_misspelt_keywords_are_found_in_every_subschema_and_only_there(recwarn):
+    from needle_cy import SchemaWarning
+    params = {"type": "object",
+              "properties": {
+                  "maximun": {"type": "integer"},                          # a property named so: fine
+                  "tags": {"type": "array", "items": {"type": "string", "maxLenght": 5}},
+                  "mode": {"anyOf": [{"type": "string"}, {"type": "integer", "minimun": 1}]},
+                  "note": {"type": "string", "default": {"maximun": 1}, "enum": [{"Type": 1}, "x"],
+                           "examples": [{"requried": 1}]},              # data, not schemas
+                  "ref": {"$ref": "#/$defs/level"}},
+              "$defs": {"level": {"type": "number", "multipleof": 0.5}},
+              "requried": ["tags"]}
+    normalize_tool({"name": "mixer", "parameters": params})
+    found = sorted(re.match(r"tool 'mixer': (\S+) has the key '(\w+)'", str(w.message)).groups()
+                   for w in recwarn.list if issubclass(w.category, SchemaWarning))
+    assert found == [("parameters", "requried"), ("parameters/$defs/level", "multipleof"),
+                     ("parameters/properties/mode/anyOf/1", "minimun"),
+                     ("parameters/properties/tags/items", "maxLenght")]
+
+
+def test_a_misspelt_tool_key_warns(recwarn):
+    from needle_cy import SchemaWarning
+    normalize_tool({"name": "a", "descripton": "x", "parameter": {"type": "object"}})
+    normalize_tool({"name": "b", "params": {"type": "object", "properties": {"x": {"type": "string"}}}})
+    messages = [str(w.message) for w in recwarn.list if issubclass(w.category, SchemaWarning)]
+    assert any("tool 'a': the tool definition has the key 'parameter'" in m and "'parameters'" in m
+               for m in messages)
+    assert any("tool 'a'" in m and "'descripton'" in m and "'description'" in m for m in messages)
+    assert any("tool 'b'" in m and "'params'" in m and "'parameters'" in m for m in messages)
+
+
+def test_well_formed_tools_do_not_warn(recwarn):
+    from needle_cy import home_tools
+    normalize_tools(home_tools(), strict=True)
+    normalize_tool(_volume({"type": "integer", "minimum": 0, "maximum": 10, "title": "Level",
+                            "x-unit": "percent", "nullable": False}), strict=True)
+    assert not recwarn.list
+
+
+def test_home_tools_is_the_embedded_catalogue_a_fresh_copy_each_call(monkeypatch, tmp_path):
+    import needle_cy
+    from needle_cy import ModelNotAvailableError, toolspec
+    tools = needle_cy.home_tools()
+    assert len(tools) == 20 and tools[0]["name"] == "set_light"
+    assert {"lock_door", "set_thermostat", "add_to_shopping_list"} <= {t["name"] for t in tools}
+    tools[0]["name"] = "changed"
+    assert needle_cy.home_tools()[0]["name"] == "set_light"
+    monkeypatch.setattr(toolspec, "HOME_TOOLS_PATH", tmp_path / "absent.json")
+    with pytest.raises(ModelNotAvailableError, match="not installed.*pass your own tools="):
+        needle_cy.home_tools()

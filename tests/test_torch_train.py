@@ -171,3 +171,66 @@ def test_scratch_run_keeps_the_run_folders_tokenizer(tmp_path):
     (run / "tokenizer.record").write_bytes(b"not-a-real-record")
     trainer = torch_train.fit(str(run), steps=1, threads=1)
     assert trainer.state["tokenizer_bytes"] == b"not-a-real-record"
+
+
+def test_sampled_loss_at_share_one_equals_the_full_loss():
+    """``prompt_share`` 1: the head over the kept positions gives the full loss exactly."""
+    cfg_run = {"model": MODEL, "hyper": HYPER}
+    model, _ = torch_train.build_model(cfg_run)
+    rng = np.random.default_rng(3)
+    ids = torch.as_tensor(rng.integers(4, VOCAB, size=(3, 20)))
+    w = torch.full((3, 20), 0.1)
+    w[:, 12:] = 1.0
+    w[2, 16:] = 0.0                                      # padding
+    full, full_t = torch_train.loss_terms(model(ids), ids, w)
+    pos, wk, tk = torch_train.loss_positions(w, 1.0)
+    part, part_t = torch_train.sampled_loss_terms(model(ids, positions=pos), ids, pos, wk, tk,
+                                                  w[:, 1:].sum(), (w[:, 1:] >= 1).sum().float())
+    assert float(part) == pytest.approx(float(full), rel=1e-6)
+    assert float(part_t) == pytest.approx(float(full_t), rel=1e-6)
+
+
+def test_sampled_loss_keeps_every_target_and_its_expectation():
+    w = torch.full((4, 50), 0.1)
+    w[:, 30:] = 1.0
+    w[3, 40:] = 0.0
+    pos, wk, tk = torch_train.loss_positions(w, 0.25, torch.Generator().manual_seed(0))
+    nxt = torch.zeros_like(w)
+    nxt[:, :-1] = w[:, 1:]
+    assert bool(pos[nxt >= 1.0].all())                   # every target position is read
+    assert not bool(pos[nxt == 0].any())                 # no padding position is
+    assert int(tk.sum()) == int((nxt >= 1.0).sum())
+    assert torch.allclose(wk[~tk], torch.tensor(0.4))    # prompt weight 0.1 / share 0.25
+    # the kept prompt weight sums to the full prompt weight in expectation
+    sums = [float(torch_train.loss_positions(w, 0.25, torch.Generator().manual_seed(s))[1].sum())
+            for s in range(300)]
+    full = float(nxt.sum())
+    assert np.mean(sums) == pytest.approx(full, rel=0.02)
+
+
+def test_sampled_training_lowers_the_loss_and_snapshots(tmp_path):
+    run = make_run(tmp_path / "s")
+    spec = json.loads((run / "run.json").read_text())
+    spec["hyper"].update(prompt_share=0.3, snapshot_every=10)
+    (run / "run.json").write_text(json.dumps(spec))
+    trainer = torch_train.fit(str(run), steps=30, threads=1)
+    steps = [r for r in _log(run) if "loss" in r]
+    assert steps[-1]["target_ce"] < 0.5 * steps[0]["target_ce"]
+    snaps = sorted(p.name for p in (run / "snapshots").iterdir())
+    assert snaps == ["step_000010.pt", "step_000020.pt", "step_000030.pt"]
+    latest = torch_train.load_checkpoint(str(run), path=str(run / torch_train.WEIGHTS))
+    assert latest["step"] == 30 and all(v.dtype == torch.float16 for v in latest["model"].values()
+                                        if v.is_floating_point())
+    # a snapshot exports and the engine loads it
+    out = torch_train.export(str(run), tmp_path / "snap.cact", bits=4, weights=str(run / "snapshots" / "step_000020.pt"))
+    assert Model.load(out, numerics="float").prefill([2, 10, 12]).shape[-1] == VOCAB
+    # a new run folder resumes from the float16 weights: same step, the weights it wrote
+    fresh = make_run(tmp_path / "r")
+    resumed = torch_train.Trainer(str(fresh), init=str(run / torch_train.WEIGHTS), threads=1)
+    assert resumed.state["step"] == 30
+    for name, value in trainer.model.state_dict().items():
+        if value.is_floating_point():
+            np.testing.assert_allclose(resumed.model.state_dict()[name].numpy(),
+                                       value.half().float().numpy(), err_msg=name)
+    resumed.fit(steps=5)
+    assert resumed.state["step"] == 35

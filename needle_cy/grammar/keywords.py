@@ -1,7 +1,8 @@
 """The JSON Schema keywords the compiler knows, as tables, and the shape checks of their values.
 
 ``SUPPORTED`` keywords are compiled, ``ANNOTATIONS`` are ignored, ``KNOWN_UNSUPPORTED`` raise
-``UnsupportedSchemaError``; any other keyword is an annotation.  ``_check_values`` turns a
+``UnsupportedSchemaError``; any other keyword is an annotation (``misspelt_keyword`` tells
+the ones that look like a typo of a constraint keyword, which ``toolspec`` warns about).  ``_check_values`` turns a
 malformed keyword value into a ``SchemaError`` naming keyword and pointer (never a bare Python
 exception).  The format names live in ``formats``."""
 from __future__ import annotations
@@ -31,6 +32,88 @@ KNOWN_UNSUPPORTED = {
     "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
     "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "disallow", "extends", "divisibleBy",
 }
+
+
+# Keywords whose misspelling loses a constraint: an unknown keyword is an annotation, so
+# "maximun": 10 silently enforces nothing.  Typos of annotations lose nothing enforced.
+_CONSTRAINTS = tuple(sorted((SUPPORTED | KNOWN_UNSUPPORTED) - INTERNAL))
+_KNOWN = SUPPORTED | KNOWN_UNSUPPORTED | ANNOTATIONS
+
+
+def _folded(name):
+    return name.lower().replace("_", "").replace("-", "")
+
+
+def edit_distance(a, b):
+    """Edits (insert, delete, substitute, swap two neighbours) that turn ``a`` into ``b``
+    (optimal string alignment distance)."""
+    prev2, prev = None, list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
+_NUMBER_KEYWORDS = frozenset({
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "divisibleBy",
+    "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+    "minContains", "maxContains"})
+_STRING_KEYWORDS = frozenset({"pattern", "format", "$ref", "$dynamicRef", "$recursiveRef",
+                              "$dynamicAnchor"})
+_OBJECT_KEYWORDS = frozenset({"properties", "patternProperties", "dependentSchemas", "dependencies",
+                              "dependentRequired"})
+_LIST_KEYWORDS = frozenset({"enum", "required", "allOf", "anyOf", "oneOf", "prefixItems"})
+_NO_VALUE = object()
+
+
+def _value_fits(keyword, v):
+    """Whether ``v`` has the shape of a value of ``keyword`` (loosely: a typo's value does)."""
+    if keyword in _NUMBER_KEYWORDS:
+        return isinstance(v, (int, float)) and (not isinstance(v, bool) or keyword.startswith("exclusive"))
+    if keyword in _STRING_KEYWORDS:
+        return isinstance(v, str)
+    if keyword in _OBJECT_KEYWORDS:
+        return isinstance(v, dict)
+    if keyword in _LIST_KEYWORDS:
+        return isinstance(v, list) or (keyword == "required" and isinstance(v, bool))
+    if keyword == "type":
+        return isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+    if keyword in ("uniqueItems", "disallow", "extends", "$recursiveAnchor"):
+        return True
+    if keyword == "const":
+        return True
+    return _is_schema(v) or (keyword in ("items", "additionalItems") and isinstance(v, list))
+
+
+def misspelt_keyword(name, value=_NO_VALUE, known=_CONSTRAINTS):
+    """The keyword of ``known`` that the unknown keyword ``name`` (with ``value``, when
+    given) looks like a misspelling of, or None: the same up to case, inner ``_`` and
+    ``-`` (``max_length``), or within one edit of a keyword of up to 5 letters, two of up
+    to 11, three of a longer one (``maximun``, ``minLenght``, ``additionalProperty``),
+    and with a value of the shape that keyword takes.  A known keyword of any kind is
+    never a typo, nor a name starting with another character than a letter (``_format``,
+    ``@type``: the conventional ways to switch a keyword off or to add vendor data), nor
+    a near miss of the two-letter or three-letter keywords ``if``/``not`` (``note``)."""
+    if not isinstance(name, str) or not name[:1].isalpha() or name in _KNOWN or name in known:
+        return None
+    folded = _folded(name)
+    best, best_d = None, None
+    for k in known:
+        if value is not _NO_VALUE and not _value_fits(k, value):
+            continue
+        fk = _folded(k)
+        if folded == fk:
+            return k
+        if len(fk) <= 3 or len(folded) < 3 or abs(len(folded) - len(fk)) > 3:
+            continue
+        d = edit_distance(folded, fk)
+        if d <= (1 if len(fk) <= 5 else 2 if len(fk) <= 11 else 3) and (best_d is None or d < best_d):
+            best, best_d = k, d
+    return best
 
 
 def _is_schema(v):

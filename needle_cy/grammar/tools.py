@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from ..errors import GrammarLimitError, SchemaError
+from ..errors import GrammarLimitError, SchemaError, UnsupportedSchemaError
 from .automata import _dead_dfa, _reach_sets, literal_dfa, prune_dfa_keep
 from .builder import compile_program
 from .limits import ANY_NODE, MAX_TOOLS, NEVER_NODE
@@ -35,6 +35,39 @@ def _fragment(params):
     return hit
 
 
+# What to do about a tool whose parameters do not compile, by error class.
+_TOOL_FIXES = {
+    UnsupportedSchemaError: "remove that keyword from the tool's parameters (the tool's function "
+                            "can check the constraint itself) or express it with the supported "
+                            "keywords listed in needle_cy.grammar",
+    GrammarLimitError: "simplify the tool's parameters (fewer nesting levels or alternatives)",
+    SchemaError: "correct the tool's parameters",
+}
+
+
+def _tool_fragment(tool, i):
+    """The compiled parameters of ``tool`` (the ``i``-th); an error names the tool, where in
+    its parameters the problem is (pointers start at its parameters, ``#``) and what to do."""
+    try:
+        return _fragment(_params_of(tool))
+    except (UnsupportedSchemaError, SchemaError, GrammarLimitError) as exc:
+        name = tool.get("name") if isinstance(tool, dict) else None
+        who = f"tool {name!r}" if isinstance(name, str) else f"tool #{i}"
+        kind = next(c for c in _TOOL_FIXES if isinstance(exc, c))
+        message = f"{who}, in its parameters: {exc}; {_TOOL_FIXES[kind]}"
+        if isinstance(exc, UnsupportedSchemaError):
+            raise UnsupportedSchemaError(message, keyword=exc.keyword, pointer=exc.pointer) from None
+        raise type(exc)(message) from None
+
+
+def check_tools(tools):
+    """Compile each tool's parameters (cached, so a later ``compile_tools`` reuses them):
+    the same errors ``compile_tools`` raises for a tool, each naming the tool, without
+    linking a grammar (any number of tools)."""
+    for i, t in enumerate(tools):
+        _tool_fragment(t, i)
+
+
 def compile_tools_program(tools, max_calls=4):
     if not isinstance(tools, (list, tuple)):
         raise SchemaError("tools must be a list of {name, description, parameters}")
@@ -52,7 +85,7 @@ def compile_tools_program(tools, max_calls=4):
         if n in names:
             raise SchemaError(f"tool name {n!r} appears twice")
         names.append(n)
-    frags = [_fragment(_params_of(t)) for t in tools] or [_fragment(True)]
+    frags = [_tool_fragment(t, i) for i, t in enumerate(tools)] or [_fragment(True)]
     # tools are numbered in name order (labels of the name automaton, bits of the used-tools
     # set), so a reordered set reuses the same name automaton; it rides along as a last,
     # node-less fragment

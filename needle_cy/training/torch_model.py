@@ -470,17 +470,20 @@ class NeedleTorch(nn.Module):
         return out
 
     # --------------------------------------------------------------- forward
-    def forward(self, ids, quant=False, cq=False, cells=False):
+    def forward(self, ids, quant=False, cq=False, cells=False, positions=None):
         """Logits ``[B, T, out_rows]`` of token ids ``[B, T]`` (causal, positions 0..T-1).
 
         ``quant``: A8 activations + KV quantizer (deploy numerics).  ``cq``: the archive's
         weight numerics (CQ fake-quant, FP16 rounding; QAT).  ``cells=True`` returns
-        ``(logits, cells [B, T, L+1, d])``.
+        ``(logits, cells [B, T, L+1, d])``.  ``positions`` (bool ``[B, T]``) computes the
+        head only there and returns ``[N, out_rows]`` in row-major order of the mask: the
+        head is a third of a small model's arithmetic, and a loss that reads a sample of
+        the prompt positions need not pay for the others.
         """
-        logits, c = self._run(ids, quant, self.weights(cq), want_cells=cells)
+        logits, c = self._run(ids, quant, self.weights(cq), want_cells=cells, positions=positions)
         return (logits, c) if cells else logits
 
-    def _run(self, ids, quant, w, want_cells=False, want_logits=True):
+    def _run(self, ids, quant, w, want_cells=False, want_logits=True, positions=None):
         cfg = self.cfg
         if ids.dim() == 1:
             ids = ids[None]
@@ -519,6 +522,8 @@ class NeedleTorch(nn.Module):
         logits = None
         if want_logits:
             hfin = zc_norm(X.mean(dim=-2), w["final_norm"])
+            if positions is not None:
+                hfin = hfin[positions]
             if quant:
                 hfin = a8(hfin)
             logits = hfin @ E[:cfg.out_rows].t()
@@ -567,9 +572,12 @@ class NeedleTorch(nn.Module):
         if band is None or band >= T:
             return None
         if band not in masks:
+            # an additive float mask: PyTorch's CPU attention with a boolean mask measured
+            # several times slower than with the same mask as 0 / -inf
             t = torch.arange(T, device=device)
             diff = t[:, None] - t[None, :]
-            masks[band] = (diff >= 0) & (diff < band)
+            keep = (diff >= 0) & (diff < band)
+            masks[band] = torch.zeros(T, T, device=device).masked_fill(~keep, float("-inf"))
         return masks[band]
 
     def _attention(self, l, a, masks, cos, sin, quant, w):
@@ -601,10 +609,14 @@ class NeedleTorch(nn.Module):
         if K != H:
             k = k.repeat_interleave(H // K, dim=1)
             v = v.repeat_interleave(H // K, dim=1)
+        # zero-padding q and k to v's width leaves every score as it was and lets PyTorch
+        # use its fused (flash) kernel, which needs equal head widths
+        pad = dv - dq if dv > dq else 0
+        qp, kp = (F.pad(q, (0, pad)), F.pad(k, (0, pad))) if pad else (q, k)
         if mask is None:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o = F.scaled_dot_product_attention(qp, kp, v, is_causal=True, scale=dq ** -0.5)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            o = F.scaled_dot_product_attention(qp, kp, v, attn_mask=mask.to(q.dtype), scale=dq ** -0.5)
         o = o.transpose(1, 2).reshape(B, T, H * dv)
         o = o * torch.sigmoid(g)
         if quant:

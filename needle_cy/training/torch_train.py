@@ -6,7 +6,9 @@ prompt_lens, optional target_mask), ``control.json`` (``end``, ``decay_steps``,
 ``min_lr_ratio``, ``tokens``; re-read at every log), ``log.jsonl``.  The batches are
 train.py's ``Batches`` (batch k is a pure function of (seed, k)), the loss the same
 per-token weighted cross-entropy (prompt tokens ``prompt_weight``, targets 1.0; the
-logged ``target_ce`` is over the targets only), the optimizer AdamW (decay on the
+logged ``target_ce`` is over the targets only; with ``hyper["prompt_share"]`` < 1 the
+head and the loss read every target and that share of the prompt positions, drawn per
+step from (seed, step), each at weight / share), the optimizer AdamW (decay on the
 parameters of 2+ dimensions) after global-norm clipping, the LR warmup-stable-decay
 (``train.lr_at``).  The checkpoint is ``torch_state.pt`` (atomic; parameters, optimizer
 state, step, token counts, the model geometry), so a run resumes where it stopped and a
@@ -15,7 +17,7 @@ JAX ``state.pkl`` in the same folder is left alone.
     python -m needle_cy.training.torch_train fit RUN [--steps N] [--until-step N]
         [--init ARCHIVE.cact] [--qat] [--precision fp32|bf16] [--device auto|cpu|cuda]
         [--threads N] [--compile] [--time-budget SECONDS]
-    python -m needle_cy.training.torch_train export RUN OUT.cact [--bits 2]
+    python -m needle_cy.training.torch_train export RUN OUT.cact [--bits 2] [--weights snapshots/step_N.pt]
 
 ``--init`` starts a run from an existing archive (its dequantized tensors, geometry and
 tokenizer), e.g. ``needle_cy/models/default.cact`` to fine-tune the shipped model;
@@ -44,6 +46,7 @@ import numpy as np
 from .train import Batches, _log, load_run, lr_at, read_control, read_tokens_file
 
 STATE = "torch_state.pt"
+WEIGHTS = "weights_fp16.pt"     # the latest weights alone, float16 (see Trainer.save_weights)
 
 
 def _torch():
@@ -95,6 +98,40 @@ def loss_terms(logits, ids, weights):
     return total, target_ce
 
 
+def loss_positions(weights, prompt_share, generator=None):
+    """(positions ``[B, T]`` bool, their weights ``[N]``, target flags ``[N]``) for a loss over a sample of the
+    prompt: every target, and each weighted prompt position with probability
+    ``prompt_share`` at ``weight / prompt_share``, so the loss keeps its expectation.
+    Position t predicts token t + 1 and carries that token's weight."""
+    torch = _torch()
+    w = torch.zeros_like(weights)
+    w[:, :-1] = weights[:, 1:]
+    target = w >= 1.0
+    keep = target.clone()
+    if prompt_share >= 1.0:
+        keep |= w > 0
+        return keep, w[keep], target[keep]
+    draw = torch.rand(w.shape, generator=generator, device=w.device) < prompt_share
+    prompt = (w > 0) & ~target & draw
+    keep |= prompt
+    scaled = torch.where(prompt, w / prompt_share, w)
+    return keep, scaled[keep], target[keep]
+
+
+def sampled_loss_terms(logits, ids, positions, weights_kept, target_kept, weight_sum, target_count):
+    """(weighted CE, target CE) of ``logits`` ``[N, V]`` computed at ``positions`` only
+    (see :func:`loss_positions`), normalised by the full batch's weight sum and target
+    count as :func:`loss_terms` is."""
+    torch = _torch()
+    F = torch.nn.functional
+    nxt = torch.zeros_like(ids)
+    nxt[:, :-1] = ids[:, 1:]
+    ce = F.cross_entropy(logits.float(), nxt[positions], reduction="none")
+    total = (ce * weights_kept).sum() / weight_sum.clamp_min(1.0)
+    target_ce = (ce * target_kept).sum() / target_count.clamp_min(1.0)
+    return total, target_ce
+
+
 def _save(run_dir, payload):
     torch = _torch()
     path = os.path.join(run_dir, STATE)
@@ -103,9 +140,9 @@ def _save(run_dir, payload):
     os.replace(tmp, path)
 
 
-def load_checkpoint(run_dir):
+def load_checkpoint(run_dir, path=None):
     torch = _torch()
-    path = os.path.join(run_dir, STATE)
+    path = path or os.path.join(run_dir, STATE)
     if not os.path.exists(path):
         return None
     return torch.load(path, map_location="cpu", weights_only=False)
@@ -138,6 +175,12 @@ class Trainer:
         self.device = resolve_device(device)
         torch.manual_seed(self.hyper["seed"])
         ckpt = load_checkpoint(run_dir)
+        if ckpt is None and init is not None and str(init).endswith(".pt"):
+            # a weights file (save_weights): the model, step and token counts go on from
+            # there; the optimizer's moments start afresh
+            ckpt = load_checkpoint(run_dir, path=init)
+            ckpt["model"] = {k: (v.float() if v.is_floating_point() else v) for k, v in ckpt["model"].items()}
+            ckpt["optimizer"] = None
         if ckpt is None:
             model, tok = build_model(self.run, init)
             record = os.path.join(run_dir, "tokenizer.record")
@@ -170,10 +213,21 @@ class Trainer:
         ids_t = torch.as_tensor(np.asarray(ids, np.int64), device=self.device)
         w_t = torch.as_tensor(np.asarray(weights, np.float32), device=self.device)
         self.model.train()
+        share = float(self.hyper.get("prompt_share", 1.0))
+        positions = None
+        if share < 1.0:
+            gen = torch.Generator(device=self.device).manual_seed(
+                int(self.hyper["seed"]) * 1_000_003 + int(self.state["step"]))
+            positions, w_kept, t_kept = loss_positions(w_t, share, gen)
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
                             enabled=self.precision == "bf16"):
-            logits = self._forward(ids_t, quant=self.qat, cq=self.qat)
-        loss, tce = loss_terms(logits, ids_t, w_t)
+            logits = self._forward(ids_t, quant=self.qat, cq=self.qat, positions=positions)
+        if positions is None:
+            loss, tce = loss_terms(logits, ids_t, w_t)
+        else:
+            w_next = w_t[:, 1:]
+            loss, tce = sampled_loss_terms(logits, ids_t, positions, w_kept, t_kept,
+                                           w_next.sum(), (w_next >= 1.0).sum().float())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.hyper["clip"])
@@ -256,7 +310,25 @@ class Trainer:
                     or time.time() - last_save > 600):
                 self.checkpoint()
                 last_save = time.time()
+            if hyper.get("snapshot_every") and st["step"] % int(hyper["snapshot_every"]) == 0:
+                self.save_weights(os.path.join(self.run_dir, "snapshots", f"step_{st['step']:06d}.pt"))
+                self.save_weights(os.path.join(self.run_dir, WEIGHTS))
         return st
+
+    def save_weights(self, path):
+        """The model alone in float16 (a learning-curve point, or the small file a run
+        commits so another machine can resume from it with a fresh optimizer)."""
+        torch = _torch()
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        payload = {k: self.state[k] for k in ("step", "tokens", "target_tokens", "seconds", "tokenizer_bytes")}
+        payload.update(model={k: (v.detach().cpu().half() if v.is_floating_point() else v.detach().cpu())
+                              for k, v in self.model.state_dict().items()},
+                       config=self.model.cfg.to_dict(),
+                       heads={n: (h.k, h.q) for n, h in self.model.heads.items()},
+                       bits=self.model.bits, group_size=self.model.group_size, init=None)
+        tmp = path + ".tmp"
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
 
 
 def _write_control(run_dir, end, decay_steps, tokens_file):
@@ -281,11 +353,12 @@ def fit(run_dir, steps=None, until_step=None, init=None, qat=False, precision="f
     return trainer
 
 
-def export(run_dir, out_path, bits=None):
-    """Write the run's latest parameters as a .cact (needle_cy's writer) with the run's tokenizer."""
-    ckpt = load_checkpoint(run_dir)
+def export(run_dir, out_path, bits=None, weights=None):
+    """Write the run's latest parameters (or those of ``weights``, a file of
+    :meth:`Trainer.save_weights`) as a .cact (needle_cy's writer) with the run's tokenizer."""
+    ckpt = load_checkpoint(run_dir, path=weights)
     if ckpt is None:
-        raise FileNotFoundError(f"{run_dir}: no {STATE} to export")
+        raise FileNotFoundError(f"{weights or os.path.join(run_dir, STATE)}: no checkpoint to export")
     model = model_from_checkpoint(ckpt)
     if ckpt.get("init") and os.path.exists(ckpt["init"]):
         model.remember_records(ckpt["init"])        # tensors that training left alone keep their records
@@ -318,12 +391,13 @@ def main(argv=None):
     e.add_argument("run_dir")
     e.add_argument("out")
     e.add_argument("--bits", type=int)
+    e.add_argument("--weights", help="a weights file (snapshots/step_N.pt, weights_fp16.pt) instead of the run's state")
     args = parser.parse_args(argv)
     if args.cmd == "fit":
         fit(args.run_dir, args.steps, args.until_step, args.init, args.qat, args.precision, args.device,
             args.threads, args.compile, args.time_budget)
     else:
-        export(args.run_dir, args.out, args.bits)
+        export(args.run_dir, args.out, args.bits, args.weights)
 
 
 if __name__ == "__main__":
