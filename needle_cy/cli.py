@@ -536,7 +536,7 @@ def build_parser():
                        help="string values and reasoning quotes need not come from the request "
                             "(see needle_cy.grounding)")
         p.add_argument("--reasoning-limit", type=_int_at_least(0), default=256,
-                       help="tokens of free reasoning before the turn declines (default: 256)")
+                       help="tokens of free reasoning before the turn declines")
 
     p = sub.add_parser("run", help="one request → tool calls")
     p.add_argument("query", help="the request, in quotes")
