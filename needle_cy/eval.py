@@ -263,7 +263,7 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--out", help="write per-case records (JSONL) here")
     parser.add_argument("--limit", type=int, help="only the first N cases")
-    parser.add_argument("--threads", type=int)
+    parser.add_argument("--threads", type=int, help="engine threads (default: chosen per call)")
     parser.add_argument("--backend", choices=("cython", "numpy"), help="engine (default: the agent's)")
     parser.add_argument("--include-suppressed", action="store_true",
                         help="count suppressed (escalated) calls as predictions")

@@ -2,7 +2,7 @@
 
 Each target must hold for every input: named errors only, no crash, and for the grammar
 rule zero against jsonschema (0 false accepts) plus Cython = Python runtime.  The long
-campaign command is in the harness docstring and the README.
+campaign command is in the harness docstring and docs/testing.md.
 """
 import pytest
 
