@@ -41,7 +41,7 @@ EXTRA_OF_MODULE = {"torch": "train", "jax": "train", "needle": "train", "hugging
 
 # Pages linked from the README and docs/index that other branches write; remove an entry
 # once its page is merged.
-WRITTEN_ELSEWHERE = {"docs/security.md", "docs/grammar-fuzzing.md"}
+WRITTEN_ELSEWHERE = {"docs/grammar-fuzzing.md"}
 
 
 def fenced_blocks(path):
