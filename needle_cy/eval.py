@@ -397,11 +397,9 @@ def replay_history(agent, case):
             agent.add_turn(turn["results"], [])
 
 
-def _case_turn(agent, case, require_call=None):
-    agent.reset()
-    replay_history(agent, case)
-    return agent.complete(case["results"] if "results" in case else case["query"],
-                          require_call=require_call)
+def turn_input(case):
+    """What the case's own turn gives the agent: its request, or its tool results."""
+    return case["results"] if "results" in case else case["query"]
 
 
 def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
@@ -438,7 +436,7 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
             replay_history(agent, case)
             t0 = time.perf_counter()
             try:
-                response = agent.complete(case["results"] if "results" in case else case["query"])
+                response = agent.complete(turn_input(case))
                 predicted = predicted_calls(response, include_suppressed)
             finally:
                 latency = time.perf_counter() - t0
@@ -447,10 +445,12 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
         forced = None
         if components and case["answers"]:
             try:
-                response = _case_turn(agent, case, require_call=True)
-                forced = (predicted_calls(response)
-                          + predicted_calls({"function_calls": response["suppressed_calls"]}))
-            except Exception:     # scored wrong like the case itself
+                agent.reset()
+                replay_history(agent, case)
+                response = agent.complete(turn_input(case), require_call=True)
+                forced = [{"name": c.get("name"), "arguments": c.get("arguments", {})}
+                          for c in response["function_calls"] + response["suppressed_calls"]]
+            except Exception:     # scored wrong, like a failed case
                 forced = []
         records.append(score_case(case, predicted, case_tools, latency, error, cache, forced))
         if progress:
