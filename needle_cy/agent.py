@@ -38,7 +38,8 @@ from .generate import CLOSING_RESERVE, Cancelled, DecodeSettings, run_turn
 from .grounding import GroundingIndex, NoteGrounder, ValueGrounder
 from .hub import resolve_model
 from .negation import negated_calls
-from .prompt import BOS_ID, Conversation, assistant_text, compact_json, render_tools_json, with_date_fact
+from .prompt import (BOS_ID, IM_END, TOOL_CALL, TOOL_CALL_END, Conversation, OutsideText, compact_json,
+                     encode_template, render_tools_json, with_date_fact)
 from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
                         rank_bm25, select_prefix)
 from .toolspec import ToolSpec, home_tools, normalize_tool, normalize_tools
@@ -615,7 +616,9 @@ class Needle:
                 next(restore, None)           # a generator that returns without yielding
             conv = entry.conversation
             new_ids = conv.tool_result_ids(text) if is_results else conv.query_ids(text)
-            answer_ids = list(self.tokenizer.encode(assistant_text("", calls), dummy_prefix=False))
+            # the markers are the template's, the calls' JSON is outside text
+            answer_ids = encode_template(self.tokenizer, [TOOL_CALL, OutsideText(body.decode("utf-8")),
+                                                          TOOL_CALL_END + IM_END])
             max_seq = int(getattr(self.model.config, "max_seq_len", 1 << 30))
             if self.model.position + len(new_ids) + len(answer_ids) + CLOSING_RESERVE > max_seq:
                 raise ContextOverflowError(
