@@ -14,8 +14,9 @@ keeps (do that on purpose, with the commit of the code measured).  Where matplot
 installed (``pip install ".[bench]"``) the PNGs are written beside it; without it the
 Markdown says the plots were skipped.  Sections:
 
-1. the machine: CPU model and the flags the kernels use, cores, load, the CQ kernel the
-   engine chose, OpenMP;
+1. the machine: CPU model, its class (AVX-512, AVX2 without AVX-512, NEON: the kernels
+   differ by class, so the first lines name it and the CQ kernel chosen) and the flags
+   the kernels use, cores, load, OpenMP;
 2. the roofline, measured in this run by native probes (``needle_cy._roofline``): read
    bandwidth from DRAM (1 and all threads), L3- and L2-sized buffers, float32 FMA,
    int8 and int16 dot-product peaks;
@@ -129,6 +130,30 @@ def cpu_info():
     info["logical"] = os.cpu_count() or 1
     info["physical"] = physical_cores()
     return info
+
+
+def isa_class(flags):
+    """The class of CPU a run measured, from its kernel-relevant flags.  The engine runs
+    different kernels by class (AVX-512: the integer and lookup CQ kernels; AVX2 without
+    AVX-512: the float AVX2 kernel), so figures of two classes do not compare."""
+    f = set(flags)
+    if {"avx512f", "avx512bw", "avx512vl"} <= f:
+        extra = [name for name, flag in (("VNNI", "avx512_vnni"), ("VBMI", "avx512vbmi"), ("AMX", "amx_int8"))
+                 if flag in f]
+        return "AVX-512" + (f" (+{', '.join(extra)})" if extra else "")
+    if {"avx2", "fma"} <= f:
+        return "AVX2+FMA, no AVX-512" + (" (+AVX-VNNI)" if "avx_vnni" in f else "")
+    if "asimd" in f:
+        return "aarch64 NEON" + (" (+dot product)" if "asimddp" in f else "")
+    return "no AVX2+FMA or NEON (portable kernels)"
+
+
+def kernel_choice():
+    """The CQ kernels this run measures: for A8 inputs (deploy numerics) and for float
+    inputs, and whether NEEDLE_CY_CQ_KERNEL forced them."""
+    forced = os.environ.get("NEEDLE_CY_CQ_KERNEL", "").strip()
+    return {"a8": _cq.kernel_name(a8=True), "float": _cq.kernel_name(a8=False),
+            "forced": forced if forced and forced != "auto" else None}
 
 
 def _cache_bytes(text, default):
@@ -559,6 +584,8 @@ def build_report(args, log=print):
     commit = git_commit()                              # the code measured: before anything else runs
     ext_dir, grammar_c = extension_origin()
     cpu = cpu_info()
+    cls = isa_class(cpu["flags"])
+    kern = kernel_choice()
     n_all = max(1, cpu["physical"]) if _parallel.openmp_enabled() else 1
     threads_list = [t if t == "auto" else int(t) for t in args.threads.split(",")]
     if not _parallel.openmp_enabled():
@@ -620,6 +647,10 @@ def build_report(args, log=print):
       f"{load1[0]:.2f} / {load1[1]:.2f} / {load1[2]:.2f} at the end"
       f"{' — **a shared machine: wall-clock figures include other tenants**' if max(load0[0], load1[0]) > 0.5 else ''}.")
     w("")
+    w(f"**CPU class: {cls}.  CQ kernel: `{kern['a8']}` for A8 inputs (deploy numerics), `{kern['float']}` "
+      f"for float inputs" + (f" (forced: NEEDLE_CY_CQ_KERNEL={kern['forced']})" if kern["forced"] else "")
+      + ".**  Figures of another CPU class or kernel do not compare with these.")
+    w("")
     if plots is None:
         w("*Plots skipped: matplotlib is not installed (`pip install \".[bench]\"`)." if not args.no_plots
           else "*Plots skipped (--no-plots).*")
@@ -636,6 +667,7 @@ def build_report(args, log=print):
       + (f", {cpu['Hypervisor vendor']} guest" if "Hypervisor vendor" in cpu else "") + ") |")
     w(f"| cores | {cpu['physical']} physical, {cpu['logical']} logical |")
     w(f"| caches | {', '.join(f'{k.split()[0]} {v}' for k, v in cpu['caches'].items()) or '?'} |")
+    w(f"| CPU class | {cls} |")
     w(f"| kernel-relevant flags | {' '.join(cpu['flags']) or '(none found)'} |")
     w(f"| CQ kernels available | {', '.join(_cq.available_kernels())} |")
     w(f"| CQ kernel chosen | `{_cq.kernel_name(a8=True)}` for A8 inputs (deploy numerics), "
@@ -703,6 +735,8 @@ def build_report(args, log=print):
       "int8 = int8 dot-product peak / MACs per token (what an 8-bit kernel could reach).  The share is of "
       "the lower of DRAM and FMA; `% of roofline, cpu tok/s` is the same for the CPU-time figure, which is "
       "the one that holds on a loaded machine.")
+    w("")
+    w(f"CPU class {cls}; CQ kernel `{kern['a8']}` (A8 inputs), `{kern['float']}` (float inputs).")
     w("")
     if plots:
         w("![decode tokens/s](decode_tok_s.png)")
@@ -785,10 +819,13 @@ def build_report(args, log=print):
         w("")
         L.extend(suite_table(data))
         w("")
-    w("Earlier measurements, each dated and with its CPU named: `benchmarks/history/`.")
+    w("Earlier measurements, each dated and with its CPU named: `benchmarks/history/`. Figures of "
+      "AVX-512 CPUs and of CPUs with AVX2 and no AVX-512 measure different kernels and do not compare.")
     report = out_dir / "REPORT.md"
     report.write_text("\n".join(L) + "\n")
-    raw = {"roofline": {k: v for k, v in roof.items()}, "speeds": speeds,
+    raw = {"machine": {"cpu": cpu["model"], "isa_class": cls, "flags": cpu["flags"],
+                       "kernels_available": _cq.available_kernels(), "kernel": kern},
+           "roofline": {k: v for k, v in roof.items()}, "speeds": speeds,
            "rooflines": rooflines, "profiles": {k: v["groups"] for k, v in profiles.items()}}
     (out_dir / "report.json").write_text(json.dumps(raw, indent=1, default=str))
     log(f"wrote {report} ({elapsed / 60:.1f} min)")

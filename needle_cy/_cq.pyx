@@ -533,8 +533,9 @@ cdef extern from *:
             nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 2); \\
             nt -= 2; xp += 2 * xp_stride; y += 2 * y_stride;                                   \\
         }                                                                                      \\
-        if (nt)                                                                                \\
-            y[0] += nc_cq_row_dot_fb(row, end, nrow, xp, n_chunks, g, table, FB);              \\
+        if (nt) /* one accumulator, as every token of a block: the same sum whatever */        \\
+                /* the count (a thread's share of a chunk's tokens decides the count) */       \\
+            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 1); \\
     }
     NC_CQ_SPECIALISE(1)
     NC_CQ_SPECIALISE(2)
@@ -1714,8 +1715,10 @@ cdef void _matmul_rows_simd(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const
     a time (nc_cq_avx2_row_tokens), all rows of the block per 8 tokens, so the
     8 tokens' slice stays in L1 while the rows use it.  Both sum each lane in the
     same order and reduce it with the same hsum per slice, so which path a slice
-    takes does not change the result (except a lone trailing token of an odd-sized
-    block: nc_cq_avx2_row_tokens sends it through the matvec formula).
+    takes does not change the result, and neither does the number of tokens (a
+    lone trailing token is summed as a block of one, not by the matvec formula, whose
+    four partial sums per chunk round differently): any split of the tokens between
+    threads gives the same bits.
 
     Long rows go in column slices of about SLICE_FIELDS (8 tokens × 768 fields =
     24 KB; 16 decoded rows of 768 fields: 48 KB, mostly L1/L2 resident); the

@@ -52,6 +52,16 @@ def test_report_has_every_section_in_order(tiny_report):
     positions = [lines.index(s) for s in SECTIONS]
     assert positions == sorted(positions)
     assert "| CQ kernel chosen |" in text and "| kernel-relevant flags |" in text and "| compiled modules |" in text
+    # the CPU class and the kernel measured, at the top (figures of AVX2 and AVX-512 CPUs do not compare)
+    from needle_cy import _cq
+    cls = report.isa_class(report.cpu_info()["flags"])
+    first = next(line for line in lines if line.startswith("**CPU class:"))
+    assert first.startswith(f"**CPU class: {cls}.  CQ kernel: `{_cq.kernel_name(a8=True)}` for A8 inputs")
+    assert f"| CPU class | {cls} |" in text
+    machine = tiny_report[1]["machine"]
+    assert machine["isa_class"] == cls and machine["kernel"]["a8"] == _cq.kernel_name(a8=True)
+    assert machine["kernel"]["float"] == _cq.kernel_name(a8=False)
+    assert machine["kernels_available"] == _cq.available_kernels()
     # the history is pointed to, not repeated: no heading beyond the report's own sections
     assert "`benchmarks/history/`" in lines[-1]
     assert [ln for ln in lines if ln.startswith("## ")] == [s for s in SECTIONS if s.startswith("## ")]
@@ -89,6 +99,17 @@ def test_a_plain_run_writes_outside_the_tracked_files(tmp_path):
         report.build_report = real_build
     with pytest.raises(SystemExit):
         report.main(["--out", str(tmp_path), "--update-committed"])
+
+
+def test_isa_class_names_the_kernels_class():
+    assert report.isa_class(["avx", "avx2", "fma"]) == "AVX2+FMA, no AVX-512"
+    assert report.isa_class(["avx2", "fma", "avx_vnni"]) == "AVX2+FMA, no AVX-512 (+AVX-VNNI)"
+    assert report.isa_class(["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                             "avx512vbmi"]) == "AVX-512 (+VNNI, VBMI)"
+    assert report.isa_class(["avx2", "fma", "avx512f", "avx512bw", "avx512vl"]) == "AVX-512"
+    assert report.isa_class(["avx2", "avx512f"]) == "no AVX2+FMA or NEON (portable kernels)"   # no FMA, no BW
+    assert report.isa_class(["asimd", "asimddp"]) == "aarch64 NEON (+dot product)"
+    assert report.isa_class([]) == "no AVX2+FMA or NEON (portable kernels)"
 
 
 def test_plots_are_written_or_reported_skipped(tiny_report):

@@ -3,7 +3,8 @@
 Every width (1, 2, 3, 4, ternary) and group size, random shapes including
 column counts that are not a multiple of the group size and single-row
 matrices, 1 and 2 threads, and both inner loops (AVX2 where the CPU has it,
-and the portable scalar one).
+and the portable scalar one).  Every share of rows and tokens the engine's threads
+make gives the whole product's bits, on every kernel this CPU runs.
 """
 import types
 
@@ -302,3 +303,33 @@ def test_row_and_token_pieces_equal_the_whole_product(kernel, bits, a8_input):
         np.testing.assert_array_equal(_cq._matvec_pieces(W, X[3], row_cut, a8=a8_input), one)
     with pytest.raises(ValueError):
         _cq._matmul_pieces(W, X, 8, 0)
+
+
+@pytest.mark.parametrize("bits", WIDTHS)
+@pytest.mark.parametrize("name", _cq.available_kernels())
+def test_every_token_share_gives_the_whole_products_bits(name, bits):
+    """A prefill chunk's tokens are cut between the threads (T·tid // nt), so a thread's
+    share may hold any number of tokens, one included.  On every kernel this CPU runs
+    (set_kernel; an AVX-512 CPU runs the AVX2 ones too), at every width, with float and
+    A8 inputs, and on both paths of the float matmul (rows decoded once; 1–2-bit rows
+    wider than LOW_BIT_DECODE_FIELDS straight from the packed bytes, 8, 4, 2 and 1
+    tokens at a time), each share gives the whole product's bits."""
+    rng = np.random.default_rng(300 + bits)
+    previous = _cq.set_kernel(name)
+    try:
+        for cols in (200, 1000):
+            W = random_cq(rng, 80, cols, bits, 64)
+            X = rng.standard_normal((13, cols)).astype(np.float32)
+            for a8_input in (False, True):
+                if a8_input:
+                    s = np.abs(X).max(axis=1, keepdims=True) / 127
+                    X = (np.clip(np.rint(X / s), -127, 127) * s).astype(np.float32)
+                whole = _cq.matmul(W, X, threads=1, a8=a8_input)
+                # (avx512lut's int16 tables round each lookup: test_cq_int_kernels.rel_tol)
+                assert rel_err(whole, ref.matmul(W, X)) <= (2e-3 if a8_input and name == "avx512lut" else 1e-5)
+                for token_cut in range(len(X) + 1):           # shares of 0 … 13 tokens
+                    got = _cq._matmul_pieces(W, X, 16 * (token_cut % 6), token_cut, a8=a8_input)
+                    np.testing.assert_array_equal(got, whole, err_msg=f"{name} cols {cols} cut {token_cut}")
+                np.testing.assert_array_equal(_cq.matmul(W, X, threads=2, a8=a8_input), whole)
+    finally:
+        _cq.set_kernel(previous)

@@ -8,8 +8,9 @@
   reset; ladder rungs; the wrapped KV window with and without sinks; PAD tokens
   left out of the head pools; head outputs ≡ the reference's.
 * the int8 KV cache (deploy, kv_bits 8) holds exactly the float cache's values as
-  codes·scale; 1 and 2 threads give identical bits (decode splits attention over
-  KV heads).
+  codes·scale.
+* 1, 2 and 3 threads give identical bits (decode and prefill split rows, tokens and
+  KV heads between threads), on every CQ kernel this CPU runs (cq_kernel).
 """
 import numpy as np
 import pytest
@@ -21,6 +22,11 @@ from needle_cy.model import Model
 from needle_cy.testing.make_random_archive import make_random_archive
 
 pytest.importorskip("needle_cy._model")
+from needle_cy import _cq  # noqa: E402  (after the skip: a tree without built extensions)
+
+# Every CQ kernel this CPU runs (an AVX-512 CPU also runs avx2int, avx2 and scalar): the
+# thread-identity tests below hold for each of them, not only for the one 'auto' picks.
+CQ_KERNELS = _cq.available_kernels()
 
 RTOL = 1e-5
 DEPLOY_FIRST_RTOL = 2e-4   # the lookups' int16 tables (avx512lut): measured up to 1.8e-4 at 4 bits
@@ -74,6 +80,16 @@ def archive(archive_dir, key, **kw):
 def pair(path, numerics="deploy", **kw):
     return (Model.load(path, backend="cython", numerics=numerics, threads=2, **kw),
             Model.load(path, backend="numpy", numerics=numerics, **kw))
+
+
+@pytest.fixture(params=CQ_KERNELS)
+def cq_kernel(request):
+    """Force one CQ kernel for the engines a test loads (set_kernel before Model.load:
+    the engine lays its matrices out for the kernel in force)."""
+    previous = _cq.set_kernel(request.param)
+    assert _cq.kernel_name() == request.param
+    yield request.param
+    _cq.set_kernel(previous)
 
 
 def ids_for(vocab, n, seed=5):
@@ -190,13 +206,13 @@ def test_random_archives_match_reference(archive_dir, key):
         assert cy.head_outputs() == {}
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_threads_do_not_change_results(archive_dir, threads):
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads_do_not_change_results(archive_dir, cq_kernel, threads):
     path = archive(archive_dir, "w4_kv8", bits=4)
     ids = ids_for(300, 40)
     one = Model.load(path, backend="cython", threads=1).forward(ids)
     other = Model.load(path, backend="cython", threads=threads).forward(ids)
-    assert_close(other, one, 1e-6)
+    np.testing.assert_array_equal(other, one)
 
 
 def _cache_values(engine):
@@ -258,14 +274,16 @@ def test_kv_storage_choice(archive_dir):
 
 
 @pytest.mark.parametrize("key", list(GEOMETRIES))
-def test_decode_is_bit_identical_across_thread_counts(archive_dir, key):
+def test_decode_is_bit_identical_across_thread_counts(archive_dir, cq_kernel, key):
     """A step on several threads is one parallel region (CythonEngine._step_blocks: row
     blocks of every product split, KV heads split, the Monarch MLP split by rows,
     the probe pools on the last thread); so is a prefill chunk's block loop
     (_chunk_blocks: token ranges, rotations by token, row or token shares of the
     products, interleaved attention, pools by probe).  None of it may change
     a bit of the logits or of the pooled head outputs, in every geometry (shared and
-    unshared rotations, float and integer kernels) and at more threads than KV heads."""
+    unshared rotations) and at more threads than KV heads, on every CQ kernel this CPU
+    runs (cq_kernel: the float kernels' matmul sums a token alike in any share of the
+    chunk's tokens, one token included)."""
     kw, numerics = GEOMETRIES[key]
     path = archive(archive_dir, key, **kw)
     ids = ids_for(300, 110, seed=4)
@@ -287,7 +305,7 @@ def test_decode_is_bit_identical_across_thread_counts(archive_dir, key):
     np.testing.assert_array_equal(out[1][-1], out[1][1])     # restore replays the same step
 
 
-def test_prefill_row_shares_are_bit_identical_across_thread_counts(archive_dir):
+def test_prefill_row_shares_are_bit_identical_across_thread_counts(archive_dir, cq_kernel):
     """A geometry whose q/k/v/gate list is long enough to be cut by rows between the
     threads of one parallel region (_list_share; the small geometries above are cut by
     tokens), over three chunks: the shares must cover every row once, so 2 and 3
@@ -313,7 +331,7 @@ def _assert_steps_equal_across_threads(path, ids, prompt=40):
 
 
 @pytest.mark.parametrize("ahead", ["0", "64", "100000000"])
-def test_prefetch_streams_do_not_change_a_decode_step(archive_dir, monkeypatch, ahead):
+def test_prefetch_streams_do_not_change_a_decode_step(archive_dir, monkeypatch, cq_kernel, ahead):
     """A step's waiting threads prefetch their next rows (CythonEngine._plan_prefetch,
     NEEDLE_CY_PF_AHEAD bytes ahead; 0: no streams, and the old prefetch calls instead):
     timing only, so 2- and 3-thread decode gives the 1-thread logits bit for bit with
@@ -326,7 +344,7 @@ def test_prefetch_streams_do_not_change_a_decode_step(archive_dir, monkeypatch, 
 
 
 @pytest.mark.parametrize("team", ["2", "3", "4"])
-def test_mlp_on_thread_zero_or_the_team_gives_the_same_step(archive_dir, monkeypatch, team):
+def test_mlp_on_thread_zero_or_the_team_gives_the_same_step(archive_dir, monkeypatch, cq_kernel, team):
     """A decode step's Monarch MLP is split between the threads of a team of at least
     NEEDLE_CY_MLP_TEAM (mlp_team_min) and runs on thread 0 alone in a smaller one: 2- and
     3-thread decode give the 1-thread logits bit for bit on either side of the bound."""
@@ -337,7 +355,7 @@ def test_mlp_on_thread_zero_or_the_team_gives_the_same_step(archive_dir, monkeyp
     _assert_steps_equal_across_threads(path, ids)
 
 
-def test_a_site_at_block_zero_steps_the_same_on_every_thread_count(archive_dir):
+def test_a_site_at_block_zero_steps_the_same_on_every_thread_count(archive_dir, cq_kernel):
     """Block 0's input reads the last engram site's values, which the last thread convolves
     after the sites' meetings: a meeting more there (_step_blocks), so 2 and 3 threads
     still give the 1-thread logits bit for bit."""
@@ -347,7 +365,7 @@ def test_a_site_at_block_zero_steps_the_same_on_every_thread_count(archive_dir):
 
 
 @pytest.mark.parametrize("sites", [(1,), (1, 2), (2, 3), (3,)])
-def test_engram_sites_beside_the_mlp_step_the_same(archive_dir, monkeypatch, sites):
+def test_engram_sites_beside_the_mlp_step_the_same(archive_dir, monkeypatch, cq_kernel, sites):
     """A 2-thread decode step runs the engram sites on its last thread while thread 0
     runs each block's Monarch MLP and serial start (_plan_sites: a site's input, key
     product, value product and conv, all done by the block before the first layer that
