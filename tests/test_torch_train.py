@@ -163,7 +163,8 @@ def test_time_budget_sets_an_end_that_fits(tmp_path):
     assert ctl["decay_steps"] == int(0.2 * ctl["end"])
     overrun = [r for r in _log(run) if r.get("event") == "time_budget_overrun"]
     assert trainer.state["step"] == ctl["end"] or overrun
-    assert trainer.state["seconds"] < budget * 1.5
+    if overrun:         # the step that crossed the budget was the last one
+        assert overrun[0]["step"] == trainer.state["step"] < ctl["end"]
 
 
 def test_scratch_run_keeps_the_run_folders_tokenizer(tmp_path):
