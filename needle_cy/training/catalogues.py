@@ -176,15 +176,22 @@ def _open_value(rng, kind):
         return rng.choice(w["first_names"]) + " " + rng.choice(w["last_names"])
     if kind == "title":
         n = rng.choice([1, 2, 2, 3])
-        return " ".join(rng.choice(w["words"]).capitalize() for _ in range(n))
-    if kind == "words":
-        return " ".join(rng.choice(w["words"]) for _ in range(rng.randint(1, 3)))
-    if kind == "message":
-        return " ".join(rng.choice(w["words"]) for _ in range(rng.randint(3, 6)))
+        return " ".join(_open_word(rng, w).capitalize() for _ in range(n))
     if kind == "email":
         return (f"{rng.choice(w['first_names']).lower()}.{rng.choice(w['last_names']).lower()}"
                 f"@{_pick(rng, ['gmail.com', 'outlook.com', 'work.co.uk', 'example.org'])}")
-    raise CatalogueError(f"open pool {kind!r} is unknown (person, first, title, words, message, email)")
+    raise CatalogueError(f"open pool {kind!r} is unknown (person, first, title, email)")
+
+
+_NOT_VALUES = {"none", "null", "true", "false", "nan"}
+
+
+def _open_word(rng, w):
+    """A word of the open pool that does not read as a JSON literal ("None", "True")."""
+    while True:
+        word = rng.choice(w["words"])
+        if word.lower() not in _NOT_VALUES:
+            return word
 
 
 def _code(rng, digits):
@@ -353,6 +360,9 @@ class CatalogueTool:
         # a tool asked for mostly with questions reads something: "don't …" makes no refusal of it
         self.getter = 2 * sum(t.form == "question" for t in self.templates) >= len(self.templates)
         self.imperative = any(t.form == "imperative" for t in self.templates)
+        # required keys some template can leave unsaid (a refusal: the value is missing)
+        self.droppable_required = [k for k in self.order if k in self.required
+                                   and any(k in t.droppable for t in self.templates)]
 
     # the pool a slot draws from: its own, else one read from the schema
     def _spec(self, key, variant):
@@ -684,30 +694,32 @@ class Generator:
         names = {t["name"] if isinstance(t, dict) else t.name for t in shown_all}
         for _ in range(8):
             r = rng.random()
-            if r < 0.18:
+            if r < 0.2:
                 pool = CHAT + QUESTIONS + cat.chat * 3
                 text = _pick(rng, pool)
                 if text in cat.chat or not any(c.avoid.search(text) for c in self._shown_cats(shown_tools)):
                     return text, REFUSAL_NOTE, [], "refuse"
-            elif r < 0.45:      # a tool of this catalogue that is not shown: a near miss
+            elif r < 0.4:       # a tool of this catalogue that is not shown: a near miss
                 missing = [t for t in cat.tools if t.name not in names and not (t.covered_by & names)]
                 if missing:
                     t = _pick(rng, missing)
                     got = t.draw(rng, today, optional_rate=0.3)
                     if got is not None:
                         return _wrap(rng, got[0], got[1]), REFUSAL_NOTE, got[4], "refuse_missing_tool"
-            elif r < 0.65:      # a required value left unsaid
-                t = _pick(rng, shown_tools)
-                keys = [k for k in t.order if k in t.required and any(k in tp.droppable for tp in t.templates)]
-                if keys:
+            elif r < 0.62:      # a required value left unsaid
+                askable = [t for t in shown_tools if t.droppable_required]
+                if askable:
+                    t = _pick(rng, askable)
+                    keys = t.droppable_required
                     key = _pick(rng, keys)
                     got = t.draw(rng, today, optional_rate=0.2, leave_out=key)
                     if got is not None:
                         return _wrap(rng, got[0], got[1]), f"{t.name}: {key} is not given", got[4], "refuse_missing_value"
             elif r < 0.82:      # a value outside the range or the enum
-                t = _pick(rng, shown_tools)
-                keys = t.bad_keys()
-                if keys:
+                sayable = [t for t in shown_tools if t.bad_keys()]
+                if sayable:
+                    t = _pick(rng, sayable)
+                    keys = t.bad_keys()
                     got = t.draw(rng, today, optional_rate=0.2, bad_key=_pick(rng, keys))
                     if got is not None:
                         return (_wrap(rng, got[0], got[1]), f"{t.name}: a value is outside what the tool accepts",
