@@ -76,6 +76,10 @@ def test_catalogues_are_written_as_specified():
             jsonschema.Draft202012Validator.check_schema(t.tool["parameters"])
             assert set(t.required) <= set(t.props), t.name
             assert 8 <= len(t.templates) <= 20, (t.name, len(t.templates))
+    for c in cats:       # the siblings that cover a tool's requests are of its catalogue
+        for t in c.tools:
+            assert t.covered_by <= set(c.by_name) - {t.name}, t.name
+            assert all(set(pair) <= set(t.props) for pair in t.distinct), t.name
     # naming and schema styles vary as app developers' do
     assert any("." in n for n in names)
     assert any(re.search(r"[a-z][A-Z]", n) for n in names)

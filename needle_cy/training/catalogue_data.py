@@ -21,6 +21,14 @@ Rules the entries keep (``tests/test_training_catalogues.py`` checks them):
 share volume and play requests): a catalogue's distractors come from other families.
 ``avoid`` is the pattern of the domain's own words: tool-corpus distractors and
 chit-chat that match it are not shown beside the catalogue.
+
+Per tool: ``tool`` (the schema shown), ``say`` (paraphrases: "kill the telly"),
+``plain`` (requests in the tool's own words: "turn the TV off"), ``slots`` (value pools
+per parameter, ``"key:variant"`` for a second way of saying it), ``bad`` (words for
+values the schema refuses), ``result`` (the ``<tool_result>`` payload: ``"$key"`` is an
+argument), ``covered_by`` (sibling tools that could serve its requests: no "missing
+tool" refusal is drawn for it while one of them is shown) and ``distinct`` (argument
+pairs that must differ).
 """
 
 # ------------------------------------------------------------------ pools ---
@@ -520,6 +528,7 @@ SPEAKER = {
          "plain": ["set an alarm[ for {time}][ {repeat}]",
                    "create an alarm at {time}[ called {label}]",
                    "set an alarm at {time} {repeat}"],
+         "covered_by": ["countdown_start"],
          "result": {"alarm_id": "#int:1:40", "time": "$time", "repeat": "$repeat", "label": "$label"}},
         {"tool": {"name": "snooze", "description": "Snooze the ringing alarm.",
                   "parameters": {"type": "object", "properties": {
@@ -550,6 +559,7 @@ SPEAKER = {
                    "set a {name} timer for {duration_seconds}",
                    "start a countdown of {duration_seconds}",
                    "set a timer for {duration_seconds}"],
+         "covered_by": ["alarms.create"],
          "result": {"timer": "$name", "ends_at": "#clock", "seconds": "$duration_seconds"}},
         {"tool": {"name": "alarms.delete", "description": "Delete the alarm set for the given time.",
                   "parameters": {"type": "object", "properties": {
@@ -582,15 +592,15 @@ SPEAKER = {
                       "sound": {"type": "string", "enum": ["rain", "ocean", "fan", "forest", "fireplace"]},
                       "minutes": {"type": "integer", "minimum": 5, "maximum": 480, "description": "Stop after this long"}},
                       "required": []}},
-         "slots": {"sound": [("rain", "rain"), ("rainfall", "rain"), ("a thunderstorm", "rain"), ("waves", "ocean"),
-                             ("the sea", "ocean"), ("ocean", "ocean"), ("a fan", "fan"), ("fan", "fan"),
-                             ("woodland", "forest"), ("birdsong in the woods", "forest"), ("a crackling fire", "fireplace"),
+         "slots": {"sound": [("rain", "rain"), ("rainfall", "rain"), ("thunderstorm", "rain"), ("wave", "ocean"),
+                             ("sea", "ocean"), ("ocean", "ocean"), ("fan", "fan"), ("electric fan", "fan"),
+                             ("woodland", "forest"), ("forest", "forest"), ("crackling fire", "fireplace"),
                              ("fireplace", "fireplace")],
                    "minutes": ("minutes", 5, 480)},
-         "bad": {"sound": ["whale song", "a train", "city noise", "heartbeat", "wind chimes"]},
+         "bad": {"sound": ["whale song", "train", "city", "heartbeat", "wind chime"]},
          "say": ["s: I can't get to sleep", "(play|put on) some {sound} sounds[ for {minutes}]",
-                 "help me (sleep|drift off) with {sound}[ for {minutes}]", "v: {sound} noise[ for {minutes}]",
-                 "s: it's too quiet to concentrate, play {sound}", "q: could I have {sound} in the background[ for {minutes}]",
+                 "help me (sleep|drift off) with (some|the sound of) {sound}[ for {minutes}]", "v: {sound} noise[ for {minutes}]",
+                 "s: it's too quiet to concentrate, play some {sound} sounds", "q: could I have {sound} sounds in the background[ for {minutes}]",
                  "drown out the noise with {sound}", "(play|put on) something (relaxing|soothing)[ for {minutes}]"],
          "plain": ["play white noise[ for {minutes}]",
                    "play {sound} sounds to help me sleep",
@@ -723,6 +733,7 @@ CALENDAR = {
          "plain": ["add an event: {title}[ {date}][ at {start_time}]",
                    "create a calendar event for {title}[ {date}][ at {start_time}][ at {location}]",
                    "add {title} to my calendar[ {date}][ at {start_time}]"],
+         "covered_by": ["remind_me"],
          "result": {"event_id": "#int:1000:9999", "title": "$title", "date": "$date", "start": "$start_time"}},
         {"tool": {"name": "remind_me",
                   "description": "Create a reminder that notifies the user at a given time (and optional date).",
@@ -740,6 +751,7 @@ CALENDAR = {
                    "set a reminder to {text}[ at {time}][ {date}]",
                    "q: can you remind me[ at {time}] to {text}",
                    "remind me[ {date}][ at {time}] to {text}"],
+         "covered_by": ["create_event"],
          "result": {"reminder_id": "#int:1:500", "at": "$time", "date": "$date"}},
         {"tool": {"name": "list_events", "description": "What's on the calendar for a day.",
                   "parameters": {"type": "object", "properties": {
@@ -813,6 +825,7 @@ TODO = {
          "plain": ["add a task: {task}[, {priority}][, due {dueDate}]",
                    "add the task {task} to my[ {list}] list",
                    "new task: {task}[ due {dueDate}]"],
+         "covered_by": ["notes.create"],
          "result": {"id": "#int:100:999", "task": "$task", "list": "#pick:Inbox|Home|Work"}},
         {"tool": {"name": "complete_task", "description": "Mark a task as done.",
                   "parameters": {"type": "object", "properties": {
@@ -842,6 +855,7 @@ TODO = {
          "plain": ["create a note[ called {title}]: {body}",
                    "new note saying {body}",
                    "make a note that {body}"],
+         "covered_by": ["addTask"],
          "result": {"note_id": "#int:1:900", "title": "$title", "saved": True}},
         {"tool": {"name": "search_notes", "description": "Full-text search over saved notes.",
                   "parameters": {"type": "object", "properties": {
@@ -1011,6 +1025,7 @@ EMAIL = {
          "plain": ["search my email for {query}",
                    "search my mail from {from}",
                    ("show unread emails from {from}", {"unread_only": True})],
+         "covered_by": ["get_unread_count"],
          "result": {"results": [{"from": "$from", "subject": "#pick:Re: Saturday|Invoice 2231|Quick question|Tickets",
                                  "received": "#clock"}], "count": "#int:0:6"}},
         {"tool": {"name": "archiveMessages", "description": "Archives every message from a sender.",
@@ -1048,6 +1063,7 @@ EMAIL = {
                  "v: unread count", "q: have I got emails waiting", "check if anything new came in"],
          "plain": ["q: how many unread emails do I have",
                    "count my unread emails"],
+         "covered_by": ["mail.search"],
          "result": {"unread": "#int:0:85"}},
     ],
 }
@@ -1106,6 +1122,8 @@ BANKING = {
                  "v: {amount} to {to_account}[ from {from_account}]", "q: can you move {amount} over to the {to_account}"],
          "plain": ["transfer[ {amount}] to {to_account}[ from {from_account}]",
                    "transfer {amount} from {from_account} to {to_account}"],
+         "distinct": [("from_account", "to_account")],
+         "covered_by": ["pay_bill"],
          "result": {"moved": "$amount", "to": "$to_account", "new_balance_gbp": "#num:0:8000"}},
         {"tool": {"name": "pay_bill", "description": "Pay someone or a company from the current account, now or on a date.",
                   "parameters": {"type": "object", "properties": {
@@ -1226,6 +1244,7 @@ SECURITY = {
                  "q: is the[ {camera}] camera still running"],
          "plain": ["check the status of the {camera} camera",
                    "q: is the {camera} camera online"],
+         "covered_by": ["camera.snapshot"],
          "result": {"camera": "$camera", "online": True, "recording": "#pick:true|false", "battery_pct": "#int:5:100"}},
         {"tool": {"name": "camera.snapshot", "description": "Take a still picture from a camera and show it.",
                   "parameters": {"type": "object", "properties": {
@@ -1240,6 +1259,7 @@ SECURITY = {
                  "q: can I see the {camera} (camera|cam)"],
          "plain": ["take a snapshot from the[ {camera}] camera",
                    "show me a picture from the {camera} camera"],
+         "covered_by": ["camera.get_status"],
          "result": {"camera": "$camera", "image": "#pick:snap_0931.jpg|snap_1204.jpg|snap_2215.jpg", "people_detected": "#int:0:2"}},
         {"tool": {"name": "setMotionAlerts", "description": "Turn motion notifications on or off for one camera.",
                   "parameters": {"type": "object", "properties": {
@@ -1295,6 +1315,7 @@ VACUUM = {
          "plain": ["start the vacuum[ in the {rooms}][ {power}]",
                    "start cleaning[ the {rooms}][ {power}]",
                    "vacuum the {rooms}"],
+         "covered_by": ["startMopping"],
          "result": {"status": "cleaning", "rooms": "$rooms", "estimated_minutes": "#int:10:70"}},
         {"tool": {"name": "vacuum.dock", "description": "Send the robot back to its base.",
                   "parameters": {"type": "object", "properties": {}, "required": []}},
@@ -1365,6 +1386,7 @@ AIR = {
                  ("s: that purifier is so noisy, kill it", {"on": False}), ("q: can you turn the air cleaner off", {"on": False})],
          "plain": [("turn on the air purifier", {"on": True}),
                    ("turn the air purifier off", {"on": False})],
+         "covered_by": ["purifier_fan_speed", "boost_purifier"],
          "result": {"on": "$on"}},
         {"tool": {"name": "purifier_fan_speed", "description": "Sets purifier fan speed from 1 (silent) to 5 (max).",
                   "parameters": {"type": "object", "properties": {
@@ -1377,6 +1399,7 @@ AIR = {
                  "(drop|bump) the purifier to {speed}", "q: can the purifier go to {speed}"],
          "plain": ["set the purifier fan speed[ to {speed}]",
                    "v: purifier fan speed {speed}"],
+         "covered_by": ["purifier_power", "boost_purifier"],
          "result": {"speed": "$speed"}},
         {"tool": {"name": "boost_purifier",
                   "description": "Runs the purifier at maximum for a while to clear the air quickly, then returns to auto.",
@@ -1391,6 +1414,7 @@ AIR = {
          "plain": ["boost the purifier[ for {minutes}]",
                    "clear the air quickly[ for {minutes}]",
                    "run the purifier at max[ for {minutes}]"],
+         "covered_by": ["purifier_power", "purifier_fan_speed"],
          "result": {"boost_minutes": "$minutes", "returns_to": "auto"}},
         {"tool": {"name": "humidifier.set", "description": "Humidifier power and target humidity (30-70 %).",
                   "parameters": {"type": "object", "properties": {
@@ -1452,6 +1476,7 @@ WEATHER = {
          "plain": ["q: what's the forecast[ for {location}][ {date}]",
                    "get the weather forecast for {location}[ {date}]",
                    "q: what's the weather[ in {location}] {date}"],
+         "covered_by": ["current_conditions"],
          "result": {"location": "$location", "date": "$date", "high_c": "#int:-3:31", "low_c": "#int:-8:18",
                     "summary": "#pick:light rain|sunny spells|overcast|heavy showers|clear", "rain_pct": "#int:0:100"}},
         {"tool": {"name": "current_conditions", "description": "Conditions right now: temperature, feels-like, wind.",
@@ -1463,6 +1488,7 @@ WEATHER = {
          "plain": ["q: what are the current conditions[ in {location}]",
                    "q: what's the temperature right now[ in {location}]",
                    "q: what's the weather like right now[ in {location}]"],
+         "covered_by": ["get_forecast"],
          "result": {"location": "$location", "temp_c": "#int:-5:32", "feels_like_c": "#int:-9:34",
                     "wind_kph": "#int:0:70", "conditions": "#pick:drizzle|sunny|cloudy|fog|clear"}},
         {"tool": {"name": "weatherAlerts", "description": "Active severe-weather warnings for an area.",
@@ -1534,6 +1560,7 @@ NEWS = {
          "plain": ["read me the headlines",
                    "q: what are the top stories[ in {section}]",
                    "give me the {section} headlines"],
+         "covered_by": ["search_news"],
          "result": {"section": "$section", "stories": [{"title": "#pick:Rates held again|New probe reaches orbit|Strike talks resume",
                                                       "source": "#pick:BBC|Reuters|Guardian"}]}},
         {"tool": {"name": "sports.score", "description": "Latest or live score for a team's most recent game.",
@@ -1585,6 +1612,7 @@ NEWS = {
                  "s: everyone's talking about {query}, fill me in", "q: has anything come out about {query}[ in the past {days}]"],
          "plain": ["search the news for {query}",
                    "find recent articles about {query}"],
+         "covered_by": ["news.headlines"],
          "result": {"query": "$query", "articles": "#int:0:40", "top": "#pick:Live updates|Explainer|Analysis"}},
     ],
 }
@@ -1720,6 +1748,7 @@ PHOTOS = {
          "plain": ["search my photos for {query}[ from {year}]",
                    "find photos of {person}",
                    "search photos from {year}"],
+         "covered_by": ["slideshow"],
          "result": {"matches": "#int:0:240", "first": "#pick:IMG_2211.jpg|IMG_0457.heic|IMG_9821.jpg"}},
         {"tool": {"name": "create_album", "description": "Create an empty album with a name.",
                   "parameters": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},

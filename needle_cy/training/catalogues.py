@@ -348,6 +348,7 @@ class CatalogueTool:
         self.bad = entry.get("bad") or {}
         self.result = entry.get("result")
         self.covered_by = set(entry.get("covered_by") or [])
+        self.distinct = [tuple(pair) for pair in entry.get("distinct") or []]   # keys whose values must differ
         self.pools = pools
         self.said = [Template(t, f"{where} template {i}") for i, t in enumerate(entry["say"])]
         self.plain = [Template(t, f"{where} plain template {i}") for i, t in enumerate(entry.get("plain") or [])]
@@ -448,6 +449,8 @@ class CatalogueTool:
         if bad_key is not None and not bad_done:
             return None
         clause = _tidy(text)
+        if any(a in args and b in args and args[a] == args[b] for a, b in self.distinct):
+            return None
         if leave_out is not None:
             if leave_out in args or not (self.required - {leave_out}) <= set(args):
                 return None
