@@ -33,6 +33,19 @@ pairs that must differ).
 
 # ------------------------------------------------------------------ pools ---
 
+
+def _minimal(items):
+    """Free strings said with an article or "my" before them: the call copies the words
+    after it ("find the email about the invoice" → "invoice"), as the labelling rules do."""
+    out = []
+    for item in items:
+        if isinstance(item, str) and item.split(" ", 1)[0] in ("the", "my") and " " in item:
+            out.append((item, item.split(" ", 1)[1]))
+        else:
+            out.append(item)
+    return out
+
+
 POOLS = {
     "SHOWS": ["Breaking Bad", "The Crown", "Stranger Things", "Bluey", "Ted Lasso", "Line of Duty",
               "Peaky Blinders", "The Last of Us", "Severance", "Fleabag", "Sherlock", "Doctor Who",
@@ -824,7 +837,7 @@ TODO = {
                  "s: {task} has to happen[ by {dueDate}]"],
          "plain": ["add a task: {task}[, {priority}][, due {dueDate}]",
                    "add the task {task} to my[ {list}] list",
-                   "new task: {task}[ due {dueDate}]"],
+                   "v: new task: {task}[ due {dueDate}]"],
          "covered_by": ["notes.create"],
          "result": {"id": "#int:100:999", "task": "$task", "list": "#pick:Inbox|Home|Work"}},
         {"tool": {"name": "complete_task", "description": "Mark a task as done.",
@@ -862,9 +875,9 @@ TODO = {
                       "query": {"type": "string"},
                       "limit": {"type": "integer", "minimum": 1, "maximum": 20}},
                       "required": ["query"]}},
-         "slots": {"query": [("the boiler", "boiler"), "paint colours", "gift ideas", ("the landlord", "landlord"),
+         "slots": {"query": _minimal([("the boiler", "boiler"), "paint colours", "gift ideas", ("the landlord", "landlord"),
                              "Mia's teacher", ("the spare key", "spare key"), ("the refund", "refund"), "shelves",
-                             "films", ("the broadband", "broadband"), "bin day", "the plumber", "party ideas"],
+                             "films", ("the broadband", "broadband"), "bin day", "the plumber", "party ideas"]),
                    "limit": ("int", 2, 10)},
          "say": ["q: what did I write about {query}", "find my (note|notes) on {query}", "dig up (what I saved|my notes) about {query}",
                  "q: did I note anything about {query}", "v: notes about {query}[, top {limit}]",
@@ -994,8 +1007,8 @@ EMAIL = {
                       "body": {"type": "string"}},
                       "required": ["to", "body"]}},
          "slots": {"to": ("any", "@PEOPLE", ("open", "email")),
-                   "subject": ("any", ["Saturday", "the invoice", "holiday photos", "rent", "next week", "the school run",
-                                       "quick question", "the party", "the report"], ("open", "title")),
+                   "subject": ("any", _minimal(["Saturday", "the invoice", "holiday photos", "rent", "next week", "the school run",
+                                                "quick question", "the party", "the report"]), ("open", "title")),
                    "body": ("any", ["I'm running ten minutes late", "the invoice is attached", "can we move it to Friday",
                                     "thanks for a lovely evening", "I've paid you back", "let's catch up soon",
                                     "the kids are off sick today", "see you at seven", "I'll bring the wine",
@@ -1016,8 +1029,8 @@ EMAIL = {
                       "unread_only": {"type": "boolean"}},
                       "required": []}},
          "slots": {"from": "@PEOPLE",
-                   "query": ("any", ["the invoice", "council tax", "the gas bill", "tickets", "the school form",
-                                     "the refund", "booking confirmation", "my payslip", "the lease"])},
+                   "query": ("any", _minimal(["the invoice", "council tax", "the gas bill", "tickets", "the school form",
+                                              "the refund", "booking confirmation", "my payslip", "the lease"]))},
          "say": ["q: did {from} (email|write to) me", "find the email about {query}", ("q: anything new from {from}", {"unread_only": True}),
                  "dig out (what|the emails) {from} sent[ about {query}]", "q: where's that email about {query}",
                  ("q: what haven't I read yet", {"unread_only": True}), "look up mail from {from}",
@@ -1033,8 +1046,8 @@ EMAIL = {
                       "sender": {"type": "string"},
                       "older_than_days": {"type": "integer", "minimum": 1, "maximum": 3650}},
                       "required": ["sender"]}},
-         "slots": {"sender": ("any", ["Amazon", "LinkedIn", "the school", "Deliveroo", "the council", "Ocado",
-                                     "my bank", "Netflix", "the gym"], "@PEOPLE"),
+         "slots": {"sender": ("any", ["Amazon", "LinkedIn", ("the school", "school"), "Deliveroo", ("the council", "council"),
+                                     "Ocado", ("my bank", "bank"), "Netflix", ("the gym", "gym")], "@PEOPLE"),
                    "older_than_days": ("int", 7, 90, [" days"])},
          "say": ["clear out everything from {sender}[ older than {older_than_days}]", "archive the {sender} emails",
                  "s: I'm drowning in {sender} mail, tidy it away", "(file|put) away all the {sender} stuff",
@@ -1054,7 +1067,7 @@ EMAIL = {
                  ("answer everyone with {body}", {"reply_all": True}), ("(write|send) back to all of them: {body}", {"reply_all": True}),
                  "q: can you respond with {body}", "get back to them and say {body}"],
          "plain": ["reply to the latest email with {body}",
-                   ("reply all: {body}", {"reply_all": True}),
+                   ("v: reply all: {body}", {"reply_all": True}),
                    "reply to that email saying {body}"],
          "result": {"sent": True, "reply_all": "$reply_all"}},
         {"tool": {"name": "get_unread_count", "description": "Number of unread emails in the inbox.",
@@ -1131,8 +1144,8 @@ BANKING = {
                       "amount": {"type": "number", "minimum": 0.01, "maximum": 5000},
                       "date": {"type": "string", "format": "date", "description": "Defaults to today"}},
                       "required": ["payee", "amount"]}},
-         "slots": {"payee": ("any", "@PEOPLE", ["British Gas", "Thames Water", "the window cleaner", "EE", "Octopus Energy",
-                                                "the council"]),
+         "slots": {"payee": ("any", "@PEOPLE", ["British Gas", "Thames Water", ("the window cleaner", "window cleaner"), "EE", "Octopus Energy",
+                                                ("the council", "council")]),
                    "amount": AMOUNTS, "date": ("date",)},
          "bad": {"amount": ["£6,000", "ten thousand pounds", "£8,500"]},
          "say": ["pay {payee} {amount}[ {date}]", "send {amount} to {payee}[ {date}]", "s: I owe {payee} {amount}, sort it out",
@@ -1207,7 +1220,8 @@ SECURITY = {
                                "description": "away: all sensors; home: perimeter only; night: perimeter and downstairs"}},
                       "required": ["mode"]}},
          "slots": {"mode": [("away", "away"), ("away mode", "away"), ("home mode", "home"), ("stay mode", "home"),
-                            ("night mode", "night"), ("night", "night")]},
+                            ("night mode", "night"), ("night", "night")],
+                   "mode:bare": [("away", "away"), ("home", "home"), ("stay", "home"), ("night", "night")]},
          "bad": {"mode": ["holiday mode", "vacation mode", "party mode", "guest mode"]},
          "say": [("s: we're heading out, everyone's left", {"mode": "away"}), ("s: going to bed now, secure the house", {"mode": "night"}),
                  "(set|put) the (alarm|security system) (on|to|in) {mode}", "v: alarm, {mode}", "arm[ {mode}]",
@@ -1215,7 +1229,7 @@ SECURITY = {
                  ("s: I'm staying in but set the outside sensors", {"mode": "home"}),
                  ("q: can you set the alarm for the night", {"mode": "night"}), "switch the alarm on[ in {mode}]",
                  "turn on the (burglar alarm|alarm system)[, {mode}]"],
-         "plain": ["arm the alarm in {mode}",
+         "plain": ["arm the alarm in {mode:bare} mode",
                    "arm the house alarm[ in {mode}]",
                    "arm the alarm[, {mode}]"],
          "result": {"armed": "$mode", "exit_delay_s": "#int:30:60"}},
@@ -1739,7 +1753,7 @@ PHOTOS = {
                       "year": {"type": "integer", "minimum": 2000, "maximum": 2030},
                       "person": {"type": "string"}},
                       "required": []}},
-         "slots": {"query": PHOTO_QUERIES, "year": ("int", 2008, 2026),
+         "slots": {"query": _minimal(PHOTO_QUERIES), "year": ("int", 2008, 2026),
                    "person": ("any", "@FIRST", ("open", "first"))},
          "say": ["show me pictures of {query}[ from {year}]", "find (photos|pics) (of|from) {query}[ from {year}]",
                  "q: have I got any photos of {person}[ at {query}]", "dig out the {query} (pictures|shots)[ from {year}]",
@@ -1825,7 +1839,7 @@ LAUNDRY = {
          "slots": {"program": PROGRAMS,
                    "temperature": [("30 degrees", 30), ("thirty", 30), ("40", 40), ("forty degrees", 40), ("60", 60),
                                    ("sixty degrees", 60), ("20 degrees", 20), ("ninety", 90), ("a cool 20", 20)],
-                   "spin_rpm": [("800", 800), ("1200 rpm", 1200), ("1400", 1400), ("a thousand", 1000), ("600 revs", 600)]},
+                   "spin_rpm": [("800", 800), ("1200 rpm", 1200), ("1400", 1400), ("1000", 1000), ("600 revs", 600)]},
          "bad": {"program": ["sportswear", "duvet", "baby clothes", "hand wash"], "temperature": ["50 degrees", "70", "95 degrees", "45"]},
          "say": ["(put|stick) on a {program}[ at {temperature}][ with a {spin_rpm} spin]",
                  "wash the {program}[ at {temperature}]", "v: {program}[, {temperature}][, spin {spin_rpm}]",
@@ -1834,7 +1848,7 @@ LAUNDRY = {
                  ("s: I need my gym kit clean in under an hour", {"program": "quick"}),
                  "get the washing going on {program}[ at {temperature}]"],
          "plain": ["start the washing machine[ on {program}][ at {temperature}]",
-                   "start a {program} wash[ at {temperature}][ with a {spin_rpm} spin]"],
+                   "start a wash on {program}[ at {temperature}][ with a {spin_rpm} spin]"],
          "result": {"program": "$program", "temperature": "$temperature", "ends_at": "#clock"}},
         {"tool": {"name": "dryer.start", "description": "Start the tumble dryer with a dryness level, or a fixed time.",
                   "parameters": {"type": "object", "properties": {

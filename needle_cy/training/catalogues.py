@@ -329,6 +329,7 @@ def _tidy(text):
     text = re.sub(r"\s+", " ", text).strip()
     text = re.sub(r"\s+([,.?!])", r"\1", text)
     text = re.sub(r",+", ",", text)
+    text = re.sub(r"\b(the|a) (the|my) ", r"\2 ", text)          # "the the Lakers", "a my list"
     return text.strip(" ,")
 
 
