@@ -157,7 +157,7 @@ POOLS = {
                ("Grandma", "Grandma"), ("my boss", "boss"), ("Auntie Jo", "Auntie Jo"), ("my landlord", "landlord"),
                ("the kids", "kids"), ("my partner", "partner")],
     "LABELS": ["nap", "homework", "meditation", "break", "tea", "laundry", "stretching", "reading",
-               "face mask", "screen time", "piano practice", "power nap", "revision", "plank", "hair dye"],
+               "face mask", "piano practice", "power nap", "revision", "plank", "hair dye"],
 }
 POOLS["PEOPLE"] = ("any", "@FIRST", ("open", "person"), ("open", "first"), "@FAMILY")
 
@@ -2143,7 +2143,7 @@ ENERGY = {
          "slots": {"appliance": [("dishwasher", "dishwasher"), ("immersion", "immersion_heater"), ("hot water", "immersion_heater"),
                                  ("immersion heater", "immersion_heater"), ("dryer", "tumble_dryer"), ("tumble dryer", "tumble_dryer")],
                    "done_by": ("clock",)},
-         "bad": {"appliance": ["hot tub", "sauna", "heat pump"]},
+         "bad": {"appliance": ["fridge", "electric blanket", "heat pump"]},
          "say": ["run the {appliance} when it's cheapest[, done by {done_by}]", "s: I need the {appliance} done by {done_by}, do it cheap",
                  "v: {appliance} by {done_by}, cheapest slot", "q: can the {appliance} go on off-peak and finish by {done_by}",
                  "(fit|squeeze) the {appliance} in before {done_by}",

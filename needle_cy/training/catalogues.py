@@ -39,8 +39,8 @@ import json
 import re
 
 from . import data as home
-from .corpus import held_out_domain, name_words
-from .tool_requests import NEGATIONS, QUESTIONS, _pick, validate_call
+from .corpus import name_words
+from .tool_requests import NEGATIONS, QUESTIONS, _pick, rename, validate_call
 
 REFUSAL_NOTE = "no tool covers this request"
 MAX_TOOLS = home.MAX_RENDERED_TOOLS
@@ -604,8 +604,7 @@ def _system(rng, with_date):
 
 
 def _renamed(rng, tool):
-    """``mix.rename``'s masked copy and the key mapping (old → new)."""
-    from .mix import rename
+    """``tool_requests.rename``'s masked copy and the key mapping (old → new)."""
     new = rename(rng, tool)
     old_keys = list((tool.get("parameters") or {}).get("properties") or {})
     new_keys = list(new["parameters"]["properties"])

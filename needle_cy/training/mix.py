@@ -23,14 +23,12 @@ The examples have ``needle_cy.training.data``'s shape (``render`` and the tokeni
 them), every call validated against its schema.
 """
 import json
-import random
-import string
 
 from needle_cy.toolspec import normalize_tool
 
 from . import corpus
 from . import data as home
-from .tool_requests import NEGATIONS, QUESTIONS, INDIRECT, ToolPlan, _pick, validate_call
+from .tool_requests import NEGATIONS, QUESTIONS, INDIRECT, ToolPlan, _pick, rename, validate_call
 
 MAX_TOOLS = home.MAX_RENDERED_TOOLS
 REFUSAL_NOTE = "no tool covers this request"
@@ -40,31 +38,6 @@ def _rng(seed):
     rng = home._VersionedRandom(seed)
     rng.diverse, rng.more_phrasings, rng.vocab_values = 0.8, True, True
     return rng
-
-
-def random_identifier(rng, prefix=None):
-    """'fn_q7x2', 'tool_ab31', 'p3k' …: a name that says nothing."""
-    body = "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(rng.randint(3, 5)))
-    return (prefix or _pick(rng, ["fn_", "tool_", "f", "op_", "do_", "x", "api_", "t"])) + body
-
-
-def rename(rng, tool):
-    """A copy of ``tool`` with a random name and random property names (only properties
-    that carry a description are renamed: the description must say what they are)."""
-    params = tool.get("parameters") or {}
-    props = params.get("properties") or {}
-    mapping = {}
-    for key, schema in props.items():
-        if isinstance(schema, dict) and schema.get("description"):
-            mapping[key] = random_identifier(rng, _pick(rng, ["p", "a", "arg_", "v", "k"]))
-        else:
-            mapping[key] = key
-    new_params = dict(params)
-    new_params["properties"] = {mapping[k]: v for k, v in props.items()}
-    if "required" in params:
-        new_params["required"] = [mapping.get(k, k) for k in params["required"]]
-    return {"name": random_identifier(rng), "description": tool.get("description", ""),
-            "parameters": new_params}
 
 
 # The mix's versions: 1 is the first mix (corpus tools and smart-home conversations); 2
