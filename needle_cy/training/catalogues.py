@@ -301,7 +301,6 @@ class Template:
         self.keys = {m.group(1) for m in _SLOT.finditer(raw)}
         # keys a missing-value refusal may leave out: inside a segment
         self.droppable = {m.group(1) for seg in _SEGMENT.finditer(raw) for m in _SLOT.finditer(seg.group(1))}
-        self.numeric = set()
 
     def expand(self, rng, optional_rate, required, leave_out=None, keep=None):
         """The text with wordings picked and segments kept or dropped (slots still
