@@ -259,3 +259,8 @@ def test_a_run_retrains_its_tokenizer_on_the_mix(corpus_root, tmp_path):
     train.add_data(str(run), "m", 8, 9, "mix")
     z = np.load(run / "tokens_m.npz")
     assert int(z["ids"].max()) < 700 and len(z["offsets"]) == 9
+    train.add_data(str(run), "m2", 12, 9, "mix2")       # version 2: the consumer catalogues too
+    z = np.load(run / "tokens_m2.npz")
+    assert int(z["ids"].max()) < 700 and len(z["offsets"]) == 13 and "target_mask" in z
+    sources = {json.loads(line)["source"] for line in (run / "data_m2.jsonl").read_text().splitlines()}
+    assert "catalogue" in sources

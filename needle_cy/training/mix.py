@@ -17,18 +17,18 @@ then share the tool list (``packed``), each one of:
 
 ``home_share`` of the conversations come from the smart-home generator
 (``needle_cy.training.data``, version 5) so the shipped catalogue keeps its accuracy.
+Version 2 (``Mixer(seed, version=2)``, data version "mix2") adds ``catalogue_share`` of
+conversations on the hand-written consumer catalogues (``needle_cy.training.catalogues``).
 The examples have ``needle_cy.training.data``'s shape (``render`` and the tokenizer read
 them), every call validated against its schema.
 """
 import json
-import random
-import string
 
 from needle_cy.toolspec import normalize_tool
 
 from . import corpus
 from . import data as home
-from .tool_requests import NEGATIONS, QUESTIONS, INDIRECT, ToolPlan, _pick, validate_call
+from .tool_requests import NEGATIONS, QUESTIONS, INDIRECT, ToolPlan, _pick, rename, validate_call
 
 MAX_TOOLS = home.MAX_RENDERED_TOOLS
 REFUSAL_NOTE = "no tool covers this request"
@@ -40,43 +40,46 @@ def _rng(seed):
     return rng
 
 
-def random_identifier(rng, prefix=None):
-    """'fn_q7x2', 'tool_ab31', 'p3k' …: a name that says nothing."""
-    body = "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(rng.randint(3, 5)))
-    return (prefix or _pick(rng, ["fn_", "tool_", "f", "op_", "do_", "x", "api_", "t"])) + body
-
-
-def rename(rng, tool):
-    """A copy of ``tool`` with a random name and random property names (only properties
-    that carry a description are renamed: the description must say what they are)."""
-    params = tool.get("parameters") or {}
-    props = params.get("properties") or {}
-    mapping = {}
-    for key, schema in props.items():
-        if isinstance(schema, dict) and schema.get("description"):
-            mapping[key] = random_identifier(rng, _pick(rng, ["p", "a", "arg_", "v", "k"]))
-        else:
-            mapping[key] = key
-    new_params = dict(params)
-    new_params["properties"] = {mapping[k]: v for k, v in props.items()}
-    if "required" in params:
-        new_params["required"] = [mapping.get(k, k) for k in params["required"]]
-    return {"name": random_identifier(rng), "description": tool.get("description", ""),
-            "parameters": new_params}
+# The mix's versions: 1 is the first mix (corpus tools and smart-home conversations); 2
+# adds the hand-written consumer catalogues (``catalogues``: people's phrasings of app
+# developers' tools) as a third source.  Explicit arguments override a version's values.
+VERSIONS = {1: {"home_share": 0.35, "catalogue_share": 0.0},
+            2: {"home_share": 0.3, "catalogue_share": 0.35}}
 
 
 class Mixer:
-    """Draws training conversations; all randomness from one seeded Random."""
+    """Draws training conversations; all randomness from one seeded Random.
 
-    def __init__(self, seed=0, tools=None, home_share=0.35, rename_share=0.25, think_rate=0.5,
-                 typo_rate=0.04):
+    ``home_share`` of the conversations come from the smart-home generator,
+    ``catalogue_share`` from the hand-written catalogues (``catalogues.Generator``, its own
+    seeded Random, the corpus tools as its distractors), the rest from corpus catalogues.
+    With ``catalogue_share`` 0 (version 1) the draws are those of the first mix."""
+
+    def __init__(self, seed=0, tools=None, home_share=None, rename_share=0.25, think_rate=0.5,
+                 typo_rate=0.04, catalogue_share=None, version=1):
+        if version not in VERSIONS:
+            raise ValueError(f"mix version must be one of {sorted(VERSIONS)}, got {version!r}")
+        preset = VERSIONS[version]
+        home_share = preset["home_share"] if home_share is None else home_share
+        catalogue_share = preset["catalogue_share"] if catalogue_share is None else catalogue_share
+        if not 0 <= home_share + catalogue_share <= 1 or home_share < 0 or catalogue_share < 0:
+            raise ValueError(f"home_share {home_share} and catalogue_share {catalogue_share} must be "
+                             "non-negative and sum to at most 1")
+        self.version = version
         self.rng = _rng(seed)
         self.home = home.Generator(seed=seed + 7919, version=5)
         self.home_share, self.rename_share = home_share, rename_share
+        self.catalogue_share = catalogue_share
         self.think_rate, self.typo_rate = think_rate, typo_rate
         tools = corpus.load("train") if tools is None else tools
         self.plans = [p for p in (ToolPlan(corpus.schema_tool(t), t.get("source"), t.get("domain"))
                                   for t in tools) if p.ok]
+        self.catalogues = None
+        if catalogue_share > 0:
+            from . import catalogues
+            self.catalogues = catalogues.Generator(
+                seed=seed + 104729, distractors=[p.tool for p in self.plans], rename_share=rename_share,
+                think_rate=think_rate, typo_rate=typo_rate)
         self.home_plans = [ToolPlan(t, "home") for t in home.load_catalogue()]
         self.by_domain = {}
         for p in self.plans:
@@ -219,10 +222,13 @@ class Mixer:
     # -------------------------------------------------------- conversations ---
     def example(self):
         rng = self.rng
-        if rng.random() < self.home_share:
+        r = rng.random()
+        if r < self.home_share:
             ex = self.home.example()
             ex["source"] = "home"
             return ex
+        if r < self.home_share + self.catalogue_share:
+            return self.catalogues.example()
         for _ in range(10):
             ex = self._conversation()
             if ex is not None:
@@ -334,13 +340,15 @@ def main(argv=None):
     parser.add_argument("--eval-cases", action="store_true",
                         help="write needle_cy.eval cases on the corpus's held-out tools")
     parser.add_argument("--split", default="heldout", choices=("train", "heldout"))
+    parser.add_argument("--version", type=int, default=1, choices=sorted(VERSIONS),
+                        help="mix version of the training conversations (2 adds the consumer catalogues)")
     args = parser.parse_args(argv)
     if args.eval_cases:
         with open(args.out, "w", encoding="utf-8") as handle:
             for case in eval_cases(args.n, args.seed, args.split):
                 handle.write(json.dumps(case, ensure_ascii=False) + "\n")
         return
-    write_jsonl(args.out, args.n, seed=args.seed)
+    write_jsonl(args.out, args.n, seed=args.seed, version=args.version)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ The config (``recipe.json`` beside this file is the shipped model's) names:
   else ``base_recipe``'s archive, built first when absent: ``"train_default"`` is the
   previous release's recipe (data versions 1-5, ``train_default.py``).
 * ``model`` / ``hyper``: overrides of ``train.MODEL_CONFIG`` and ``train.HYPER``;
-* ``data``: token files to add, each ``{"name", "generator": "mix" | a data version,
+* ``data``: token files to add, each ``{"name", "generator": "mix" | "mix2" | a data version,
   "examples", "seed"}``;
 * ``phases``: ``[until_step, schedule_end, decay_steps, token_file(, min_lr_ratio)]``,
   trained in order (warmup-stable-decay, ``train.lr_at``);

@@ -12,7 +12,7 @@ import json
 from .data import CHAT_MARKERS, compact, generate, load_catalogue, render
 
 
-SOURCES = ("home", "mix")
+SOURCES = ("home", "mix", "mix2")
 
 
 def corpus_lines(n_examples=20000, seed=1234, source="home"):
@@ -24,12 +24,13 @@ def corpus_lines(n_examples=20000, seed=1234, source="home"):
     tool words the home text cuts into many pieces.  Measured on 800 mix conversations
     (seed 902) / 300 held-out-tool cases (seed 900), tokens each: the shipped 4,096
     pieces 623 / 616; trained on 6,000 mix conversations (seed 300) at 4,096 pieces
-    530 / 468, at 8,192 508 / 444, at 16,384 496 / 432."""
+    530 / 468, at 8,192 508 / 444, at 16,384 496 / 432.  "mix2" draws the mix's version 2
+    (the hand-written consumer catalogues added)."""
     if source not in SOURCES:
         raise ValueError(f"corpus_lines: source must be one of {SOURCES}, got {source!r}")
-    if source == "mix":
+    if source in ("mix", "mix2"):
         from . import mix
-        examples = mix.generate(n_examples, seed=seed)
+        examples = mix.generate(n_examples, seed=seed, version=2 if source == "mix2" else 1)
     else:
         examples = generate(n_examples, seed=seed)
     lines = []

@@ -26,6 +26,7 @@ renamed tools) and packs several requests into one conversation.
 import json
 import random
 import re
+import string
 
 from . import data as home
 from .corpus import name_words
@@ -740,6 +741,31 @@ def _join_args(rng, phrases):
     head = sep.join(phrases[:-1])
     last = _pick(rng, [" and ", " ", ", "]) if sep != " and " else " and "
     return " " + head + last + phrases[-1]
+
+
+def random_identifier(rng, prefix=None):
+    """'fn_q7x2', 'tool_ab31', 'p3k' …: a name that says nothing."""
+    body = "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(rng.randint(3, 5)))
+    return (prefix or _pick(rng, ["fn_", "tool_", "f", "op_", "do_", "x", "api_", "t"])) + body
+
+
+def rename(rng, tool):
+    """A copy of ``tool`` with a random name and random property names (only properties
+    that carry a description are renamed: the description must say what they are)."""
+    params = tool.get("parameters") or {}
+    props = params.get("properties") or {}
+    mapping = {}
+    for key, schema in props.items():
+        if isinstance(schema, dict) and schema.get("description"):
+            mapping[key] = random_identifier(rng, _pick(rng, ["p", "a", "arg_", "v", "k"]))
+        else:
+            mapping[key] = key
+    new_params = dict(params)
+    new_params["properties"] = {mapping[k]: v for k, v in props.items()}
+    if "required" in params:
+        new_params["required"] = [mapping.get(k, k) for k in params["required"]]
+    return {"name": random_identifier(rng), "description": tool.get("description", ""),
+            "parameters": new_params}
 
 
 def validate_call(tool, arguments):

@@ -164,23 +164,27 @@ def _mask_turns(sp, p, t, header, im_start, im_end):
     return p, m
 
 
+MIX_VERSIONS = {"mix": 1, "mix2": 2}      # data version name -> needle_cy.training.mix version
+
+
 def add_data(run_dir, name, examples, seed, version):
     """More training data for an existing run, tokenized with the run's own tokenizer:
     ``data_{name}.jsonl`` and ``tokens_{name}.npz``.  A run trains on it from the next
     ``fit`` when control.json says ``"tokens": "tokens_{name}.npz"``.  ``version``
-    "mix" is the schema-general mix (``needle_cy.training.mix``), else a smart-home
-    data version (``needle_cy.training.data``)."""
+    "mix" is the schema-general mix (``needle_cy.training.mix``), "mix2" its version 2
+    (the hand-written consumer catalogues added, ``needle_cy.training.catalogues``), else a
+    smart-home data version (``needle_cy.training.data``)."""
     from . import mix
 
     t0 = time.time()
     sp = run_tokenizer(run_dir)
     data_path = os.path.join(run_dir, f"data_{name}.jsonl")
-    if version == "mix":
-        mix.write_jsonl(data_path, examples, seed=seed)
+    if version in MIX_VERSIONS:
+        mix.write_jsonl(data_path, examples, seed=seed, version=MIX_VERSIONS[version])
     else:
         data_mod.write_jsonl(data_path, examples, seed=seed, version=version)
     out_path = os.path.join(run_dir, f"tokens_{name}.npz")
-    max_len = max(load_run(run_dir)["hyper"]["buckets"]) if version == "mix" or version >= 3 else None
+    max_len = max(load_run(run_dir)["hyper"]["buckets"]) if version in MIX_VERSIONS or version >= 3 else None
     offsets = _tokenize(sp, data_path, out_path, max_len)
     lengths = np.diff(np.asarray(offsets))
     print(f"added {len(lengths)} examples (data version {version}, seed {seed}), "
@@ -744,13 +748,13 @@ def main(argv=None):
     a.add_argument("name")
     a.add_argument("--examples", type=int, default=60000)
     a.add_argument("--seed", type=int, default=1)
-    a.add_argument("--version", default="2", help="a smart-home data version (1-7) or 'mix'")
+    a.add_argument("--version", default="2", help="a smart-home data version (1-7), 'mix' or 'mix2'")
     t = sub.add_parser("tokenizer", help="retrain the run's tokenizer (before its token files)")
     t.add_argument("run_dir")
     t.add_argument("--vocab", type=int, default=4096)
     t.add_argument("--examples", type=int, default=6000)
     t.add_argument("--seed", type=int, default=300)
-    t.add_argument("--source", choices=("home", "mix"), default="mix")
+    t.add_argument("--source", choices=("home", "mix", "mix2"), default="mix")
     m = sub.add_parser("merge-tokens", help="concatenate token files into one compressed file")
     m.add_argument("out")
     m.add_argument("inputs", nargs="+")
@@ -768,7 +772,7 @@ def main(argv=None):
     if args.cmd == "prepare":
         prepare(args.run_dir, args.examples, args.seed, args.vocab)
     elif args.cmd == "add-data":
-        version = args.version if args.version == "mix" else int(args.version)
+        version = args.version if args.version in MIX_VERSIONS else int(args.version)
         add_data(args.run_dir, args.name, args.examples, args.seed, version)
     elif args.cmd == "tokenizer":
         retrain_tokenizer(args.run_dir, args.vocab, args.examples, args.seed, args.source)
