@@ -38,7 +38,7 @@ from .generate import CLOSING_RESERVE, Cancelled, DecodeSettings, run_turn
 from .grounding import GroundingIndex, NoteGrounder, ValueGrounder
 from .hub import resolve_model
 from .negation import negated_calls
-from .prompt import BOS_ID, Conversation, render_tools_json, with_date_fact
+from .prompt import BOS_ID, Conversation, assistant_text, compact_json, render_tools_json, with_date_fact
 from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
                         rank_bm25, select_prefix)
 from .toolspec import ToolSpec, home_tools, normalize_tool, normalize_tools
@@ -152,6 +152,9 @@ class Needle:
     constrained: ``False`` decodes the call freely and validates it afterwards.
     force_call: enter the call block even when the model stops or hits the reasoning cap
         (the grammar may still produce ``[]``); off by default.
+    require_call: as ``force_call``, and the call list is never empty: the turn calls one
+        of the selected tools, the one the model ranks first (constrained decoding only;
+        ``complete(..., require_call=)`` sets it for one turn).
     tool_index_path: on-disk cache of tool embeddings (embedding retrieval).
     tokenizer: override (for a ``Model`` object without an archive).
     escalate_below: with a confidence head, the calls from the first one whose confidence
@@ -177,10 +180,13 @@ class Needle:
                  tool_index_path: Union[str, "os.PathLike[str]", None] = None,
                  tokenizer: Any = None, stateless: bool = False, force_call: bool = False,
                  auto_date: bool = False, escalate_below: Optional[float] = 0.1,
+                 require_call: bool = False,
                  ground_values: bool = True, prefix_checkpoint_mb: float = 32,
                  query_expansion: Union[str, "os.PathLike[str]", QueryExpansion, None] = "default",
                  ground_notes: bool = True, negation_gate: bool = True,
                  model_file: Optional[str] = None, strict: bool = False) -> None:
+        if require_call and not constrained:
+            raise ValueError("require_call needs constrained decoding (constrained=True)")
         if retrieval not in ("auto", "bm25", "embedding"):
             raise ValueError(f"retrieval must be 'auto', 'bm25' or 'embedding', got {retrieval!r}")
         if int(max_calls_per_turn) < 1:
@@ -221,6 +227,7 @@ class Needle:
                                        string_token_cap=string_token_cap,
                                        constrained=bool(constrained),
                                        force_call=bool(force_call),
+                                       require_call=bool(require_call),
                                        ground_values=bool(ground_values),
                                        ground_notes=bool(ground_notes))
         self.stateless = stateless
@@ -333,15 +340,19 @@ class Needle:
         """Cancel the turn in flight (from another thread); the agent stays usable."""
         self._cancel.set()
 
-    def stream(self, text: TurnInput, max_new_tokens: Optional[int] = None) -> Iterator[Dict[str, Any]]:
+    def stream(self, text: TurnInput, max_new_tokens: Optional[int] = None,
+               require_call: Optional[bool] = None) -> Iterator[Dict[str, Any]]:
         """Yield the events of one turn; the last is exactly one ``done`` or ``error``.
 
         ``text`` is a query, or (right after a turn with calls) the tool results as a list
-        or a JSON list string.
+        or a JSON list string.  ``max_new_tokens`` and ``require_call`` override the
+        agent's settings for this turn.
         """
         _check_turn_input(text)
         if max_new_tokens is not None:
             max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
+        if require_call is not None and not isinstance(require_call, bool):
+            raise TypeError(f"require_call must be True, False or None, got {require_call!r}")
         if not self._lock.acquire(blocking=False):
             raise NeedleError("this Needle agent is already running a turn; one turn at a time")
         # A cancel() made while no turn runs is kept for this one (it was meant for the
@@ -382,6 +393,8 @@ class Needle:
             settings = self.settings
             if max_new_tokens is not None:
                 settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
+            if require_call is not None:
+                settings = dataclasses.replace(settings, require_call=require_call)
             value_grounder, note_grounder = self._grounders(entry, said)
             res = yield from run_turn(model, self.tokenizer, entry.grammar, new_ids, settings,
                                       self.piece_table, cancel=self._cancel,
@@ -550,16 +563,74 @@ class Needle:
                         "n_prefix": n_prefix, "n_prefix_reused": entry.reused if prefix_s > 0 else 0},
         }
 
-    def complete(self, text: TurnInput, max_new_tokens: Optional[int] = None) -> Response:
-        """One turn; returns the envelope.  User errors (context overflow, bad tools) raise."""
+    def complete(self, text: TurnInput, max_new_tokens: Optional[int] = None,
+                 require_call: Optional[bool] = None) -> Response:
+        """One turn; returns the envelope.  User errors (context overflow, bad tools) raise.
+        ``require_call=True`` makes this turn call a tool (see the class's ``require_call``)."""
         final = None
-        for event in self.stream(text, max_new_tokens=max_new_tokens):
+        for event in self.stream(text, max_new_tokens=max_new_tokens, require_call=require_call):
             if event["type"] in ("done", "error"):
                 final = event
         exc = final.get("exception")
         if exc is not None:   # user errors (and bugs) raise; generation failures are envelopes
             raise exc
         return final["response"]
+
+    def add_turn(self, text: TurnInput, calls: Sequence[Dict[str, Any]] = ()) -> None:
+        """Put a finished turn into the conversation without decoding it: ``text`` (a
+        request, or the tool results of the last turn's calls, as ``complete`` takes them)
+        and the assistant's answer ``calls`` (``[{"name", "arguments"}]``; ``[]`` for
+        none), held as the template holds an answer without reasoning.  A stored
+        conversation resumes this way, and ``needle_cy.eval`` scores a turn after a given
+        history.  The first turn selects the tools, as a decoded one does; the calls must
+        be a call list the selected tools allow (else ``ValueError``)."""
+        _check_turn_input(text)
+        if not isinstance(calls, (list, tuple)) or not all(
+                isinstance(c, dict) and set(c) <= {"name", "arguments"} and "name" in c for c in calls):
+            raise ValueError(f"calls must be a list of {{'name', 'arguments'}} dicts, got {calls!r}")
+        calls = [{"name": c["name"], "arguments": c.get("arguments") or {}} for c in calls]
+        if self.stateless:
+            raise NeedleError("add_turn builds up a conversation, but this agent is stateless "
+                              "(every turn starts afresh); create it with stateless=False")
+        if not self._lock.acquire(blocking=False):
+            raise NeedleError("this Needle agent is already running a turn; one turn at a time")
+        try:
+            is_results = self._is_tool_results(text)
+            if isinstance(text, (list, tuple)):
+                if not is_results:
+                    raise NeedleError("tool results were given but no turn with calls precedes them")
+                text = _results_json(list(text))
+            elif not is_results and not text.strip():
+                raise ValueError("the request is blank: give the text of a request")
+            entry = self._active or self._prefix_for(self.select_tools(str(text)))
+            body = compact_json(calls).encode("utf-8")
+            state = entry.grammar.start()
+            if not (state.feed(body) and state.is_complete()):
+                raise ValueError(f"the calls {body.decode()} are not a call list of this "
+                                 f"conversation's tools ({', '.join(entry.names)}): a tool name "
+                                 f"outside them, arguments against a schema, or more than "
+                                 f"{self.max_calls_per_turn} calls")
+            if self._active is None:
+                entry.conversation.reset()
+                restore = self._restore_prefix(entry)
+                next(restore, None)           # a generator that returns without yielding
+            conv = entry.conversation
+            new_ids = conv.tool_result_ids(text) if is_results else conv.query_ids(text)
+            answer_ids = list(self.tokenizer.encode(assistant_text("", calls), dummy_prefix=False))
+            max_seq = int(getattr(self.model.config, "max_seq_len", 1 << 30))
+            if self.model.position + len(new_ids) + len(answer_ids) + CLOSING_RESERVE > max_seq:
+                raise ContextOverflowError(
+                    f"the turn needs {len(new_ids) + len(answer_ids)} tokens after the "
+                    f"{self.model.position} of the conversation, more than the model's context "
+                    f"of {max_seq} leaves; start a new conversation")
+            self.model.prefill(new_ids + answer_ids)
+            conv.append_user(new_ids)
+            conv.append_assistant(answer_ids, had_calls=bool(calls))
+            self._said = (self._said if self._active is not None else []) + [text]
+            self._active = entry
+            self.turns += 1
+        finally:
+            self._lock.release()
 
     def _execute(self, call, timeout=None):
         """(result, status) of one call: status ``ok``, ``error`` (the result is

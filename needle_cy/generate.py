@@ -23,6 +23,10 @@ Phases of a turn:
    ``string_token_cap`` tokens inside one free string value only closing it is allowed.
    With a ``grounder`` (``needle_cy.grounding``) the token is the best one the grammar
    allows *and* grounding accepts, else the grammar's best (grounding never strands).
+   ``force_call`` enters phase 3 where the model would stop or decline; ``require_call``
+   does too and turns down the tokens that would close the list empty, so the turn
+   calls a tool (the model's choice among the allowed calls, e.g. to measure tool
+   choice apart from the decision to call).
 
 Confidence (documented choice, spec §5.4): ``min(sigmoid(confidence-head logit over
 prompt + call), min over call tokens of the chosen token's full-softmax probability)``.
@@ -79,6 +83,7 @@ class DecodeSettings:
     string_token_cap: int = 64       # tokens inside one free string value; then close it
     constrained: bool = True
     force_call: bool = False         # enter <tool_call> even when the model stops or declines
+    require_call: bool = False       # force_call, and the call list holds at least one call
     ground_values: bool = True       # string values from what was said (needle_cy.grounding)
     ground_notes: bool = True        # quotes of the <think> notes too (NoteGrounder)
 
@@ -240,6 +245,9 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
     or None; used only when ``settings.constrained`` and ``settings.ground_values``.
     ``note_grounder``: a fresh ``needle_cy.grounding.NoteGrounder`` for the ``<think>``
     text, or None; used only when ``settings.ground_notes``."""
+    if settings.require_call and not settings.constrained:
+        raise ValueError("require_call needs constrained decoding (constrained=True): free "
+                         "decoding cannot keep the model from writing []")
     ids = ids or _Ids(tokenizer)
     res = TurnResult()
     if not settings.ground_notes:
@@ -331,7 +339,8 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
         reasoning_parts.append(think_decoder.flush())
     res.reasoning = "".join(reasoning_parts).replace("<think>", "").replace("</think>", "").strip()
 
-    if stop in ("refusal", "reasoning_limit") and settings.force_call and len(generated) < budget:
+    enter = settings.force_call or settings.require_call
+    if stop in ("refusal", "reasoning_limit") and enter and len(generated) < budget:
         # Forced entry into the call block: close an open <think> first, then <tool_call>.
         forced = (list(tokenizer.encode("\n</think>\n", dummy_prefix=False)) if in_think else [])
         if not forced:
@@ -386,15 +395,19 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
                 break
             close = settings.string_token_cap > 0 and string_run >= settings.string_token_cap
             g0 = clock()
-            token, prob_row = -1, logits
-            if grounder is not None:
-                token, new_state, prob_row = _grounded_choice(grammar, state, logits, piece_table,
-                                                              close, grounder)
-            if token < 0:             # no grounder, or nothing grounded fits: the grammar alone
-                prob_row = logits
-                token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=close)
-            if token < 0 and close:   # cannot close right here (e.g. mid-escape): continue it
-                token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=False)
+            choice_logits = logits
+            for _ in range(_EMPTY_LIST_TRIES):
+                token, new_state, prob_row = _choose(grammar, state, choice_logits, piece_table,
+                                                     close, grounder)
+                # require_call: a token that completes the list before any call began
+                # closes it empty ("]", "[]"); the model's next best token is taken instead
+                if not (settings.require_call and splitter.index < 0 and token >= 0
+                        and new_state.is_complete()):
+                    break
+                choice_logits = np.array(choice_logits, dtype=np.float32, copy=True)
+                choice_logits[token] = _MASKED
+            if prob_row is choice_logits:
+                prob_row = logits      # the confidence reads the model's own distribution
             grammar_s += clock() - g0
             if token < 0:
                 # A state with no allowed token should not exist; recover by taking tokens
@@ -510,7 +523,23 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
 
 MAX_DEAD_ENDS = 24
 GROUNDED_TRIES = 16         # grammar-allowed tokens grounding may turn down in one step
+_EMPTY_LIST_TRIES = 8       # require_call: tokens that close an empty list turned down in one step
 _MASKED = np.float32(-1e30)
+
+
+def _choose(grammar, state, logits, piece_table, close, grounder):
+    """(token, state, probability row) of one constrained step: the grounded choice when
+    there is one, else the grammar's best allowed token (token -1 when none is)."""
+    token, new_state, prob_row = -1, None, logits
+    if grounder is not None:
+        token, new_state, prob_row = _grounded_choice(grammar, state, logits, piece_table,
+                                                      close, grounder)
+    if token < 0:             # no grounder, or nothing grounded fits: the grammar alone
+        prob_row = logits
+        token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=close)
+    if token < 0 and close:   # cannot close right here (e.g. mid-escape): continue it
+        token, new_state = grammar.best_allowed(state, logits, piece_table, close_string=False)
+    return token, new_state, prob_row
 
 
 def _grounded_choice(grammar, state, logits, piece_table, close, grounder):
