@@ -317,6 +317,70 @@ def test_ollama_two_turn_conversation_and_refusal(ollama_client, ollama_oracle):
     assert refusal.message.content == "" and not refusal.message.tool_calls and refusal.done
 
 
+# Tools shaped as Home Assistant's Ollama integration sends its intent tools
+HA_TOOLS = [
+    {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": []}}}
+    for name, description, properties in (
+        ("HassTurnOn", "Turns on/opens/presses a device or entity",
+         {"name": {"type": "string"}, "area": {"type": "string"}, "floor": {"type": "string"},
+          "domain": {"type": "array", "items": {"type": "string", "enum": ["light", "switch", "fan", "cover"]}}}),
+        ("HassTurnOff", "Turns off/closes a device or entity",
+         {"name": {"type": "string"}, "area": {"type": "string"},
+          "domain": {"type": "array", "items": {"type": "string", "enum": ["light", "switch", "fan", "cover"]}}}),
+        ("HassLightSet", "Sets the brightness percentage or color of a light",
+         {"name": {"type": "string"}, "area": {"type": "string"}, "color": {"type": "string"},
+          "brightness": {"type": "integer", "minimum": 0, "maximum": 100}}),
+        ("GetLiveContext", "Provides real-time information about the devices", {}))]
+
+
+def test_a_home_assistant_style_exchange(server, oracle):
+    """What Home Assistant's Ollama integration sends: the async client, streaming, with
+    keep_alive, num_ctx, think and format, a system prompt, its tools, and the tool result
+    as {"data", "error"}; the answer is Needle's for the same conversation."""
+    import asyncio
+    sent_tools = [ollama.Tool.model_validate(t).model_dump(exclude_none=True)["function"] for t in HA_TOOLS]
+    system = "date: 2026-03-04"
+    needle = Needle(oracle.model, tools=sent_tools, tokenizer=oracle.tokenizer, system=system)
+    query = "turn on the kitchen light"
+    result = {"data": {"success": [{"name": "Kitchen light", "type": "entity"}], "failed": []}, "error": None}
+
+    made_up = [{"name": "HassTurnOn", "arguments": {"name": "kitchen light"}}]
+
+    async def request(client, messages):
+        calls, last = [], None
+        async for piece in await client.chat(model="needle-cy:latest", messages=messages, tools=HA_TOOLS,
+                                             stream=True, keep_alive=-1, options={"num_ctx": 8192},
+                                             think=None, format=None):
+            calls += ollama_calls(piece.message)
+            last = piece
+        assert last.done and last.done_reason == "stop"
+        return calls
+
+    async def converse():
+        client = ollama.AsyncClient(host=server.url, headers=AUTH, timeout=60)
+        messages = [ollama.Message(role="system", content=system), ollama.Message(role="user", content=query)]
+        first = await request(client, list(messages))
+        # the next request as Home Assistant sends it after running a call
+        messages.append(ollama.Message(role="assistant", content="", thinking=None, tool_calls=[
+            ollama.Message.ToolCall(function=ollama.Message.ToolCall.Function(**c)) for c in made_up]))
+        messages.append(ollama.Message(role="tool", content=json.dumps(result)))
+        return first, await request(client, messages)
+
+    first, second = asyncio.run(converse())
+    assert first == expected(needle, query)
+    assert second == expected(needle, [result], history=[(query, made_up)])
+    assert_schema_valid(first + second, sent_tools)
+
+
+def test_a_system_prompt_too_long_for_the_context_says_how_to_leave_it_out(server):
+    r = post(server, "/api/chat", body={"model": "needle-cy", "stream": False, "tools": OPENAI_TOOLS,
+                                        "messages": [{"role": "system", "content": "You are helpful. " * 400}]
+                                        + user("turn on the kitchen light")})
+    assert r.status_code == 400
+    assert "--ignore-system" in error_of(r, OLLAMA) and "context" in error_of(r, OLLAMA)
+
+
 def test_listing_endpoints_name_the_model(server, client, ollama_client):
     assert [m.id for m in client.models.list()] == ["needle-cy"]
     assert client.models.retrieve("needle-cy").id == "needle-cy"
@@ -406,11 +470,17 @@ def test_the_sdks_raise_their_own_errors(client, ollama_client, server):
     with pytest.raises(openai.BadRequestError) as info:
         chat(client, user("set the code to 1234"), tools=[BAD_SCHEMA_TOOL])
     assert "set_code" in str(info.value) and info.value.param == "tools"
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, [])
+    assert info.value.param == "messages" and "empty" in str(info.value)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
     with pytest.raises(ollama.ResponseError) as info:
         ollama_client.chat(model="llama3", messages=user("hi"))
     assert info.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as info:
+        ollama_client.chat(model="needle-cy", messages=[], tools=OPENAI_TOOLS)
+    assert info.value.status_code == 400 and "empty" in info.value.error
     with pytest.raises(ollama.ResponseError) as info:
         ollama.Client(host=server.url).list()            # no key
     assert info.value.status_code == 401

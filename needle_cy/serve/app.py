@@ -73,19 +73,18 @@ class _ModelInfo:
         self._digest = None
         config = getattr(engine.model, "config", None)
         self.context = int(getattr(config, "max_seq_len", 0) or 0)
+        count = getattr(getattr(engine.model, "archive", None), "parameter_count", None)
+        self.parameters = "" if not count else (f"{count / 1e9:.1f}B" if count >= 1e9
+                                                 else f"{max(1, round(count / 1e6))}M")
 
     @property
     def digest(self):
+        """An identifier of the archive file (Ollama's is the blob's sha256; clients only
+        compare it).  Its path, size and time stand in for the bytes, which need not be
+        read: an archive may be hundreds of MB on an SD card."""
         if self._digest is None:
             import hashlib
-            h = hashlib.sha256()
-            if self.path and os.path.exists(self.path):
-                with open(self.path, "rb") as f:
-                    for block in iter(lambda: f.read(1 << 20), b""):
-                        h.update(block)
-            else:
-                h.update(self.name.encode())
-            self._digest = h.hexdigest()
+            self._digest = hashlib.sha256(f"{self.path}:{self.size}:{self.mtime}".encode()).hexdigest()
         return self._digest
 
     def modified(self):
@@ -95,7 +94,7 @@ class _ModelInfo:
 
     def details(self):
         return {"parent_model": "", "format": "cact", "family": "needle", "families": ["needle"],
-                "parameter_size": "", "quantization_level": "CQ"}
+                "parameter_size": self.parameters, "quantization_level": "CQ"}
 
     def ollama_entry(self):
         tagged = f"{self.name}:latest"
