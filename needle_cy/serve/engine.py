@@ -30,13 +30,14 @@ import hashlib
 import json
 import logging
 import math
+import os
 import threading
 import time
 import traceback
 from collections import OrderedDict, deque
 from typing import Any, Callable, Dict, Optional
 
-from ..agent import Needle
+from ..agent import DEFAULT_MODEL_PATH, Needle
 from ..errors import ContextOverflowError, GrammarLimitError, NeedleError, SchemaError
 from .protocol import ChatRequest, Outcome, RequestError, Turn, conversation_keys
 
@@ -125,6 +126,10 @@ class Engine:
                 raise ValueError(f"{label} must be an integer >= {least}, got {value!r}")
         base = Needle(model, tools=[], tokenizer=tokenizer, threads=threads, model_file=model_file)
         self.model, self.tokenizer, self.model_path = base.model, base.tokenizer, base.model_path
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            # a Model or Archive object: named after its file, the embedded one as "needle-cy"
+            same = self.model_path and os.path.realpath(self.model_path) == os.path.realpath(DEFAULT_MODEL_PATH)
+            model = None if same or not self.model_path else self.model_path
         self.name = name or default_model_name(model)
         self.max_queue = max_queue
         self.max_agents = max_agents
@@ -317,7 +322,7 @@ class Engine:
             except ContextOverflowError as exc:
                 raise RequestError(400, f"messages: {exc}", param="messages",
                                    code="context_length_exceeded") from None
-            except (NeedleError, ValueError, TypeError) as exc:
+            except (NeedleError, ValueError) as exc:
                 raise RequestError(400, f"messages[{turn.index}]: this turn cannot be put into "
                                         f"the conversation: {exc}", param="messages") from None
         before = len(agent.conversation_ids())
@@ -346,14 +351,15 @@ class Engine:
                     job.deliver({"type": "begin"})
                 if kind == "thinking_delta":
                     job.deliver({"type": "reasoning", "delta": event["delta"]})
-        except (NeedleError, ValueError, TypeError) as exc:
+        except (NeedleError, ValueError) as exc:
             raise RequestError(400, f"{exc}", param="messages") from None
         finally:
             with self._cond:
                 self._running = None
-        return self._outcome(job, slot, agent, final_event, keys, start, snapshot, before, forced)
+        return self._outcome(job, slot, agent, final_event, snapshot, before, forced)
 
-    def _outcome(self, job, slot, agent, event, keys, start, snapshot, before, forced):
+    def _outcome(self, job, slot, agent, event, snapshot, before, forced):
+        """The Outcome of the finished turn ``event``; keeps the conversation's state."""
         req = job.request
         if event["type"] == "error":
             exc = event.get("exception")
@@ -364,7 +370,7 @@ class Engine:
                         " (needle-cy serve --ignore-system leaves out the clients' system messages)")
                 raise RequestError(400, f"{exc}{hint}", param="messages",
                                    code="context_length_exceeded")
-            if isinstance(exc, (NeedleError, ValueError, TypeError)):
+            if isinstance(exc, (NeedleError, ValueError)):
                 raise RequestError(400, f"{exc}", param="messages")
             if exc is not None:
                 raise exc
