@@ -1,14 +1,18 @@
 """The benchmark report: every benchmark in one run, as Markdown with PNG plots.
 
-    python benchmarks/report.py            # full run (3 min on an idle 2-core Zen 4, 10 min at load 4)
+    python benchmarks/report.py            # full run: a few minutes on an idle 2-core machine
     python benchmarks/report.py --quick    # fewer contexts and rounds, short suites (about 1 min)
     python benchmarks/report.py --tiny --archive 2=small.cact --suites none --no-perf --out DIR
                                            # the test's mode: seconds, on a small archive
     python benchmarks/report.py --replot   # redraw the PNGs from report.json (no measuring)
+    python benchmarks/report.py --update-committed    # write the committed report instead
 
-It writes ``benchmarks/report/REPORT.md`` (``--out`` another folder) and, where matplotlib
-is installed (``pip install ".[bench]"``), the PNGs beside it; without it the Markdown
-says the plots were skipped.  Sections:
+It writes ``REPORT.md`` and ``report.json`` into ``build/benchmark-report/`` (``--out``
+another folder), which git ignores, so a run never changes a tracked file.
+``--update-committed`` writes ``benchmarks/report/`` instead, the report the repository
+keeps (do that on purpose, with the commit of the code measured).  Where matplotlib is
+installed (``pip install ".[bench]"``) the PNGs are written beside it; without it the
+Markdown says the plots were skipped.  Sections:
 
 1. the machine: CPU model and the flags the kernels use, cores, load, the CQ kernel the
    engine chose, OpenMP;
@@ -23,8 +27,10 @@ says the plots were skipped.  Sections:
    prefill: FMA peak / MACs per token (and the int8 peak's share beside it);
 5. the per-operator breakdown of decode and prefill (``benchmarks/profile_model.py``
    under Linux ``perf``, grouped into operator classes);
-6. the grammar, tokenizer and agent suites (pytest-benchmark, ``--benchmark-json``);
-7. the earlier sessions' measurements (``benchmarks/history/*.md``, included as they are).
+6. the grammar, tokenizer and agent suites (pytest-benchmark, ``--benchmark-json``).
+
+Earlier measurements are not repeated here: they live in ``benchmarks/history/``, dated
+and with the CPU named.
 
 Archives: bench_model.py's random full-size models (``needle_cy.testing.make_random_archive``,
 20 layers, d 768, vocab 16384) at 2 and 4 bits, cached in the temp dir; ``--archive
@@ -56,8 +62,8 @@ from needle_cy.archive import DTYPE_CQ, Archive  # noqa: E402
 from needle_cy.model import Model  # noqa: E402
 from needle_cy.threads import physical_cores  # noqa: E402
 
-HISTORY = [("model", "Whole model"), ("cq", "CQ kernels"), ("grammar", "Grammar"),
-           ("tokenizer", "Tokenizer"), ("train_step", "Training step")]
+DEFAULT_OUT = REPO / "build" / "benchmark-report"   # untracked (.gitignore: build/)
+COMMITTED_OUT = HERE / "report"                      # the report the repository keeps
 # flags the kernels (or kernels one could write) depend on, x86 and Arm
 KERNEL_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl",
                 "avx512_vnni", "avx512_bf16", "avx512vbmi", "avx512_vbmi2", "avx512ifma", "avx_vnni",
@@ -779,21 +785,7 @@ def build_report(args, log=print):
         w("")
         L.extend(suite_table(data))
         w("")
-    # history ------------------------------------------------------------------------
-    w("## Earlier measurements (historical)")
-    w("")
-    w("Tables and analyses of earlier sessions, each under the conditions it states "
-      "(`benchmarks/history/*.md`, included as they are; newer figures are above).")
-    w("")
-    for stem, title in HISTORY:
-        path = HERE / "history" / f"{stem}.md"
-        if not path.exists():
-            continue
-        text = path.read_text()
-        text = re.sub(r"^(#+)", lambda m: "##" + m.group(1), text, flags=re.M)
-        w(f"<!-- from benchmarks/history/{stem}.md -->")
-        L.extend(text.rstrip().splitlines())
-        w("")
+    w("Earlier measurements, each dated and with its CPU named: `benchmarks/history/`.")
     report = out_dir / "REPORT.md"
     report.write_text("\n".join(L) + "\n")
     raw = {"roofline": {k: v for k, v in roof.items()}, "speeds": speeds,
@@ -822,12 +814,17 @@ def replot(out_dir):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Run every benchmark and write benchmarks/report/REPORT.md.")
+    p = argparse.ArgumentParser(description="Run every benchmark and write a Markdown report with plots "
+                                            f"(default folder: {DEFAULT_OUT.relative_to(REPO)}/, untracked).")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--quick", dest="mode", action="store_const", const="quick", help="a few minutes")
     g.add_argument("--tiny", dest="mode", action="store_const", const="tiny", help="seconds (tests)")
     p.set_defaults(mode="full")
-    p.add_argument("--out", default=str(HERE / "report"), help="output folder (default benchmarks/report)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--out", default=None,
+                     help=f"output folder (default {DEFAULT_OUT.relative_to(REPO)}, which git ignores)")
+    out.add_argument("--update-committed", action="store_true",
+                     help="write the committed report, benchmarks/report/ (tracked files)")
     p.add_argument("--bits", default="2,4", help="widths of the random full-size archives")
     p.add_argument("--archive", action="append", metavar="BITS=PATH", help="use this archive (repeatable)")
     p.add_argument("--threads", default="1,2,auto", help="thread settings (numbers or auto)")
@@ -836,6 +833,7 @@ def main(argv=None):
     p.add_argument("--no-plots", action="store_true", help="Markdown only")
     p.add_argument("--replot", action="store_true", help="only redraw the PNGs from --out's report.json")
     args = p.parse_args(argv)
+    args.out = str(COMMITTED_OUT if args.update_committed else args.out or DEFAULT_OUT)
     if args.replot:
         print(replot(args.out) or "matplotlib is not installed")
         return

@@ -4,7 +4,11 @@
 One encode call:
   1. copy the text into a UCS4 array, spaces → "▁", optional dummy "▁" in front;
   2. scan for USER_DEFINED markers (longest first, ties in id order); text between
-     markers is a segment;
+     markers is a segment.  In text mode (``allowed`` given) only the allowed markers are
+     matched, and no symbol may become a piece that text must not produce (a marker, a
+     CONTROL or UNKNOWN piece, a ``<0xHH>`` piece): such a merge is never pushed and such
+     a single character is a non-piece (byte fallback), so a marker's spelling stays
+     ordinary pieces and ``decode`` gives back the text;
   3. BPE each segment: symbols are a doubly linked list over the segment's code points;
      every adjacent pair whose concatenation is a piece goes into a binary max-heap keyed
      by (score, -left position); the top pair is merged if it is still current (lazy
@@ -66,6 +70,7 @@ cdef struct Workspace:     # per-call scratch, grown on demand (encode is re-ent
     Py_ssize_t out_len
     Py_ssize_t out_cap
     bint failed
+    bint text_only         # no symbol may become a piece of ``BPEEncoder.not_text``
 
 
 cdef inline int32_t _lookup(const HashTable* table, uint64_t key) noexcept nogil:
@@ -125,6 +130,7 @@ cdef class BPEEncoder:
     cdef int32_t* piece_len         # surface length in code points
     cdef int32_t* bmp_chars         # code point < 0x10000 → piece id or -1
     cdef float* scores
+    cdef unsigned char* not_text    # per piece: 1 = text mode never produces it by a merge
     cdef int32_t byte_ids[256]
     cdef int32_t unk_id
     cdef bint byte_fallback
@@ -147,6 +153,7 @@ cdef class BPEEncoder:
         self.piece_len = NULL
         self.bmp_chars = NULL
         self.scores = NULL
+        self.not_text = NULL
         self.marker_cps = NULL
         self.marker_start = NULL
         self.marker_len = NULL
@@ -171,11 +178,15 @@ cdef class BPEEncoder:
         self.scores = <float*>malloc(max(n, 1) * sizeof(float))
         self.piece_len = <int32_t*>malloc(max(n, 1) * sizeof(int32_t))
         self.bmp_chars = <int32_t*>malloc(BMP * sizeof(int32_t))
-        if self.scores == NULL or self.piece_len == NULL or self.bmp_chars == NULL:
+        self.not_text = <unsigned char*>malloc(max(n, 1))
+        if self.scores == NULL or self.piece_len == NULL or self.bmp_chars == NULL or self.not_text == NULL:
             raise MemoryError()
         for i in range(n):
             self.scores[i] = scores[i]
             self.piece_len[i] = len(pieces[i])
+            # UNKNOWN 1, CONTROL 2, USER_DEFINED 3, BYTE 4: ids that stand for something other
+            # than their surface, so text mode never forms them from the surface.
+            self.not_text[i] = 1 if 1 <= types[i] <= 4 else 0
         for i in range(BMP):
             self.bmp_chars[i] = -1
 
@@ -196,22 +207,22 @@ cdef class BPEEncoder:
             if "\u2581" in surface[1:]:
                 self.split_before_space = False
 
-        def symbol_key(part):
-            # The key a symbol with this surface would carry, or None if no symbol can have it.
+        def symbol_keys(part):
+            # The keys a symbol with this surface can carry: its piece id, and for a single
+            # character that is no piece, or one text mode keeps from becoming its piece,
+            # NOT_A_PIECE | code point.
             piece_id = surface_id.get(part)
-            if piece_id is not None:
-                return piece_id
-            if len(part) == 1:
-                return NOT_A_PIECE | ord(part)
-            return None
+            keys = [] if piece_id is None else [piece_id]
+            if len(part) == 1 and (piece_id is None or 1 <= types[piece_id] <= 4):
+                keys.append(NOT_A_PIECE | ord(part))
+            return keys
 
         pair_table = {}
         for surface, i in surface_id.items():
             for k in range(1, len(surface)):
-                left = symbol_key(surface[:k])
-                right = symbol_key(surface[k:])
-                if left is not None and right is not None:
-                    pair_table[(<uint64_t>left << 32) | <uint64_t>right] = i
+                for left in symbol_keys(surface[:k]):
+                    for right in symbol_keys(surface[k:]):
+                        pair_table[(<uint64_t>left << 32) | <uint64_t>right] = i
         self._build_hash(pair_table, &self.pairs)
         self._build_hash(astral, &self.astral_chars)
 
@@ -275,6 +286,7 @@ cdef class BPEEncoder:
         free(self.piece_len)
         free(self.bmp_chars)
         free(self.scores)
+        free(self.not_text)
         free(self.marker_cps)
         free(self.marker_start)
         free(self.marker_len)
@@ -285,13 +297,13 @@ cdef class BPEEncoder:
         """True when segments are cut into independent chunks in front of every "▁"."""
         return self.split_before_space
 
-    cdef inline uint32_t _char_key(self, uint32_t cp) noexcept nogil:
+    cdef inline uint32_t _char_key(self, uint32_t cp, bint text_only) noexcept nogil:
         cdef int32_t piece_id
         if cp < BMP:
             piece_id = self.bmp_chars[cp]
         else:
             piece_id = _lookup(&self.astral_chars, cp)
-        if piece_id >= 0:
+        if piece_id >= 0 and not (text_only and self.not_text[piece_id]):
             return <uint32_t>piece_id
         return NOT_A_PIECE | cp
 
@@ -350,7 +362,7 @@ cdef class BPEEncoder:
         cdef int32_t merged = _lookup(&self.pairs, (<uint64_t>ws.symbols[left].key << 32)
                                       | ws.symbols[right].key)
         cdef Candidate c
-        if merged >= 0:
+        if merged >= 0 and not (ws.text_only and self.not_text[merged]):
             c.score = self.scores[merged]
             c.left = left
             c.merged = merged
@@ -379,14 +391,14 @@ cdef class BPEEncoder:
         cdef Candidate c
         cdef Symbol* symbols
         if n == 1:  # the common one-character chunk needs no heap
-            self._emit_symbol(ws, self._char_key(cps[0]))
+            self._emit_symbol(ws, self._char_key(cps[0], ws.text_only))
             return
         if not self._reserve(ws, n):
             ws.failed = True
             return
         symbols = ws.symbols
         for i in range(n):
-            symbols[i].key = self._char_key(cps[i])
+            symbols[i].key = self._char_key(cps[i], ws.text_only)
             symbols[i].prev = <int32_t>(i - 1)
             symbols[i].next = <int32_t>(i + 1) if i + 1 < n else -1
         for i in range(n - 1):
@@ -434,8 +446,10 @@ cdef class BPEEncoder:
                 start = i
         self._bpe_chunk(ws, cps + start, n - start)
 
-    cdef inline int _marker_at(self, const uint32_t* cps, Py_ssize_t pos, Py_ssize_t n) noexcept nogil:
-        """Index (match order) of the first marker matching at ``pos``, or -1."""
+    cdef inline int _marker_at(self, const uint32_t* cps, Py_ssize_t pos, Py_ssize_t n,
+                               const unsigned char* allow) noexcept nogil:
+        """Index (match order) of the first marker matching at ``pos``, or -1; with
+        ``allow`` (per marker in match order) only the allowed markers."""
         cdef uint32_t cp = cps[pos]
         cdef int m
         cdef Py_ssize_t j, length, start
@@ -445,6 +459,8 @@ cdef class BPEEncoder:
         elif not self.marker_nonascii_first:
             return -1
         for m in range(self.n_markers):
+            if allow != NULL and not allow[m]:
+                continue
             length = self.marker_len[m]
             if length > n - pos:
                 continue
@@ -456,8 +472,13 @@ cdef class BPEEncoder:
                 return m
         return -1
 
-    def encode(self, str text, bint dummy_prefix):
-        """Ids of ``text``; ``dummy_prefix`` = prepend "▁" (already combined with the vocabulary flag)."""
+    def encode(self, str text, bint dummy_prefix, allowed=None):
+        """Ids of ``text``; ``dummy_prefix`` = prepend "▁" (already combined with the vocabulary flag).
+
+        ``allowed=None``: spec §6.2 as written (every marker matched, any piece may form).
+        Otherwise text mode: ``allowed`` is a collection of marker ids that are matched;
+        every other marker spelling, and the surface of any CONTROL, UNKNOWN or BYTE
+        piece, is encoded as ordinary pieces or byte fallback."""
         cdef Py_ssize_t length = PyUnicode_GET_LENGTH(text)
         cdef Py_ssize_t n, i, offset, seg_start, pos
         cdef int kind
@@ -467,14 +488,29 @@ cdef class BPEEncoder:
         cdef int m
         cdef Workspace ws
         cdef Py_ssize_t bad = -1
+        cdef unsigned char* allow = NULL
+        cdef bint match_markers = self.n_markers > 0
         if length == 0:
             return []
         if length >= 0x7FFFFFF0:  # symbol links are int32
             raise ValueError(f"text of {length} characters is too long to encode (limit 2**31 - 16)")
+        ws.text_only = allowed is not None
+        if ws.text_only:
+            match_markers = False
+            if allowed and self.n_markers:
+                allowed_ids = set(allowed)
+                allow = <unsigned char*>malloc(self.n_markers)
+                if allow == NULL:
+                    raise MemoryError()
+                for m in range(self.n_markers):
+                    allow[m] = self.marker_id[m] in allowed_ids
+                    if allow[m]:
+                        match_markers = True
         offset = 1 if dummy_prefix else 0
         n = length + offset
         cps = <uint32_t*>malloc(n * sizeof(uint32_t))
         if cps == NULL:
+            free(allow)
             raise MemoryError()
         kind = PyUnicode_KIND(text)
         data = PyUnicode_DATA(text)
@@ -502,8 +538,8 @@ cdef class BPEEncoder:
                 if bad < 0:
                     seg_start = 0
                     pos = 0
-                    while pos < n:
-                        m = self._marker_at(cps, pos, n) if self.n_markers else -1
+                    while match_markers and pos < n:
+                        m = self._marker_at(cps, pos, n, allow)
                         if m >= 0:
                             self._bpe_segment(&ws, cps + seg_start, pos - seg_start)
                             self._emit(&ws, self.marker_id[m])
@@ -519,6 +555,7 @@ cdef class BPEEncoder:
             return [ws.out[i] for i in range(ws.out_len)]
         finally:
             free(cps)
+            free(allow)
             free(ws.symbols)
             free(ws.heap)
             free(ws.out)

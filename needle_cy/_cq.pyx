@@ -29,10 +29,10 @@ Three inner loops:
   applied per lane once per chunk.  The matmul decodes each step once, scales
   it by the lane norms and reuses it for a block of 8 tokens (8 independent
   accumulators), row blocks of 16 sharing one block of tokens.
-  Limits on this kind of CPU (Zen 3): at 1/2 bits a step costs two
-  shuffle-pipe µops (permute + shift; 1.75 with the offset loads) for 8 MACs,
-  so the matvec tops out near 8–9 MAC/cycle; at 4 bits three (≈ 5 MAC/cycle).
-  The matmul amortises decoding over 8 tokens and is bound by FMA throughput.
+  The matvec is bound by the shuffle pipes (at 1/2 bits a step is a permute
+  and a shift for 8 MACs, fewer shifts with the offset loads; at 4 bits three
+  shuffles); the matmul amortises decoding over 8 tokens and is bound by FMA
+  throughput (figures: benchmarks/history/cq.md).
 * Integer, for A8 inputs (deploy numerics: every CQ input is an A8 vector
   x = s·k, k int8; the engine marks its views ``a8_input``), x86-64 with
   AVX-512 F/BW/VL (``avx512bw``: vpmaddwd) or + VNNI (``avx512vnni``: vpdpwssd).
@@ -47,23 +47,21 @@ Three inner loops:
   in the tests).  B and E are sized per matrix so the int32 sums between two
   conversions to float cannot overflow.  3-bit rows are repacked to nibbles once
   (a copy); groups of 16/width … 256 fields have tables.  The A8 check and the
-  int16 packing of the rotated codes are AVX-512 too (they were scalar loops
-  costing 3 % of a decode step).  The matvec prefetches the rows 8 ahead: in the
+  int16 packing of the rotated codes are AVX-512 too (as scalar loops they were
+  a visible part of a decode step).  The matvec prefetches the rows 8 ahead: in the
   model every step streams all matrices from DRAM, and without it the kernel
   waited on memory (whole-model decode gained little over the float kernel).
   The matmul (several tokens: prefill chunks) decodes a row in registers once
   per step for a tile of 6 tokens and sums each (row, token) exactly as the
   matvec does (one lane-sum tree for both), so a token's outputs are bitwise
-  the matvec's; on
-  Zen 4 a zmm vpdpwssd issues once per cycle, as many int16 products as two ymm
-  FMAs make float products, so with two halves its peak equals the float
-  matmul's and it gains by what the float matmul spends around its FMAs
-  (measured 1.05–1.29× in whole-model prefill; per 4-bit matrix 1.2–2.8× at
-  2–8 tokens, where the float matmul cannot amortise its decode).  Speed on Zen 4
-  (one thread, shared VM; benchmarks/history/cq.md): matvec 4 bits 1.6–1.9×
-  the AVX2 float kernel per matrix, 2 bits 1.1–1.7× (the float one is noisy);
-  whole-model decode 4 bits 1.27–1.40×, 2 bits 1.07–1.19× (64 and 600 tokens of
-  context).  ``set_kernel``/``kernel_name``/
+  the matvec's.  A
+  zmm vpdpwssd makes as many int16 products a cycle as two ymm FMAs make float
+  products, so with two halves the integer matmul's peak equals the float
+  matmul's: it gains by what the float matmul spends around its FMAs, most
+  where few tokens share a decode.  The integer matvec is faster than the float
+  one at both widths, most at 4 bits, whose float decode costs the most shuffles
+  (figures per matrix and for the whole model: benchmarks/history/cq.md).
+  ``set_kernel``/``kernel_name``/
   ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512lut, avx512vnni,
   avxvnni, avx512bw, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
 * Table lookups for 2-bit fields (2 bits and ternary) and 4-bit ones on A8 inputs, AVX-512
@@ -78,8 +76,8 @@ Three inner loops:
   into its low and high bytes (cq_lut_bytes.h): one vpermb looks up 16 rows × 4
   nibbles from four nibbles' tables side by side, vpdpbusd against ones adds them, and
   Σ q = 256·Σ hi + Σ lo is the same exact sum with 11 instructions per 16 rows × 8
-  nibbles instead of 16 (measured 1.18–1.38× on 768–3072-input matvecs, one thread,
-  session 25); the matmul keeps the int16 tiles.  The rows are re-laid out at load in 16-row
+  nibbles instead of 16 (faster on every matvec shape; benchmarks/history/cq.md);
+  the matmul keeps the int16 tiles.  The rows are re-laid out at load in 16-row
   blocks of interleaved dwords (``CQWeight.enable_lut``; a copy as large as the packed
   rows, on huge pages in the engine's ``LutArena``; the .cact mapping is left alone).
   Its own numerics (reference.cq.matmul_lut, bit for bit): per group
@@ -90,14 +88,13 @@ Three inner loops:
   three 16-row blocks of lookups save.  cq_rotate makes one token's tables (in the
   decode step each thread its own); the matmul makes each tile of 4 tokens' tables
   in the thread's scratch, once for a list of products
-  (``cq_matmul_rotated_rows_list``).  Measured (one thread, Zen 4,
-  benchmarks/bench_cq.py): matvec 2.4–3.6× avx512vnni on the 576–16384-row matrices,
-  matmul of 64 tokens 2.4–3.0× (1.5× at 3072 inputs); whole-model 2-bit decode 1.17×, prefill 1.28× over
-  session 14's float32 tables (README).
+  (``cq_matmul_rotated_rows_list``).  Several times the avx512vnni kernel's speed
+  on the large matrices, and faster than float32 tables at half their bytes
+  (benchmarks/history/cq.md).
   4-bit fields (4 bits, and 3 bits as the integer path's nibbles) take the same row
   loops: a nibble is one field, its table the 16 products cb[a]·z[j] (the scale from
-  max|z|), one vpermw looks up 16 rows × 2 fields.  Measured 1.66× avx512vnni on a
-  768×768 matvec from cache, 1.08–1.14× on the DRAM-bound 16384-row head.  The table
+  max|z|), one vpermw looks up 16 rows × 2 fields, faster than avx512vnni from
+  cache and a little faster on the DRAM-bound 16384-row head.  The table
   rounding (~1e-4 of a row's value, where the two-product kernel is exact to float32)
   is amplified by the A8 roundings downstream of every body matrix, so the engine
   gives 4-bit matrices the layout only for the head (see _model.pyx's _view).
@@ -110,14 +107,14 @@ Three inner loops:
   looked up with vpshufb: a half chunk (16 bytes) broadcast to both 128-bit lanes
   looks up hi in one lane and lo in the other, two unpacks rebuild the words, and
   the codes are loaded with vbroadcasti128 to match (per 32 fields: 8 shuffles,
-  2 shifts/ands, 4 vpmaddwd + 4 vpaddd, or 4 vpdpwssd).  On Zen 4 running AVX2
-  code that is more work than the float kernel's decode at 4 bits (12 shuffles +
+  2 shifts/ands, 4 vpmaddwd + 4 vpaddd, or 4 vpdpwssd).  Running AVX2 code
+  that is more work than the float kernel's decode at 4 bits (12 shuffles +
   4 FMAs) and much more at 2 bits (vpermilps, 8 fields a permute), and the matmul
   needs two int16 products and an add per MAC where the float one needs one FMA:
-  measured slower than the float kernels (decode 0.69–0.95x, prefill 0.55–0.64x;
-  benchmarks/history/cq.md), so 'auto' does not take them (``AUTO_INT256``,
+  measured slower than the float kernels in decode and prefill
+  (benchmarks/history/cq.md), so 'auto' does not take them (``AUTO_INT256``,
   ``pick_int_kernel``); forced by name they run.  avxvnni is compiled and its
-  selection tested, but no CPU here has AVX-VNNI (Zen 4 has AVX-512 VNNI only).
+  selection tested, but no CPU it was measured on has AVX-VNNI.
 * Integer on aarch64, the same numerics bit for bit (cq_neon_kernel.h; the
   reference's ``matmul_int`` is their executable specification and every integer
   kernel is tested against it): ``neon`` on every ARMv8-A core (byte-plane
@@ -470,8 +467,8 @@ cdef extern from *:
        n_vec steps of 8: one weight load feeds TT FMAs.  Each lane accumulates its
        products in the same order as the single-row loop of earlier versions, then
        one horizontal sum, so a matmul gives the same bits as before.  (1 row × 8
-       tokens measured faster on Zen 3 than 2×4, 2×6, 3×3 or 4×3 register tiles:
-       ~14 MAC/cycle, close to the two-FMA-per-cycle peak.) */
+       tokens measured faster on an AVX2 core than 2×4, 2×6, 3×3 or 4×3 register
+       tiles, close to the two-FMA-per-cycle peak.) */
     NC_CQ_INLINE void nc_cq_dot_row(const float* wd, const float* x, ptrdiff_t xs, ptrdiff_t n_vec,
                                     float* tile, ptrdiff_t ts, const int TT) {
         __m256 acc[8];
@@ -934,13 +931,12 @@ cdef extern from *:
         if (int256 && avx2fma) return 3;
         return 0;
     }
-    /* Whether 'auto' takes the 256-bit integer kernels: not yet.  Measured on Zen 4
-       running AVX2 code (portable build, the stand-in for Zen 3; benchmarks/history/cq.md)
-       avx2int is slower than the float AVX2 kernels: whole-model decode 0.88–0.95x at
-       4 bits, 0.69–0.71x at 2 bits, prefill 0.55–0.64x (without vpermw its lookups cost
-       as many shuffles as the float decode saves, and each MAC is two int16 products
-       plus an add).  avxvnni fuses the add; no CPU here has it.  Forced by name they
-       run (NEEDLE_CY_CQ_KERNEL, set_kernel). */
+    /* Whether 'auto' takes the 256-bit integer kernels: not yet.  Measured on a
+       portable (AVX2) build, avx2int is slower than the float AVX2 kernels in decode
+       and prefill, most at 2 bits (benchmarks/history/cq.md): without vpermw its
+       lookups cost as many shuffles as the float decode saves, and each MAC is two
+       int16 products plus an add.  avxvnni fuses the add; no CPU it was measured on
+       has it.  Forced by name they run (NEEDLE_CY_CQ_KERNEL, set_kernel). */
     #ifndef NC_CQ_AUTO_INT256
     #define NC_CQ_AUTO_INT256 0
     #endif
@@ -1252,8 +1248,8 @@ cdef inline bint _amx_path(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
     the tiles enabled (an AVX-512 integer kernel active) or the portable loop of the
     same numerics forced (set_amx('portable')), tables made, AMX_MIN_TOKENS or more,
     and no lookup layout running w.  The 2-bit lookups stay: whole-model prefill on the
-    tiles measured the same as on them (2-bit, 600 tokens: 0.93×, 1.08×, 1.00× at auto,
-    2 and 1 threads; 4-bit 1.50× at auto), and so prefill keeps the step's numerics."""
+    tiles measured no faster than on them (the 4-bit body gains most;
+    benchmarks/history/cq.md), and so prefill keeps the step's numerics."""
     cdef int k
     if not (nc_cqa_enabled and w.amx_ok and n_tokens >= AMX_MIN_TOKENS) or _lut_path(w):
         return False
@@ -1343,8 +1339,8 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
     usual.  The codes are rotated exactly (an unscaled FWHT of small integers in
     float32) and stored as int16 in the integer kernels' lane order (AVX-512:
     nc_cqi_a8_codes and nc_cqi_pack_codes in cq_int_kernel.h).  Several tokens are
-    split between up to `threads` threads, each with its own float scratch (the
-    rotation was 4 % of a 2-thread prefill, on one thread while the other waited);
+    split between up to `threads` threads, each with its own float scratch (on one
+    thread the rotation kept the other waiting, a visible share of a 2-thread prefill);
     a refused token marks its scale -1.  In the lookup form (_lut_path) each token's
     rotated codes stay floats (and become the tables, nc_cql_tables, for one token)
     instead of int16 codes."""
@@ -1426,7 +1422,7 @@ cdef bint cq_rotate_tokens(const CQView* w, const float* X, Py_ssize_t n_tokens,
     False, having written nothing, where the integer form does not apply (then thread 0 calls cq_rotate alone).  After the
     meeting cq_rotate_tokens_ok tells whether every token was an A8 vector; when not,
     thread 0 calls cq_rotate.  The same bits as cq_rotate (the prefill chunk's one
-    parallel region: a region per rotation was part of libgomp's 10 % of a prefill)."""
+    parallel region: a region per rotation added to libgomp's fork and join costs)."""
     cdef int form
     cdef Py_ssize_t t0 = n_tokens * tid // nt, t1 = n_tokens * (tid + 1) // nt, t
     if n_tokens < 2 or not _int_path(w, n_tokens):
@@ -1688,14 +1684,14 @@ cdef inline bint _decode_once(const CQView* w, Py_ssize_t nc) noexcept nogil:
     (True) or multiplies straight from the packed bytes, once per 8 tokens (False).
 
     Decoding once costs a store and a reload of every weight vector: one extra load
-    per 8 FMAs (9 loads, near the two-vector-loads-per-cycle limit of Zen 3).  At
+    per 8 FMAs (9 loads, near the two-vector-loads-per-cycle limit of AVX2 cores).  At
     3–4 bits decoding inside the token loop costs more than that (4 bits: ~3
     shuffle µops per vector), so the decoded copy wins at every width (128x768
     0.87, 16384x768 0.84, 320x3072 0.87 of the old time).  At 1–2 bits the
     in-loop decode is one shuffle + one shift, which run beside the FMAs, and the
     copy only wins on short rows (256x256 0.90, 384x384 0.95, 1024x256 0.95) but
     loses on wide slices (128x768 1.02–1.06, 256x1024 1.06–1.11, 80x3072 and
-    320x3072 1.11–1.18; 64 tokens, 1 thread, in-process A/B on Zen 3)."""
+    320x3072 1.11–1.18: time ratios, 64 tokens, 1 thread, in-process A/B)."""
     cdef Py_ssize_t fields = nc * w.chunk_fields
     # a slice wider than the decode buffer (only with groups > DECODE_FLOATS fields,
     # slices being whole groups) always takes the packed path
@@ -2264,9 +2260,8 @@ LUT_MIN_ROWS = int(os.environ.get("NEEDLE_CY_LUT_MIN_ROWS", "64"))
 class LutArena:
     """Memory for the lookup layouts of one model, on transparent huge pages where the
     OS has them (Linux madvise; elsewhere plain pages).  A decode step streams every
-    layout from DRAM, and with 4 KB pages the TLB misses cost a quarter of the
-    streaming speed: a 50 MB lookup matvec ran at 27 GMAC/s on 4 KB pages against
-    37 on 2 MB pages (Zen 4, one thread).  Blocks of `block` bytes (a whole number of
+    layout from DRAM, and with 4 KB pages the TLB misses cost about a quarter of the
+    streaming speed (benchmarks/history/cq.md, lookup-kernel notes).  Blocks of `block` bytes (a whole number of
     2 MB pages), carved in 64-byte aligned pieces; each piece keeps its block alive."""
 
     PAGE = 1 << 21

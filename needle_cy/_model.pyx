@@ -233,7 +233,7 @@ cdef extern from *:
        plain loops' operations, element by element, so the same bits.  Those loops
        read and wrote each lane row n times and went through the scratch rows Xn (the
        router input, dead by now, is not written here); the prefill chunk's lanes come
-       from beyond L2, and the loops took 6 % of a 2-bit prefill on one thread.
+       from beyond L2, and the loops were a visible part of a one-thread prefill.
        Returns 0 (nothing done) where it does not apply. */
     static inline int nc_lane_update_avx2(float* x, const float* a, const float* u, float* X,
                                           const float* ph, Py_ssize_t n, Py_ssize_t d,
@@ -368,9 +368,8 @@ def prefetch_ahead_bytes():
     """How far a decode step's waiting thread may prefetch beyond what it has read
     (prefetch_stream.h): ``NEEDLE_CY_PF_AHEAD`` bytes (0 turns the streams off), else
     half of this core's L2 (sysfs; 256 KB where it is not known), so that what it
-    brings is still in L2 when read beside the step's other data.  On the Xeon of
-    issue 18 (2 MB L2) 0.5, 1 and 1.5 MB measured alike (1.05-1.09x the step without
-    streams)."""
+    brings is still in L2 when read beside the step's other data.  On a core with a
+    2 MB L2, 0.5, 1 and 1.5 MB measured alike (benchmarks/history/model.md)."""
     n = _env_count("NEEDLE_CY_PF_AHEAD", 0, "a byte count")
     if n is not None:
         return n
@@ -399,10 +398,10 @@ def mlp_team_min():
     """The smallest team that splits a decode step's Monarch MLP between its threads
     (``NEEDLE_CY_MLP_TEAM``, default 3); a smaller team runs the MLP and its lane update
     on thread 0 while the others wait.  The split MLP meets six times and each of its
-    three Kronecker products reads the vector the whole team wrote: on the Xeon of
-    issue 18 (2 threads, full size) it took 10.2 / 11.2 us a block on the two threads
-    against 7.7 us on thread 0 alone, whose 2-thread decode then read 1.11x (2-bit) and
-    1.07x (4-bit).  Three or more threads are not measured (the split stays there).
+    three Kronecker products reads the vector the whole team wrote, lines that cross
+    between the cores: with 2 threads the split took longer than thread 0 alone, and the
+    decode was faster without it (benchmarks/history/model.md).  Three or more threads
+    are not measured (the split stays there).
     The values are the same bits either way."""
     n = _env_count("NEEDLE_CY_MLP_TEAM", 1, "a thread count")
     return 3 if n is None else n
@@ -413,9 +412,9 @@ def sites_late_mode():
     on its last thread beside thread 0's Monarch MLPs (CythonEngine._plan_sites):
     ``NEEDLE_CY_SITES_LATE`` "1" where the archive allows it (no site read by block 0),
     "0" never, "auto" (default) where moreover every site product has the lookup layout
-    (avx512lut): a 768×768 lookup product (7 µs alone on the Xeon of issue 18) fits the
-    MLP's 8 µs, where the 4-bit integer kernel's (24 µs) kept thread 0 waiting (2-thread
-    4-bit decode 0.97x; 2-bit 1.05-1.06x)."""
+    (avx512lut): a 768×768 lookup product fits in the time of thread 0's MLP, where the
+    4-bit integer kernel's product, about three times as long, kept thread 0 waiting
+    (4-bit decode was slower with it; figures in benchmarks/history/model.md)."""
     v = os.environ.get("NEEDLE_CY_SITES_LATE", "auto").strip().lower()
     if v not in ("auto", "0", "1"):
         raise ValueError(f"NEEDLE_CY_SITES_LATE: expected auto, 0 or 1, got {v!r}")
@@ -683,8 +682,8 @@ cdef class CythonEngine:
             # 0.002–0.007 to 0.010–0.011 (the bar is 0.01; the gate projection alone
             # took a 6-token case from 0.0002 to 0.005).  The head's outputs are the
             # logits themselves (no A8 after them): there it moved nothing measurable.
-            # The head is a quarter of a 4-bit decode step's multiply-adds; its matvec
-            # is 1.08–1.14× faster (DRAM-bound), the whole step's gain within noise.
+            # The head is a quarter of a 4-bit decode step's multiply-adds; its lookup
+            # matvec is a little faster (DRAM-bound), the whole step's gain within noise.
             if self._lut_arena is None:
                 self._lut_arena = LutArena()
             cw.enable_lut(self._lut_arena)
@@ -1447,8 +1446,8 @@ cdef class CythonEngine:
         """Ask for the table rows every site's input of a one-token step reads (their
         packed fields and norms), before the first site needs them.  The rows are
         random lines of tables larger than the caches: read one after another they were
-        one memory latency each, on thread 0 alone while the team waited (6–13 µs a
-        site, full size, Zen 4); asked for together the latencies overlap."""
+        one memory latency each, on thread 0 alone while the team waited; asked for
+        together the latencies overlap."""
         cdef int oi, e
         cdef Py_ssize_t s
         cdef int64_t row_id
@@ -1486,7 +1485,7 @@ cdef class CythonEngine:
                             Py_ssize_t n_heads, float** pmax, float** pden, float** psum) noexcept nogil:
         """Every block of a chunk of T ≥ 2 tokens, run by each of the nt threads of the
         caller's parallel region (thread tid): _run_chunk's block loop in one region
-        instead of about twelve per block (their joins were 10 % of a 2-thread prefill).
+        instead of about twelve per block (their fork and join showed in a 2-thread prefill's profile).
 
         The per-token steps go to the threads by contiguous token ranges, so a token's
         lanes, cell and conv inputs stay with one thread from block to block; the
@@ -1673,8 +1672,8 @@ cdef class CythonEngine:
         nc_team_barrier()
         nc_prof_begin(tid)       # (the opt-in meeting profile: barrier_profile)
         # the (head, probe) pools of a cell: all of them beside thread 0's serial start of
-        # the next block, 8-9 us at full size since the Φ run there (session 24; they had
-        # been cut in four parts beside four serial steps, with a meeting between each)
+        # the next block, which is long enough since the Φ run there (they had been cut
+        # in four parts beside four serial steps, with a meeting between each)
         n_pools = self._pool_count(n_heads)
         # engram sites (spec §4.4): input on thread 0, the key and value
         # products split by rows, the value conv on the last thread beside thread 0's
@@ -1708,7 +1707,7 @@ cdef class CythonEngine:
             # mHC router input and the three Φ products on thread 0 (spec §4.5): 24 rows at
             # full size, where a thread's share of 12 took less time than the rotation of
             # their 3072-wide input each thread made for it, and a meeting between (split
-            # by rows, the 2-thread decode read 0.99x of this); then the router weights and
+            # by rows, the 2-thread decode was slower); then the router weights and
             # the block input, a = A8(ZCRMS(x)), with no meeting between: every one of them
             # reads only what thread 0 wrote.  The previous cell's pools beside them.
             if tid == 0:
@@ -1753,7 +1752,7 @@ cdef class CythonEngine:
             self._slot_ranges(pos0, lc.band, rng, &n_rng)
             # without a prefetch stream, ask for the MLP and the next Φ rows here, on the
             # way into the attention (the stream asks for them while the thread waits;
-            # with both, these calls cost 3.7 % of a 2-thread step's samples for nothing)
+            # with both, these calls cost a share of a 2-thread step for nothing)
             if pf == NULL:
                 if self._mlp_share(tid, nt, &mt, &mn):
                     self._prefetch_mlp(lc, mt, mn)
@@ -1808,7 +1807,7 @@ cdef class CythonEngine:
             nc_barrier_wait_pf(bar, pf)
         # the last cell's pools, shared by the team (every pool is its own): after the
         # head's products when there is a head (before it, the head's rotation waited for
-        # them, ~5 us a step; on the last thread alone, after its share of the head, they
+        # them; on the last thread alone, after its share of the head, they
         # kept thread 0 waiting at the region's end)
         if logits == NULL:
             self._pool_tasks(self.L, self.s_cell, ids, 1, n_heads, pmax, pden, psum, tid, n_pools, nt)
@@ -1964,9 +1963,9 @@ cdef class CythonEngine:
         own share of every array (_prefetch_share): each thread reads nearly all of
         them, but a line one thread brought is then an L3 hit for the other, and the
         prefetch instructions stall once the line fill buffers are full (every thread
-        asking for all 116 KB took 7.7 % of a 2-thread decode step's samples; with
-        the shares the step measured 1.02-1.05x, the rest of that wait moving to the
-        MLP's own reads and the meetings)."""
+        asking for all 116 KB stalled a 2-thread decode step visibly; with the shares
+        the step was faster, the rest of that wait moving to the MLP's own reads and
+        the meetings; benchmarks/history/model.md)."""
         cdef Py_ssize_t N = self.N, ba2 = self.ba * self.ba, bb2 = self.bb * self.bb
         _prefetch_share(lc.cond_v, self.d * self.R_cond, tid, nt)
         _prefetch_share(lc.cond_u, self.R_cond * N, tid, nt)
@@ -2019,9 +2018,8 @@ cdef class CythonEngine:
         left in the CQ workspace `work` (_list_share: one contiguous share of the list's rows
         per thread, so each thread streams its rows in order, one kernel call per matrix
         it touches).  Handing the blocks out one at a time by an atomic ticket was
-        slower (median 399 against 476 tok/s, 2-bit decode, 2 threads, Zen 4):
-        interleaved blocks defeat the kernel's and the hardware's prefetch of the next
-        rows."""
+        slower (benchmarks/history/model.md): interleaved blocks defeat the kernel's and
+        the hardware's prefetch of the next rows."""
         cdef Py_ssize_t r0, r1
         cdef int i
         for i in range(count):

@@ -14,8 +14,8 @@ prefix is prefilled once per tool selection and kept as a model snapshot (prefix
 caching); every turn prefills only its new tokens, and ``reset()`` rewinds to the prefix.
 A new tool selection starts from the longest already-prefilled run of its tokens
 (``_PrefixCheckpoints``): the tools are rendered in catalogue order, so selections share
-their leading tools (on the dev set's 120 requests 37 % of the prefix tokens come from a
-checkpoint with the default 32 MB; 26 % with 8 MB, 46 % with 128 MB).
+their leading tools (on the dev set's stream of requests, about a third of the prefix
+tokens come from a checkpoint with the default 32 MB; benchmarks/history/accuracy.md).
 Which tools the prefix holds is decided at the first turn of a conversation by
 ``needle_cy.retrieval`` and stays fixed for that conversation.
 """
@@ -38,7 +38,8 @@ from .generate import CLOSING_RESERVE, Cancelled, DecodeSettings, run_turn
 from .grounding import GroundingIndex, NoteGrounder, ValueGrounder
 from .hub import resolve_model
 from .negation import negated_calls
-from .prompt import BOS_ID, Conversation, assistant_text, compact_json, render_tools_json, with_date_fact
+from .prompt import (BOS_ID, IM_END, TOOL_CALL, TOOL_CALL_END, Conversation, OutsideText, compact_json,
+                     encode_template, render_tools_json, with_date_fact)
 from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
                         rank_bm25, select_prefix)
 from .toolspec import ToolSpec, home_tools, normalize_tool, normalize_tools
@@ -84,9 +85,8 @@ class _PrefixCheckpoints:
 
     Beyond ``max_bytes`` the deepest checkpoint goes first (the least recently used among
     equally deep ones): shallow runs are shared by many tool selections and cost less, so
-    keeping them serves more tokens per byte (dev stream at 32 MB: 38 % of prefix tokens
-    against 32 % for plain LRU; at 8 MB 28 % against 18 %; measured before the query
-    expansion changed the selections, now 37 % and 26 %)."""
+    keeping them serves more tokens per byte (on the dev set's stream, more prefix tokens
+    came from checkpoints than with plain LRU at every budget tried)."""
 
     def __init__(self, max_bytes):
         self.max_bytes = int(max_bytes)
@@ -709,7 +709,9 @@ class Needle:
                 next(restore, None)           # a generator that returns without yielding
             conv = entry.conversation
             new_ids = conv.tool_result_ids(text) if is_results else conv.query_ids(text)
-            answer_ids = list(self.tokenizer.encode(assistant_text("", calls), dummy_prefix=False))
+            # the markers are the template's, the calls' JSON is outside text
+            answer_ids = encode_template(self.tokenizer, [TOOL_CALL, OutsideText(body.decode("utf-8")),
+                                                          TOOL_CALL_END + IM_END])
             max_seq = int(getattr(self.model.config, "max_seq_len", 1 << 30))
             if self.model.position + len(new_ids) + len(answer_ids) + CLOSING_RESERVE > max_seq:
                 raise ContextOverflowError(

@@ -313,7 +313,12 @@ def batch_record(prompt, response):
     """One output record: the call-me-maybe fields (``prompt``, and the ``name`` and
     ``parameters`` of the first call, ``null`` / ``{}`` without one), every call in
     ``calls``, the calls held back (not made) in ``held_back`` with the ``reason``, and
-    ``error`` when the turn failed."""
+    ``error`` when the turn failed.
+
+    The call-me-maybe contract is the file format of a function-calling exercise: one
+    ``{"prompt", "name", "parameters"}`` record per prompt, naming the one function to call
+    and its arguments.  Its readers look only at those three fields, so the extra fields
+    (several calls, held-back calls) are added beside them, never in their place."""
     calls = [{"name": c["name"], "parameters": c.get("arguments") or {}}
              for c in response["function_calls"]] if response["success"] else []
     reason = "negated" if (response.get("validation") or {}).get("negation") else "low_confidence"
@@ -572,9 +577,14 @@ def build_parser():
 
     def common(p, tools_flag=True):
         model_flags(p)
-        p.add_argument("--threads", type=_int_at_least(1), default=None)
-        p.add_argument("--backend", choices=["cython", "numpy"], default="cython")
-        p.add_argument("--max-new-tokens", type=_int_at_least(1), default=512)
+        p.add_argument("--threads", type=_int_at_least(1), default=None,
+                       help="threads the engine uses (default: chosen per call, at most the "
+                            "free physical cores)")
+        p.add_argument("--backend", choices=["cython", "numpy"], default="cython",
+                       help="engine: the compiled one (default) or the NumPy reference (slow; "
+                            "for checking results)")
+        p.add_argument("--max-new-tokens", type=_int_at_least(1), default=512,
+                       help="tokens the model may write in one turn (default: 512)")
         p.add_argument("--no-grounding", action="store_true",
                        help="string values and reasoning quotes need not come from the request "
                             "(see needle_cy.grounding)")
@@ -585,29 +595,43 @@ def build_parser():
                             "not a warning")
 
     p = sub.add_parser("run", help="one request → tool calls")
-    p.add_argument("query")
+    p.add_argument("query", help="the request, in quotes")
     p.add_argument("--tools", default=None,
-                   help="JSON file with the tool definitions (default: the embedded model's catalogue)")
+                   help="JSON file with the tool definitions: a list of {name, description, "
+                        "parameters} (default: the embedded model's catalogue)")
     p.add_argument("--system", default=None, help='facts, e.g. "date: 2026-03-04; location: Paris"')
     p.add_argument("--no-constrained", action="store_true", help="decode freely, validate afterwards")
     p.add_argument("--json", action="store_true", help="print the full response envelope")
     common(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("batch", help="call-me-maybe batch: prompts file → calls file")
-    p.add_argument("--functions-definition", required=True)
-    p.add_argument("--input", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--system", default=None)
-    p.add_argument("--no-constrained", action="store_true")
+    p = sub.add_parser(
+        "batch", help="call-me-maybe batch: prompts file → calls file",
+        description="The call-me-maybe contract (a function-calling exercise's file formats): "
+                    "functions as [{name, description, parameters: {arg: {type}}, returns}], "
+                    'prompts as [{"prompt": "..."}], and one output record per prompt with the '
+                    "prompt, the function to call (name) and its arguments (parameters); null and "
+                    "{} when there is none.  needle-cy adds every call of the turn (calls), the "
+                    "calls proposed but not made (held_back, with a reason) and error.")
+    p.add_argument("--functions-definition", required=True,
+                   help="JSON file with the tool definitions (the same formats as --tools)")
+    p.add_argument("--input", required=True,
+                   help='JSON file with the prompts: a list of {"prompt": "..."} or of strings')
+    p.add_argument("--output", required=True,
+                   help="JSON file to write: one record per prompt (prompt, name, parameters, "
+                        "calls, held_back)")
+    p.add_argument("--system", default=None, help='facts, e.g. "date: 2026-03-04; location: Paris"')
+    p.add_argument("--no-constrained", action="store_true", help="decode freely, validate afterwards")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary line")
     common(p)
     p.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("chat", help="multi-turn REPL with simulated execution")
-    p.add_argument("--tools", default=None)
-    p.add_argument("--system", default=None)
-    p.add_argument("--max-steps", type=_int_at_least(0), default=4)
+    p.add_argument("--tools", default=None,
+                   help="JSON file with the tool definitions (default: the embedded model's catalogue)")
+    p.add_argument("--system", default=None, help='facts, e.g. "date: 2026-03-04; location: Paris"')
+    p.add_argument("--max-steps", type=_int_at_least(0), default=4,
+                   help="at most this many model turns per request (default: 4)")
     common(p)
     p.set_defaults(func=cmd_chat)
 
@@ -619,7 +643,8 @@ def build_parser():
     p = sub.add_parser("bench", help="latency of a few turns, split by phase")
     p.add_argument("--tools", default=None,
                    help="JSON file with the tool definitions (default: the embedded model's catalogue)")
-    p.add_argument("--queries", nargs="*", default=None)
+    p.add_argument("--queries", nargs="*", default=None,
+                   help="requests to time (default: three fixed smart-home requests)")
     common(p)
     p.set_defaults(func=cmd_bench)
 

@@ -10,15 +10,13 @@
    U = 256·T3 + T2 and V = 256·T1 + T0, then sum = fma(float(U), 2^16, float(V)) and
    acc = fma(sum, ν, acc) over the groups in order.
 
-   Why AMX: a `tdpbssd` is 16K int8 products; on the Xeon this was written on (2
-   vCPUs of a KVM guest, family 6 model 167) one issues about every 6.5 ns, 2.5 TMAC/s,
-   against ~70 GMAC/s for the lookup kernel.  Six of them per 64 fields leave the tile
-   unit far ahead: the kernel (83–97 GMAC/s a thread at 64 tokens, 768 × 768 … 3072)
-   is bound by the tile operations (eight tile registers hold four accumulators, zh,
-   zl and two pieces, so every tile is loaded once a step: five loads, six products),
-   then the weight decode and the conversions (each about 15 % of the time: the kernel
-   ran 1.15-1.25x faster with either left out), all amortised over the token tiles of
-   a chunk.
+   Why AMX: a `tdpbssd` is 16K int8 products, and the tile unit issues them tens of
+   times faster than the vector kernels reach.  Six of them per 64 fields leave the
+   tile unit far ahead: the kernel is bound by the tile operations (eight tile
+   registers hold four accumulators, zh, zl and two pieces, so every tile is loaded
+   once a step: five loads, six products), then by the weight decode and the
+   conversions, all amortised over the token tiles of a chunk (figures:
+   benchmarks/history/cq.md).
 
    Layouts.  A tiles (tokens): zh and zl as int8 [T + 16][Pa] (Pa = cols_padded, rows
    past T zero), tile step j reads bytes [64j, 64j + 64) of 16 tokens.  B tiles

@@ -26,10 +26,10 @@
 /* Matvec prefetch distance in rows.  In the model every decode step streams all
    matrices (≈ 45 MB at 4 bits, more than the L3), and the hardware prefetcher
    alone leaves the kernel waiting on memory: prefetching the same chunk 8 rows
-   on took whole-model decode (4-bit, one thread, Zen 4) from 237 to 295 tok/s
-   at a 64-token context (4 rows: 285, 16 rows: 291).  The matmul reuses each
-   row for several token tiles and gained nothing from it, nor did the AVX2 float
-   matvec, which is bound by its shuffles (199 vs 192 tok/s with 8 rows). */
+   on sped whole-model decode up markedly (4 and 16 rows gained a little less;
+   benchmarks/history/cq.md).  The matmul reuses each row for several token tiles
+   and gained nothing from it, nor did the AVX2 float matvec, which is bound by
+   its shuffles. */
 #ifndef NC_INT_PF_ROWS
 #define NC_INT_PF_ROWS 8
 #endif
@@ -231,12 +231,12 @@ static __attribute__((target(NC_INT_TGT))) void NC_INT_FN(nc_cqi_pack_codes)(con
    int32 flushes, same conversion, same lane-sum tree), so a token's output is
    bitwise the matvec's.  The row is decoded in registers once per step (a shift
    and two vpermw) for NT tokens, each token's codes loaded once into a register
-   for its two dots.  On Zen 4 a zmm vpdpwssd issues once per cycle, as many
-   int16 products as two ymm FMAs make float products, so with the two halves
-   the peak equals the float matmul's; what is won is the float kernel's work
-   around its FMAs.  Tiles measured (768x768, 64 tokens, GMAC/s, one thread):
-   1 row x 6 tokens 39–40, 1x4 35–38, 2x3 30–38, 2x4 32–35, 2x2 32–35; at 8
-   tokens the accumulators no longer fit the 32 registers. */
+   for its two dots.  A zmm vpdpwssd makes as many int16 products a cycle as
+   two ymm FMAs make float products, so with the two halves the peak equals the
+   float matmul's; what is won is the float kernel's work around its FMAs.  Of the
+   tiles measured (1 row × 6, 1×4, 2×3, 2×4, 2×2 tokens; benchmarks/history/cq.md)
+   1 row × 6 tokens was the fastest; at 8 tokens the accumulators no longer fit
+   the 32 registers. */
 NC_INT_AI void NC_INT_FN(nc_cqi_mm_tile)(const uint8_t* row, const uint8_t* end, const float* nrow,
                                          const int16_t* z, ptrdiff_t z_stride, ptrdiff_t n_chunks, int g,
                                          __m512i th, __m512i tl, __m512i lane_groups, __m512 base,

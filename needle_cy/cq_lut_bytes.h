@@ -1,5 +1,5 @@
 /* The row loops of the lookup kernel (cq_lut_kernel.h) on byte tables: AVX-512 VBMI +
-   VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later).  Included once by
+   VNNI (Ice Lake, Sapphire Rapids and later Intel cores; AMD from Zen 4).  Included once by
    cq_lut_kernel.h; what they compute is the same exact integer group sums as
    cq_lut_rows.h's, so the same bits.
 
@@ -13,11 +13,10 @@
    nibbles of its bytes (nibbles 0, 2, 4, 6 of each row) make one index vector and the
    high nibbles (1, 3, 5, 7) the other; each index vector looks up its low bytes and
    its high bytes (4 vpermb), and vpdpbusd against ones adds each row's four bytes into
-   its int32 lane.  11 instructions per 16 rows × 8 nibbles instead of 16: measured
-   1.32–1.43× the vpdpwssd loops on 768–3072-input matvecs from cache, 1.15× on the
-   16384-row head (one thread, Xeon with AVX-512 VBMI, session 25).  The matmul keeps
-   the int16 tables and cq_lut_rows.h's tiles, where the index vectors are shared by
-   4 tokens anyway: byte tiles were slower in a whole-model prefill (0.95×).
+   its int32 lane.  11 instructions per 16 rows × 8 nibbles instead of 16: faster than
+   the vpdpwssd loops on every matvec shape, most from cache (benchmarks/history/cq.md).
+   The matmul keeps the int16 tables and cq_lut_rows.h's tiles, where the index vectors
+   are shared by 4 tokens anyway: byte tiles were slower in a whole-model prefill.
 
    Table layout (nc_cql_entries_at with bytes = 1; the same 256 bytes a dword as the
    int16 layout): for dword d, at byte d·256 + 128·(k & 1), nibble k = 2j + (k & 1) of

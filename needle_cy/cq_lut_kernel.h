@@ -34,9 +34,8 @@
    words).  vpdpwssd against ones then adds each row's two words into its int32
    lane.  Per 16 rows × 4 fields: a shift, a ternary op, a vpermw and a vpdpwssd
    (vpmaddwd + vpaddd without VNNI), against a shift, a vpermps and a float add per
-   16 rows × 2 fields for float32 tables (the kernel of session 14): measured 2.2×
-   its speed on a 768-input matvec from L2 and 1.8× from L3 (one thread, Zen 4), and
-   half its table bytes.  (Integer tables of ±z sums over sign planes would need a
+   16 rows × 2 fields for float32 tables (an earlier form of this kernel): about twice
+   its speed from L2 and from L3 (benchmarks/history/cq.md), and half its table bytes.  (Integer tables of ±z sums over sign planes would need a
    symmetric codebook, and the 2-bit Lloyd–Max codebook is not: cb0 + cb3 ≠ 0.)
 
    Layout (made once by nc_cql_relayout when the engine enables it; the .cact
@@ -112,8 +111,8 @@ NC_CQL_FN float nc_cql_token_scale(const float* kf, ptrdiff_t n, const float* co
     int e;
     ptrdiff_t j = 0;
     /* 8 pairs a vector: each lane plus its neighbour (both lanes of a pair get the pair's
-       sum), or 16 fields; the maximum is exact whatever the order (2 % of a prefill as a
-       scalar loop) */
+       sum), or 16 fields; the maximum is exact whatever the order (as a scalar loop it
+       was a visible part of a prefill) */
     __m512 vm = _mm512_setzero_ps();
     if (fb == 2) {
         for (; j + 16 <= n; j += 16) {
@@ -265,7 +264,7 @@ NC_CQL_FN void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_
    floats, 4·cols_padded per token: in L2 while the row blocks stream past), made by
    every thread that runs a share of the rows: making them costs about what 3 row
    blocks of lookups do, and written out for a whole chunk they left L2 and were
-   read back from L3 (that was 17 % of a prefill).  Without room for one token
+   read back from L3, a large share of a prefill.  Without room for one token
    (scratch NULL) each group's tables are made on the stack for each row block, at
    the token's one scale: the same bits, slowly. */
 NC_CQL_FN void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,

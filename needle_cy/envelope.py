@@ -2,7 +2,7 @@
 
 Every turn's envelope has every key of ``Response`` (errors included: nothing decoded
 then, ``function_calls`` empty, the numbers 0).  ``run()`` adds the keys of
-``RunResponse``.  The README's "Response envelope" section lists the same fields.
+``RunResponse``.  docs/api.md's "The response envelope" section lists the same fields.
 """
 from __future__ import annotations
 

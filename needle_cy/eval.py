@@ -1,11 +1,32 @@
 """Evaluation harness: run the agent on labelled cases and score exact-match calls.
 
     python -m needle_cy.eval --data FILE.jsonl [--tools tools.json] [--model m.cact] [--json]
+                             [--components]
+    python -m needle_cy.eval --naturalness --data FILE.jsonl [--tools tools.json] [--json]
 
 Case format (one JSON object per line, as in ../shared/eval/home_dev.jsonl):
-``{"id", "category", "query", "answers": [{"name", "arguments"}], "tools"?}``; a case's
-own ``"tools"`` list overrides the catalogue given by ``--tools`` (default: the
-packaged smart-home catalogue).
+``{"id", "category", "query", "answers": [{"name", "arguments"}], "tools"?, "kind"?}``; a
+case's own ``"tools"`` list overrides the catalogue given by ``--tools`` (default: the
+packaged smart-home catalogue).  ``kind`` is a finer label of the case (the held-out cases
+of ``python -m needle_cy.training.mix --eval-cases`` carry one: ``refuse_missing_value``…).
+
+Follow-up cases: ``"history"`` lists the earlier turns of the conversation, each
+``{"query", "answers", "results"?}`` (the training data's shape, ``needle_cy.training.data``):
+the request, the assistant's answer to it, and optionally the tool results of those calls
+(then answered ``[]``).  The history is put into the conversation as given
+(``Needle.add_turn``: the model decodes none of it), then the case's own turn is decoded.
+That turn is a new request (``"query"``), or, in place of ``"query"``, ``"results"``: the
+results of the last history turn's calls, one per call, as ``Needle.run`` feeds a tool's
+return values back (a list, or its JSON text).  So "Lock the front door" → ``lock_door`` →
+``"results": [{"locked": true}]`` with ``"answers": []`` asks whether the model knows that
+the job is done::
+
+    {"id": "f01", "category": "followup",
+     "history": [{"query": "Lock the front door.",
+                  "answers": [{"name": "lock_door", "arguments": {"door": "front door"}}]}],
+     "results": [{"door": "front door", "locked": true}], "answers": []}
+
+A case with a history and no category is in the category ``followup``.
 
 Scoring follows the dev set's README: a case is correct when the predicted call list
 equals the expected one exactly (same length and order, names, argument keys and
@@ -16,6 +37,24 @@ names a tool of the case and its arguments validate against that tool's
 confusion matrix, and latency: the wall time of ``agent.complete`` per case (for a
 single greedy completion the first call is complete when the completion is, so this
 is the time to first call; for multi-call cases it is the time to the last call).
+
+Components (``summary["components"]``), to see which part of a call goes wrong:
+
+* ``arguments``: over the expected calls of the cases with calls, each matched with the
+  first unmatched predicted call of the same name (so a missed first call does not
+  shift the others): ``named`` (such a call exists), ``keys`` (its argument keys are the
+  expected set, of the named), ``values`` (every value equal too, of those with the
+  right keys);
+* ``refusals_by_kind``: the refusal accuracy of the cases whose answer is ``[]``, per
+  ``kind`` where a case has one, else per category;
+* ``followup``: the accuracy of the cases with a history;
+* ``forced_name`` (only with ``--components``, as it decodes every case with calls a
+  second time): the same turn decoded with ``require_call=True``, where the model must
+  call a tool; correct when that first call (kept or held back) names the first expected
+  tool.  It measures the choice of tool apart from the choice to call at all.
+
+``--naturalness`` reports, without a model, how lexically close a case set's requests
+sit to their tools (``needle_cy.training.naturalness``).
 """
 import argparse
 import json
@@ -93,19 +132,100 @@ def schema_valid(predicted, tools, _cache=None):
     return True
 
 
-def score_case(case, predicted, tools, latency_s=None, error=None, _cache=None):
-    """One scored record: the case id/category, the prediction and its verdicts."""
+def default_category(case):
+    if case.get("category"):
+        return case["category"]
+    if case.get("history"):
+        return "followup"
+    return "single" if case.get("answers") else "refuse"
+
+
+def turn_text(case):
+    """The text of a case's own turn: its request, or the JSON text of its tool results."""
+    if "results" in case:
+        results = case["results"]
+        return results if isinstance(results, str) else json.dumps(results)
+    return case.get("query")
+
+
+def score_case(case, predicted, tools, latency_s=None, error=None, _cache=None, forced=None):
+    """One scored record: the case id/category, the prediction and its verdicts.
+    ``forced``: the calls of the same turn decoded with a call required (or None when
+    that was not run), scored into ``forced_correct``."""
     expected = case.get("answers", [])
-    return {
+    rec = {
         "id": case.get("id"),
-        "category": case.get("category", "refuse" if not expected else "single"),
-        "query": case.get("query"),
+        "category": default_category(case),
+        "kind": case.get("kind"),
+        "followup": bool(case.get("history")),
+        "query": turn_text(case),
         "expected": expected,
         "predicted": predicted,
         "correct": calls_equal(expected, predicted),
         "schema_valid": schema_valid(predicted, tools, _cache),
         "latency_s": latency_s,
         "error": error,
+    }
+    if forced is not None:
+        rec["forced"] = forced
+        rec["forced_correct"] = bool(expected and forced and isinstance(forced[0], dict)
+                                     and forced[0].get("name") == expected[0].get("name"))
+    return rec
+
+
+def argument_components(expected, predicted):
+    """(named, keys, values) counts for one case: each expected call matched with the
+    first unmatched predicted call of its name."""
+    named = keys = values = 0
+    pool = [c for c in (predicted or []) if isinstance(c, dict)]
+    for want in expected:
+        got = next((c for c in pool if c.get("name") == want.get("name")), None)
+        if got is None:
+            continue
+        pool.remove(got)
+        named += 1
+        want_args, got_args = want.get("arguments") or {}, got.get("arguments") or {}
+        if not isinstance(got_args, dict) or set(want_args) != set(got_args):
+            continue
+        keys += 1
+        try:
+            values += canonical(want_args) == canonical(got_args)
+        except TypeError:
+            pass
+    return named, keys, values
+
+
+def _share(correct, total):
+    return {"cases": total, "correct": correct, "accuracy": correct / total if total else None}
+
+
+def components(records):
+    """The components of ``summarize`` (see the module docstring)."""
+    calls = named = keys = values = 0
+    for rec in records:
+        if rec["expected"]:
+            n, k, v = argument_components(rec["expected"], rec["predicted"])
+            calls += len(rec["expected"])
+            named, keys, values = named + n, keys + k, values + v
+    arguments = {"calls": calls, "named": named, "keys": keys, "values": values,
+                 "name_accuracy": named / calls if calls else None,
+                 "key_accuracy": keys / named if named else None,
+                 "value_accuracy": values / keys if keys else None}
+    by_kind = {}
+    for rec in records:
+        if not rec["expected"]:
+            kind = rec.get("kind") or rec["category"]
+            tally = by_kind.setdefault(kind, [0, 0])
+            tally[0] += not rec["predicted"]
+            tally[1] += 1
+    follow = [r for r in records if r.get("followup")]
+    forced = [r for r in records if "forced_correct" in r]
+    return {
+        "arguments": arguments,
+        "refusals_by_kind": {k: _share(c, n) for k, (c, n) in sorted(by_kind.items())},
+        "followup": _share(sum(bool(r["correct"]) for r in follow), len(follow)) if follow else None,
+        "forced_name": (_share(sum(r["forced_correct"] for r in forced), len(forced))
+                        if forced else None),
     }
 
 
@@ -152,7 +272,32 @@ def summarize(records):
         "first_call_median": None if not call_lat else round(1000 * _percentile(call_lat, 0.5), 1),
         "first_call_p90": None if not call_lat else round(1000 * _percentile(call_lat, 0.9), 1),
     }
+    out["components"] = components(records)
     return out
+
+
+def _pct(share):
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
+def format_components(comp):
+    lines = ["components:"]
+    forced = comp.get("forced_name")
+    if forced is not None:
+        lines.append(f"  tool choice with a call required: {forced['correct']}/{forced['cases']} "
+                     f"{_pct(forced['accuracy'])}")
+    a = comp["arguments"]
+    if a["calls"]:
+        lines.append(f"  expected calls {a['calls']}: named {a['named']} {_pct(a['name_accuracy'])}; "
+                     f"keys right {a['keys']}/{a['named']} {_pct(a['key_accuracy'])}; "
+                     f"values right {a['values']}/{a['keys']} {_pct(a['value_accuracy'])}")
+    if comp["refusals_by_kind"]:
+        lines.append("  refusals by kind: " + ", ".join(
+            f"{k} {v['correct']}/{v['cases']}" for k, v in comp["refusals_by_kind"].items()))
+    follow = comp.get("followup")
+    if follow is not None:
+        lines.append(f"  follow-ups: {follow['correct']}/{follow['cases']} {_pct(follow['accuracy'])}")
+    return lines
 
 
 def format_summary(summary, model=None):
@@ -177,6 +322,8 @@ def format_summary(summary, model=None):
                      f"p90 {lat['first_call_p90']} ms")
     if summary.get("errors"):
         lines.append(f"errors: {summary['errors']}")
+    if summary.get("components"):
+        lines.extend(format_components(summary["components"]))
     return "\n".join(lines)
 
 
@@ -193,10 +340,40 @@ def load_cases(path):
                 case = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
-            if "query" not in case or "answers" not in case:
-                raise ValueError(f"{path}:{n}: a case needs 'query' and 'answers'")
+            problem = case_problem(case)
+            if problem:
+                raise ValueError(f"{path}:{n}: {problem}")
             cases.append(case)
     return cases
+
+
+def _is_calls(value):
+    return isinstance(value, list) and all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                           for c in value)
+
+
+def case_problem(case):
+    """What is wrong with a case's shape (see the module docstring), or None."""
+    if not isinstance(case, dict):
+        return "a case is a JSON object"
+    if "answers" not in case or ("query" in case) == ("results" in case):
+        return "a case needs 'answers' and either 'query' or 'results'"
+    if not _is_calls(case["answers"]):
+        return "'answers' must be a list of {\"name\", \"arguments\"} calls"
+    history = case.get("history", [])
+    if not isinstance(history, list):
+        return "'history' must be a list of turns"
+    for i, turn in enumerate(history):
+        if not (isinstance(turn, dict) and isinstance(turn.get("query"), str)
+                and _is_calls(turn.get("answers"))):
+            return (f"history turn {i} needs a 'query' and its 'answers' (a list of "
+                    f"{{\"name\", \"arguments\"}} calls)")
+        if "results" in turn and not turn["answers"]:
+            return f"history turn {i} has 'results' but no calls"
+    if "results" in case and not (history and history[-1]["answers"] and "results" not in history[-1]):
+        return ("'results' are the tool results of the last history turn's calls: that turn "
+                "needs calls and no 'results' of its own")
+    return None
 
 
 def predicted_calls(response, include_suppressed=False):
@@ -212,10 +389,25 @@ def predicted_calls(response, include_suppressed=False):
     return calls
 
 
+def replay_history(agent, case):
+    """Put the case's earlier turns into the agent's (reset) conversation as given."""
+    for turn in case.get("history") or []:
+        agent.add_turn(turn["query"], turn["answers"])
+        if "results" in turn:
+            agent.add_turn(turn["results"], [])
+
+
+def turn_input(case):
+    """What the case's own turn gives the agent: its request, or its tool results."""
+    return case["results"] if "results" in case else case["query"]
+
+
 def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
               backend=None, ground_values=True, prefix_checkpoint_mb=None,
               query_expansion="default", max_retrieved_tools=None, ground_notes=True,
-              negation_gate=True):
+              negation_gate=True, components=False):
+    """Score every case (``score_case`` records).  ``components``: also decode each case
+    with calls with a call required (``forced_name``)."""
     from needle_cy.agent import Needle
 
     agents = {}
@@ -238,17 +430,29 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
             if backend:
                 kwargs["backend"] = backend
             agent = agents[key] = Needle(**kwargs)
-        agent.reset()
         error, predicted, latency = None, None, None
-        t0 = time.perf_counter()
         try:
-            response = agent.complete(case["query"])
-            latency = time.perf_counter() - t0
-            predicted = predicted_calls(response, include_suppressed)
+            agent.reset()
+            replay_history(agent, case)
+            t0 = time.perf_counter()
+            try:
+                response = agent.complete(turn_input(case))
+                predicted = predicted_calls(response, include_suppressed)
+            finally:
+                latency = time.perf_counter() - t0
         except Exception as exc:  # a failed case is scored wrong, the run goes on
-            latency = time.perf_counter() - t0
             error = f"{type(exc).__name__}: {exc}"
-        records.append(score_case(case, predicted, case_tools, latency, error, cache))
+        forced = None
+        if components and case["answers"]:
+            try:
+                agent.reset()
+                replay_history(agent, case)
+                response = agent.complete(turn_input(case), require_call=True)
+                forced = [{"name": c.get("name"), "arguments": c.get("arguments", {})}
+                          for c in response["function_calls"] + response["suppressed_calls"]]
+            except Exception:     # scored wrong, like a failed case
+                forced = []
+        records.append(score_case(case, predicted, case_tools, latency, error, cache, forced))
         if progress:
             progress(i + 1, len(cases), records[-1])
     return records
@@ -263,7 +467,7 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--out", help="write per-case records (JSONL) here")
     parser.add_argument("--limit", type=int, help="only the first N cases")
-    parser.add_argument("--threads", type=int)
+    parser.add_argument("--threads", type=int, help="engine threads (default: chosen per call)")
     parser.add_argument("--backend", choices=("cython", "numpy"), help="engine (default: the agent's)")
     parser.add_argument("--include-suppressed", action="store_true",
                         help="count suppressed (escalated) calls as predictions")
@@ -281,6 +485,12 @@ def main(argv=None):
                         help="BM25 retrieval on the request's own words (no learned expansion)")
     parser.add_argument("--no-negation-gate", action="store_true",
                         help="keep calls the request negates (\"Cancel my alarm\" -> set_alarm)")
+    parser.add_argument("--components", action="store_true",
+                        help="also decode every case with calls with a call required and report "
+                             "that tool choice (forced_name; the cases with calls take twice as long)")
+    parser.add_argument("--naturalness", action="store_true",
+                        help="no model: how close the requests' words sit to their tools' "
+                             "(needle_cy.training.naturalness)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each wrong case")
     args = parser.parse_args(argv)
 
@@ -289,6 +499,12 @@ def main(argv=None):
     cases = load_cases(args.data)
     if args.limit:
         cases = cases[:args.limit]
+    if args.naturalness:
+        from needle_cy.training import naturalness
+        figures = naturalness.measure(cases, tools)
+        figures["data"] = args.data
+        print(json.dumps(figures, indent=1) if args.json else naturalness.format_figures(figures))
+        return 0
 
     def progress(i, n, rec):
         if args.verbose and not rec["correct"]:
@@ -302,7 +518,8 @@ def main(argv=None):
                         query_expansion=None if args.no_query_expansion else "default",
                         max_retrieved_tools=args.max_retrieved_tools,
                         negation_gate=not args.no_negation_gate,
-                        ground_notes=not (args.no_grounding or args.no_note_grounding))
+                        ground_notes=not (args.no_grounding or args.no_note_grounding),
+                        components=args.components)
     summary = summarize(records)
     summary["grounding"] = not args.no_grounding
     summary["note_grounding"] = not (args.no_grounding or args.no_note_grounding)

@@ -317,6 +317,10 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
                 reasoning_parts.append(tail)
                 yield {"type": "thinking_delta", "delta": tail}
             yield {"type": "thinking_end", "content": "".join(reasoning_parts).strip()}
+        elif token in (ids.think, ids.think_end):
+            # A stray think marker is structure, not reasoning text: dropped by id, so the
+            # text "<think>" the model copies from a request stays visible.
+            pass
         elif in_think:
             if note_grounder is not None:
                 note_grounder.feed(piece_table[token] or b"")
@@ -337,12 +341,13 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
         yield {"type": "thinking_end", "content": "".join(reasoning_parts).strip()}
     else:
         reasoning_parts.append(think_decoder.flush())
-    res.reasoning = "".join(reasoning_parts).replace("<think>", "").replace("</think>", "").strip()
+    res.reasoning = "".join(reasoning_parts).strip()
 
     enter = settings.force_call or settings.require_call
     if stop in ("refusal", "reasoning_limit") and enter and len(generated) < budget:
         # Forced entry into the call block: close an open <think> first, then <tool_call>.
-        forced = (list(tokenizer.encode("\n</think>\n", dummy_prefix=False)) if in_think else [])
+        newline = list(tokenizer.encode("\n", dummy_prefix=False))
+        forced = newline + [ids.think_end] + newline if in_think else []
         if not forced:
             probs.append(token_probability(logits, ids.tool_call))
         if forced:
@@ -354,8 +359,9 @@ def run_turn(model, tokenizer, grammar, new_ids, settings: DecodeSettings, piece
         # Decline or refusal: close the assistant turn so the conversation stays well formed.
         closing = []
         if stop != "refusal":
-            text = ("\n" if in_think else "") + ("</think>\n" if in_think else "")
-            closing = (list(tokenizer.encode(text, dummy_prefix=False)) if text else [])
+            if in_think:         # "\n</think>\n", the marker by id
+                newline = list(tokenizer.encode("\n", dummy_prefix=False))
+                closing = newline + [ids.think_end] + newline
             closing += [ids.tool_call] + list(tokenizer.encode("[]", dummy_prefix=False)) + [ids.tool_call_end]
         closing.append(ids.im_end)
         model.prefill(closing)        # every generated reasoning token is already fed

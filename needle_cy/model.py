@@ -177,8 +177,8 @@ class Model:
             load = machine_load()
             # Where the machine's load can be read, a busy core is seen before each call,
             # so timing need not find it: re-trying a slower count 4x less often than
-            # with timing alone keeps the tries' cost at ~0.5 % (one 1-thread step in
-            # ~200 on a full-size decode, each 1.6x a 2-thread one).
+            # with timing alone keeps the tries' cost small (a one-thread step now and
+            # then in a full-size decode).
             model.thread_tuner = (ThreadTuner(n_threads, explore_every=128, free_cpus=free_cpus_from(load))
                                   if load else ThreadTuner(n_threads))
         return model

@@ -1,8 +1,8 @@
 /* A thread's prefetch stream: the bytes it will read next, asked for while it waits.
  *
  * Why.  A decode step streams every weight from DRAM once, and a one-token product is
- * bound by that stream (8 GB/s a core on the machine of issue 18, against 14 GB/s for
- * the same lookup kernel on rows already in L2).  Between the products (attention,
+ * bound by that stream (the lookup kernel reads rows from DRAM at roughly half the rate
+ * it reads rows already in L2; benchmarks/history/model.md).  Between the products (attention,
  * the MLP, the serial steps on thread 0) DRAM sits idle, and on several threads each
  * thread spends part of every step waiting at the team's meetings.  A waiting thread
  * can ask for the rows of its next products instead of pausing: they are then L2 hits

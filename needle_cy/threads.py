@@ -12,8 +12,8 @@ few times first, then keeps the fastest and re-tries another candidate every
 ``explore_every`` calls, so it follows the load at a cost of a few per cent.
 
 Timing alone reacts late, and a single call on more threads than there are free cores
-costs tens of ordinary ones (measured: a 2-thread decode step of the full-size model
-took 245–385 ms with two CPU hogs on the 2 cores, against 12–16 ms on one thread).  So
+costs tens of ordinary ones (a 2-thread decode step beside two CPU hogs on 2 cores;
+benchmarks/history/model.md).  So
 before each call the tuner also asks ``MachineLoad`` how many tasks other than this
 process's own threads are runnable right now (Linux ``/proc/loadavg`` and
 ``/proc/self/task``, a few microseconds), and never runs a call on more threads than
@@ -121,8 +121,8 @@ class MachineLoad:
     ``/proc/self/task/*/syscall``, which reads ``running`` for exactly those threads
     (the kernel's test is the task state being TASK_RUNNING, the R of ``stat``), or
     from ``/proc/self/task/*/stat`` where that file is missing.  ``syscall`` is the
-    cheap one: ``stat`` of a running thread gathers its CPU times, measured 27 µs a
-    thread against 5 µs for ``syscall`` (Intel Xeon VM, an OpenMP worker spinning).  ``others_running()`` is None where that
+    cheap one: ``stat`` of a running thread gathers its CPU times, several times the
+    cost of ``syscall`` for an OpenMP worker spinning.  ``others_running()`` is None where that
     cannot be read or means nothing for this process: not Linux, or an affinity mask
     narrower than the machine (the machine-wide count is then not about our CPUs).
     """
@@ -219,9 +219,9 @@ class MachineLoad:
     def others_running(self) -> Optional[int]:
         """Tasks other than this process's own threads runnable now (None: unknown).
         A reading of none younger than ``max_age_s`` (10 ms) is reused, one of some
-        only for ``busy_age_s`` (2 ms): a decode step takes 0.1–2 ms, and reading
-        costs 5–30 µs (a running thread's stat is the dear part), which on every
-        step cost a full-size 2-thread decode 3 %.  A load that starts meanwhile
+        only for ``busy_age_s`` (2 ms): a decode step takes milliseconds or less, and
+        a reading on every step cost a full-size 2-thread decode a few per cent (a
+        running thread's stat is the dear part).  A load that starts meanwhile
         slows at most the one call before the next reading."""
         if self._fd is None:
             return None
@@ -232,9 +232,9 @@ class MachineLoad:
         if others and not self._others:
             # Load after none: read again a moment later, our threads before and after the
             # machine's count.  Most other runnable tasks are kernel workers that run for
-            # tens of µs (on an idle 2-vCPU VM: ~30 a second, median 62 µs, 90 % under
-            # 150 µs), and an OpenMP worker of ours may stop spinning between the two
-            # reads; both are gone then, a CPU hog is not.  The wait spins: a sleep on a
+            # tens of microseconds, many times a second even on an idle machine
+            # (``recheck_s`` outlasts nearly all of them), and an OpenMP worker of ours
+            # may stop spinning between the two reads; both are gone then, a CPU hog is not.  The wait spins: a sleep on a
             # busy machine returns only when the scheduler next runs this thread, which
             # with two hogs on two CPUs cost every step milliseconds.  Load that persists
             # (the reading before was of some too) is taken as it is.
@@ -285,16 +285,16 @@ class ThreadTuner:
     recorded under the count it ran on.  A candidate due for a try waits until it fits.
 
     After each candidate has run once, those within ``close`` (1.25x) of the best
-    ``warmup`` times and those within 2x twice, the fastest runs.  Another candidate
+    ``warmup`` times and those within twice its cost twice, the fastest runs.  Another candidate
     is re-tried once ``explore_every`` calls times its cost ratio to the best have
     passed since its last sample: a candidate r times slower is tried every
     ``explore_every``·r calls, so trying costs about 1/explore_every of the time
     whatever r is, and a change of load shows within that many calls.
 
     Between tries the choice is kept without being worked out again for up to
-    ``hold`` calls (never past the next try that is due): working it out costs
-    10–100 µs of Python a call (the more, the colder the caches a decode step
-    leaves), 1–6 % of a full-size 2-bit decode step.
+    ``hold`` calls (never past the next try that is due): working it out is tens of
+    microseconds of Python a call (the more, the colder the caches a decode step
+    leaves), a few per cent of a full-size 2-bit decode step.
     """
 
     def __init__(self, max_threads: int, explore_every: int = 32, warmup: int = 6,
@@ -373,8 +373,8 @@ class ThreadTuner:
         best_cost = costs[best]
         ratio = {c: costs[c] / best_cost if best_cost > 0 else 1.0 for c in self.candidates}
         # a candidate close to the best needs a few samples before one of them is
-        # called the faster; one clearly slower (a second thread's 1.6x on a full-size
-        # decode) is confirmed by a second sample and then only re-tried now and then
+        # called the faster; one clearly slower (a second thread on a loaded machine)
+        # is confirmed by a second sample and then only re-tried now and then
         young = [c for c in self.candidates if c != best and (
                  (k["samples"][c] < self.warmup and ratio[c] <= self.close)
                  or (k["samples"][c] < 2 and ratio[c] <= 2.0))]

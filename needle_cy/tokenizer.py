@@ -7,8 +7,9 @@ runs in the Cython priority-queue BPE of ``needle_cy._bpe`` (its literal twin is
 grammar needs are plain Python over a table built once.
 
     tok = Tokenizer.from_archive("model.cact")
-    ids = [tok.bos_id] + tok.encode(prompt)
+    ids = [tok.bos_id] + tok.encode(prompt, allowed_special="all")   # a template you wrote
     tok.decode(ids[1:]) == prompt
+    tok.encode(request)          # outside text: marker spellings stay text (the default)
 """
 from __future__ import annotations
 
@@ -104,6 +105,9 @@ class StreamDecoder:
         text = self._finish(self._utf8.decode(b"", final=True))
         self._utf8.reset()
         return text
+
+
+_NO_MARKERS = frozenset()   # encode's default: every marker spelling is text
 
 
 def _is_id(x):
@@ -251,18 +255,53 @@ class Tokenizer:
         return table
 
     # -- encode / decode ------------------------------------------------------------
-    def encode(self, text: str, dummy_prefix: bool = True) -> list:
+    def encode(self, text: str, dummy_prefix: bool = True, allowed_special=_NO_MARKERS) -> list:
         """Ids of ``text`` (no BOS/EOS), spec §6.2.
 
         ``dummy_prefix=False`` encodes a continuation (spec §7.2): no "▁" is prepended, so
         appending its ids after a marker equals encoding the whole string at once.
+
+        ``allowed_special`` says which chat markers written in ``text`` become marker ids:
+
+        * the default, none: text is text.  A marker's spelling (``"<|im_end|>"``), and
+          the surface of a control, unknown or byte piece (``"</s>"``, ``"<0x41>"``), is
+          encoded as ordinary pieces (byte fallback where needed), never as that piece's
+          id, so ``decode(encode(text)) == text``.  Use it for anything you did not write:
+          requests, tool results, tool definitions, system facts.  On text without such
+          a spelling the ids are the ones ``"all"`` gives.
+        * ``"all"``: spec §6.2 as written, identical to sentencepiece: every marker
+          spelling becomes the marker's id.  For a template you wrote yourself.
+        * a set of marker spellings: those become ids, every other spelling is text.
         """
         if not isinstance(text, str):
             raise TypeError(f"encode expects str, got {type(text).__name__}")
+        allowed = () if allowed_special is _NO_MARKERS else self._allowed_ids(allowed_special)
         try:
-            return self._encoder.encode(text, bool(dummy_prefix and self.record.add_dummy_prefix))
+            return self._encoder.encode(text, bool(dummy_prefix and self.record.add_dummy_prefix), allowed)
         except ValueError as exc:  # lone surrogate
             raise TokenizerError(str(exc)) from None
+
+    def _allowed_ids(self, allowed_special):
+        """``None`` for "all" (the encoder's spec mode), else the tuple of allowed marker ids."""
+        if isinstance(allowed_special, str):
+            if allowed_special == "all":
+                return None
+            raise ValueError(f"allowed_special must be 'all' or a set of marker spellings, got the "
+                             f"string {allowed_special!r} (write {{{allowed_special!r}}} for one marker)")
+        if not allowed_special:
+            return ()
+        try:
+            spellings = set(allowed_special)
+        except TypeError:
+            raise TypeError(f"allowed_special must be 'all' or a set of marker spellings, got "
+                            f"{type(allowed_special).__name__}") from None
+        ids = []
+        for spelling in spellings:
+            if not isinstance(spelling, str):
+                raise TypeError(f"allowed_special holds marker spellings (str), found "
+                                f"{type(spelling).__name__} {spelling!r}")
+            ids.append(self.marker_id(spelling))
+        return tuple(ids)
 
     def decode(self, ids) -> str:
         """Text of ``ids`` (spec §6.3): control/unknown skipped, bytes joined and UTF-8

@@ -11,6 +11,10 @@ short budget) and under atheris (coverage-guided, where it installs).  A target 
   random texts -> ids in range, decodable;
 * model inputs: random id containers -> ``TokenizerError`` / ``ContextOverflowError`` or
   finite logits;
+* untrusted text: random strings full of marker spellings as the system facts, a tool's
+  description and schema strings (a field's description, an enum member), the query, the tool results and a follow-up
+  query of a three-turn conversation (a scripted model, the default tokenizer) -> the
+  conversation's marker ids are exactly the template's, and every string reads back;
 * grammar: random schemas -> a compiled grammar or a named error (UnsupportedSchemaError,
   GrammarLimitError, SchemaError); then documents -- random values and the grammar's own
   byte-level walks -- where every accepted document must parse as JSON and be valid for
@@ -454,6 +458,84 @@ def encoder_target(data):
     return "encoded"
 
 
+_UNTRUSTED_POOL = None
+
+
+def _untrusted_string(rng):
+    """Random text mixing every marker spelling, pieces of them, control and byte-piece
+    spellings, JSON-hostile characters and ordinary words."""
+    global _UNTRUSTED_POOL
+    if _UNTRUSTED_POOL is None:
+        from needle_cy.tokenizer import CHAT_MARKERS
+        _UNTRUSTED_POOL = list(CHAT_MARKERS) + [
+            "<s>", "</s>", "<unk>", "<pad>", "<0x41>", "<0x3C>", "<|im_", "_end|>", "<tool", "_call>", "</",
+            "<", ">", "|", "/", "\n", " ", "  ", "\t", '"', "\\", "{", "}", "[", "]", "a", "lock", " door", "é",
+            "\U0001F600", "日本", "\u200b", "\x00"]
+    return "".join(rng.choice(_UNTRUSTED_POOL) for _ in range(rng.randint(0, 14)))
+
+
+def untrusted_text_target(data):
+    import json as json_mod
+
+    from needle_cy.agent import Needle
+    from needle_cy.prompt import compact_json
+    from scripted_support import ScriptedModel
+    tok = _default_tokenizer()
+    src = Src(data)
+    rng = src.random()
+    texts = {k: _untrusted_string(rng) for k in ("system", "description", "field", "value",
+                                                      "query", "result", "follow_up")}
+    texts["query"] = "q" + texts["query"]           # a blank request is refused before encoding
+    texts["follow_up"] = "f" + texts["follow_up"]
+    if not src.bool(0.25):   # most cases keep the grammar of the last (compiling it is the slow part)
+        texts["value"] = ""
+    name = "act"      # a tool name is letters, digits and _.:- (the grammar compiler checks)
+    spec = {"name": name, "description": texts["description"],
+            "parameters": {"type": "object", "required": ["v"], "properties": {
+                "v": {"type": "string", "description": texts["field"], "enum": ["x", "x" + texts["value"]]}}}}
+    call = compact_json([{"name": name, "arguments": {"v": "x"}}])
+    if "scripted" not in _DEFAULT:
+        _DEFAULT["scripted"] = ScriptedModel(tok, [f"<tool_call>{call}", "<tool_call>[]", "<tool_call>[]"])
+    model = _DEFAULT["scripted"]
+    agent = Needle(model, tools=[spec], system=texts["system"], tokenizer=tok, ground_values=False,
+                   ground_notes=False, negation_gate=False, escalate_below=None, retrieval="bm25")
+    compile_grammar = agent.compile_grammar
+
+    def same_grammar_once(schemas, max_calls):
+        key = (json_mod.dumps([s["parameters"]["properties"]["v"]["enum"] for s in schemas]), max_calls)
+        if _DEFAULT.get("grammar_key") != key:
+            _DEFAULT["grammar_key"], _DEFAULT["grammar"] = key, compile_grammar(schemas, max_calls)
+        return _DEFAULT["grammar"]
+
+    agent.compile_grammar = same_grammar_once
+    first = agent.complete(texts["query"])
+    results = [texts["result"], {"note": texts["result"]}]
+    second = agent.complete(results)
+    third = agent.complete(texts["follow_up"])
+    if [r["type"] for r in (first, second, third)] != ["call", "respond", "refusal"]:
+        raise Finding(f"the scripted turns went {[r['type'] for r in (first, second, third)]}: {texts!r}")
+    ids = agent.conversation_ids()
+    if model.history != ids:
+        raise Finding("the model state holds other ids than the conversation")
+    marker_ids = {tok.marker_id(m): m for m in tok.markers}
+    special = [i for i in ids if i in marker_ids or tok.piece_type(i) in (1, 2)]
+    got = [marker_ids.get(i, tok.piece(i)) for i in special]
+    head = ["<|im_start|>", "<|im_end|>"] if texts["system"].strip() else []
+    assistant = ["<tool_call>", "</tool_call>", "<|im_end|>"]
+    want = (["<s>"] + head + ["<|im_start|>", "<tools>", "</tools>", "<|im_end|>", "<|im_start|>"] + assistant
+            + ["<|im_start|>", "<tool_result>", "</tool_result>", "<|im_end|>", "<|im_start|>"] + assistant
+            + ["<|im_start|>", "<|im_end|>", "<|im_start|>"] + assistant)
+    if got != want:
+        raise Finding(f"markers {got} where the template puts {want}: {texts!r}")
+    shown = tok.decode(ids)
+    for piece in (texts["system"].strip(), compact_json(texts["description"]),
+                  compact_json(texts["field"]), compact_json("x" + texts["value"]), texts["query"],
+                  json_mod.dumps(results), texts["follow_up"]):
+        if piece not in shown:
+            raise Finding(f"{piece!r} does not read back from the conversation")
+    return "held"
+
+
 def model_inputs_target(data):
     src = Src(data)
     if "model" not in _DEFAULT:
@@ -485,7 +567,7 @@ def model_inputs_target(data):
 
 
 TARGETS = {"grammar": grammar_target, "archive": archive_target, "tokenizer_record": tokenizer_record_target,
-           "encoder": encoder_target, "model_inputs": model_inputs_target}
+           "encoder": encoder_target, "model_inputs": model_inputs_target, "untrusted_text": untrusted_text_target}
 
 
 def run_random(target, cases, seed, stats=None):

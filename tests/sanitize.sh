@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ASan + UBSan run of the Cython-facing tests (issue 19).
+# ASan + UBSan run of the Cython-facing tests.
 #
 #   NEEDLE_CY_THREADS=1 nice -n 19 tests/sanitize.sh [modules] [-- pytest args]
 #

@@ -2,7 +2,7 @@
 
 ``ScriptedModel(tokenizer, turns)``: for the n-th assistant turn of a conversation the
 logits put a peak on the next token of ``turns[n]`` (a text encoded with the real
-tokenizer, ``dummy_prefix=False``).  The position inside the turn is recovered from the
+tokenizer, ``dummy_prefix=False``, its markers as marker ids).  The position inside the turn is recovered from the
 token history (tokens fed since the last ``<|im_start|>assistant\\n``), so the fake follows
 the agent through prefix caching, snapshots, rollbacks and multi-turn loops exactly like a
 model whose state is its history.  After the script it predicts ``<|im_end|>``.
@@ -27,7 +27,9 @@ class ScriptedModel:
         self.tokenizer = tokenizer
         self.vocab = vocab or tokenizer.vocab_size
         self.config = _Config(self.vocab, max_seq_len)
-        self.scripts = [list(tokenizer.encode(t, dummy_prefix=False)) if isinstance(t, str) else list(t)
+        # A script is what the model writes: its markers are marker ids.
+        self.scripts = [list(tokenizer.encode(t, dummy_prefix=False, allowed_special="all"))
+                        if isinstance(t, str) else list(t)
                         for t in turns]
         self.peak = peak
         self.confidence_logit = confidence_logit
@@ -119,7 +121,7 @@ class ScriptedModel:
 def token_at_byte(tokenizer, text, offset):
     """(ids, i): the script encoding of ``text`` and the index of the token holding its
     byte ``offset`` (a marker such as ``<tool_call>`` counts as its text)."""
-    ids = tokenizer.encode(text, dummy_prefix=False)
+    ids = tokenizer.encode(text, dummy_prefix=False, allowed_special="all")
     pieces = tokenizer.piece_table(size=tokenizer.vocab_size)
     pos = 0
     for i, t in enumerate(ids):

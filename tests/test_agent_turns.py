@@ -71,7 +71,7 @@ def test_add_turn_holds_the_turn_as_the_template_renders_it(tok):
             + assistant_text("", [LIGHT])
             + '\n<|im_start|>user\n<tool_result>[{"ok": true}]</tool_result><|im_end|>\n'
               "<|im_start|>assistant\n<tool_call>[]</tool_call><|im_end|>")
-    assert model.history == [BOS_ID] + list(tok.encode(text, dummy_prefix=True))
+    assert model.history == [BOS_ID] + list(tok.encode(text, dummy_prefix=True, allowed_special="all"))
     assert conv.ids == model.history
 
 

@@ -427,7 +427,7 @@ def test_router_without_calibration_is_tolerated(base):
         Archive.from_bytes(rebuild(data, Short, len(short), []))
 
 
-# --- issue 19: every header value Archive.open accepts must also load and run -------------
+# --- every header value Archive.open accepts must also load and run -------------
 
 ENGRAM_ORDERS_AT = 4 * HEADER_NAMES.index("engram_orders[0]")
 

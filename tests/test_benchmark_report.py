@@ -43,8 +43,7 @@ def tiny_report(small_archive, tmp_path_factory):
 
 SECTIONS = ["# needle_cy benchmark report", "## Machine", "## Roofline (measured in this run)",
             "## Cost per token (from the archives)", "## Tokens/s against context length", "### Decode",
-            "### Prefill", "## Per-operator breakdown", "## Grammar, tokenizer and agent suites",
-            "## Earlier measurements (historical)"]
+            "### Prefill", "## Per-operator breakdown", "## Grammar, tokenizer and agent suites"]
 
 
 def test_report_has_every_section_in_order(tiny_report):
@@ -53,11 +52,43 @@ def test_report_has_every_section_in_order(tiny_report):
     positions = [lines.index(s) for s in SECTIONS]
     assert positions == sorted(positions)
     assert "| CQ kernel chosen |" in text and "| kernel-relevant flags |" in text and "| compiled modules |" in text
-    # the earlier results files are folded in (demoted below the report's own headings)
-    for stem, _ in report.HISTORY:
-        assert f"<!-- from benchmarks/history/{stem}.md -->" in text
-    assert "### CQ kernel speed (`needle_cy._cq`)" in text
+    # the history is pointed to, not repeated: no heading beyond the report's own sections
+    assert "`benchmarks/history/`" in lines[-1]
+    assert [ln for ln in lines if ln.startswith("## ")] == [s for s in SECTIONS if s.startswith("## ")]
     assert not list((REPO / "benchmarks").glob("results_*.md")), "results_*.md now live in benchmarks/history/"
+
+
+def test_the_committed_report_has_the_generators_sections():
+    """benchmarks/report/REPORT.md is the generator's output: the same top-level sections,
+    and no history folded in."""
+    lines = (REPO / "benchmarks" / "report" / "REPORT.md").read_text(encoding="utf-8").splitlines()
+    assert [ln for ln in lines if ln.startswith("## ")] == [s for s in SECTIONS if s.startswith("## ")]
+    assert "`benchmarks/history/`" in lines[-1]
+
+
+def test_a_plain_run_writes_outside_the_tracked_files(tmp_path):
+    """report.py's default folder is one git ignores; --update-committed names the tracked one."""
+    import subprocess
+    default = report.DEFAULT_OUT.relative_to(REPO)
+    probe = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", str(default / "REPORT.md")])
+    if probe.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert probe.returncode == 0, f"{default} is not ignored by git"
+    assert report.COMMITTED_OUT == REPO / "benchmarks" / "report"
+    seen = {}
+    real_build = report.build_report
+    try:
+        report.build_report = lambda args, log=print: seen.setdefault("out", args.out)
+        report.main([])
+        assert seen.pop("out") == str(report.DEFAULT_OUT)
+        report.main(["--update-committed"])
+        assert seen.pop("out") == str(report.COMMITTED_OUT)
+        report.main(["--out", str(tmp_path)])
+        assert seen.pop("out") == str(tmp_path)
+    finally:
+        report.build_report = real_build
+    with pytest.raises(SystemExit):
+        report.main(["--out", str(tmp_path), "--update-committed"])
 
 
 def test_plots_are_written_or_reported_skipped(tiny_report):

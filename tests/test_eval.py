@@ -1,5 +1,7 @@
-"""The evaluation scorer on hand-made predictions (no model needed)."""
+"""The evaluation scorer on hand-made predictions; the command line, the forced tool choice and
+the follow-up cases on the default model."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +184,151 @@ def test_main_passes_tool_count_and_query_expansion_to_the_agent(tmp_path, capsy
         assert summary["max_retrieved_tools"] == 1 and summary["query_expansion"] is not bool(extra)
         names[bool(extra)] = {c["name"] for c in json.loads(out.read_text())["predicted"] or []}
     assert names[False] <= {"set_light"} and "set_light" not in names[True]
+
+
+# ------------------------------------------------------------------ components
+
+def test_argument_components_match_calls_by_name():
+    want = [call("set_light", room="kitchen", on=True), call("set_thermostat", temperature=20)]
+    # a missed first call does not shift the second
+    assert ev.argument_components(want, [call("set_thermostat", temperature=20.0)]) == (1, 1, 1)
+    # right name, a key too many; right keys, a wrong value; the order does not matter here
+    predicted = [call("set_thermostat", temperature=21),
+                 call("set_light", room="kitchen", on=True, brightness=5)]
+    assert ev.argument_components(want, predicted) == (2, 1, 0)
+    assert ev.argument_components(want, want) == (2, 2, 2)
+    assert ev.argument_components(want, None) == (0, 0, 0)
+    # each predicted call is matched once
+    twice = [call("set_timer", minutes=5), call("set_timer", minutes=10)]
+    assert ev.argument_components(twice, [call("set_timer", minutes=10)]) == (1, 1, 0)
+    # booleans are not numbers here either
+    assert ev.argument_components([call("set_light", room="kitchen", on=True)],
+                                  [call("set_light", room="kitchen", on=1)]) == (1, 1, 0)
+
+
+def test_summary_components_arguments_refusals_by_kind_followups_and_forced_name():
+    cases = [
+        {"id": "a", "category": "single", "kind": "single", "query": "q",
+         "answers": [call("set_thermostat", temperature=20)]},
+        {"id": "b", "category": "multi", "query": "q",
+         "answers": [call("set_thermostat", temperature=20), call("set_light", room="kitchen", on=True)]},
+        {"id": "c", "category": "refuse", "kind": "refuse_missing_value", "query": "q", "answers": []},
+        {"id": "d", "category": "refuse", "kind": "refuse_missing_value", "query": "q", "answers": []},
+        {"id": "e", "category": "refuse", "kind": "refuse_negated", "query": "q", "answers": []},
+        {"id": "f", "category": "refuse", "query": "q", "answers": []},                 # no kind
+        {"id": "g", "history": [{"query": "q", "answers": [call("set_timer", minutes=5)]}],
+         "results": [{"ok": True}], "answers": []},
+    ]
+    preds = [
+        [call("set_thermostat", temperature=21)],                                   # value wrong
+        [call("set_light", room="kitchen", on=True, brightness=3)],                 # one missed, keys wrong
+        [], [call("set_alarm", time="07:00")], [], [], [],
+    ]
+    forced = [[call("set_thermostat", temperature=20)], [call("set_light", room="kitchen", on=True)],
+              None, None, None, None, None]
+    records = [ev.score_case(c, p, TOOLS, forced=f) for c, p, f in zip(cases, preds, forced)]
+    assert records[6]["category"] == "followup" and records[6]["followup"]
+    assert records[6]["query"] == '[{"ok": true}]'
+    s = ev.summarize(records)
+    comp = s["components"]
+    assert comp["arguments"] == {"calls": 3, "named": 2, "keys": 1, "values": 0, "name_accuracy": 2 / 3,
+                                 "key_accuracy": 0.5, "value_accuracy": 0.0}
+    assert comp["refusals_by_kind"] == {
+        "followup": {"cases": 1, "correct": 1, "accuracy": 1.0},
+        "refuse": {"cases": 1, "correct": 1, "accuracy": 1.0},
+        "refuse_missing_value": {"cases": 2, "correct": 1, "accuracy": 0.5},
+        "refuse_negated": {"cases": 1, "correct": 1, "accuracy": 1.0}}
+    assert comp["followup"] == {"cases": 1, "correct": 1, "accuracy": 1.0}
+    # b's forced call names set_light, its first expected call is set_thermostat
+    assert comp["forced_name"] == {"cases": 2, "correct": 1, "accuracy": 0.5}
+    # the keys the summary had before the components are all still there
+    assert {"cases", "categories", "correct", "accuracy", "schema_valid", "refusal_confusion",
+            "refusal_accuracy", "errors", "latency_ms"} <= set(s)
+    text = ev.format_summary(s)
+    assert "tool choice with a call required: 1/2 50.0%" in text
+    assert "keys right 1/2 50.0%" in text and "refuse_missing_value 1/2" in text
+    assert "follow-ups: 1/1 100.0%" in text
+    # without forced runs and follow-ups those components are None, not zero
+    plain = ev.summarize([ev.score_case(c, p, TOOLS) for c, p in zip(cases[:2], preds[:2])])
+    assert plain["components"]["forced_name"] is None and plain["components"]["followup"] is None
+    assert "call required" not in ev.format_summary(plain)
+
+
+def test_load_cases_checks_the_followup_shape(tmp_path):
+    timer = call("set_timer", minutes=5)
+    good = [
+        {"id": "1", "history": [{"query": "timer", "answers": [timer]}], "results": [{"ok": True}],
+         "answers": []},
+        {"id": "2", "history": [{"query": "timer", "answers": [timer], "results": [{"ok": True}]}],
+         "query": "and another", "answers": [timer]},
+    ]
+    path = tmp_path / "good.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in good))
+    assert ev.load_cases(path) == good
+    bad = [
+        ({"results": [{"ok": True}], "answers": []}, "last history turn"),
+        ({"history": [{"query": "hi", "answers": []}], "results": [], "answers": []}, "last history turn"),
+        ({"history": [{"query": "timer", "answers": [timer], "results": ["ok"]}], "results": ["ok"],
+          "answers": []}, "last history turn"),
+        ({"history": [{"query": "hi", "answers": [], "results": ["ok"]}], "query": "x", "answers": []},
+         "'results' but no calls"),
+        ({"history": [{"answers": []}], "query": "x", "answers": []}, "history turn 0"),
+        ({"history": "timer", "query": "x", "answers": []}, "'history' must be a list"),
+        ({"query": "x", "results": [], "answers": []}, "either 'query' or 'results'"),
+        ({"query": "x", "answers": [{"arguments": {}}]}, "'answers' must be a list"),
+    ]
+    for n, (case, match) in enumerate(bad):
+        path = tmp_path / f"bad{n}.jsonl"
+        path.write_text(json.dumps(case) + "\n")
+        with pytest.raises(ValueError, match=f"bad{n}.jsonl:1: .*{match}"):
+            ev.load_cases(path)
+
+
+WEATHER = {"name": "get_weather", "description": "Get the weather forecast for a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]}}
+
+
+def test_components_force_a_call_where_the_normal_run_refuses(tmp_path, capsys):
+    """--components decodes each case with calls a second time with a call required.  A
+    question no tool answers, labelled with a call so that it is run: the default model
+    refuses it, and the forced turn calls the only tool there is."""
+    cases = [{"id": "w", "category": "single", "tools": [WEATHER], "query": "What is the capital of France?",
+              "answers": [call("get_weather", city="Paris")]},
+             {"id": "r", "category": "refuse", "tools": [WEATHER], "query": "tell me a joke", "answers": []}]
+    data = tmp_path / "cases.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    out = tmp_path / "records.jsonl"
+    assert ev.main(["--data", str(data), "--json", "--components", "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[0]["predicted"] == [] and not records[0]["correct"]
+    assert records[0]["forced"] and records[0]["forced"][0]["name"] == "get_weather"
+    assert records[0]["forced_correct"] is True
+    assert "forced" not in records[1]                    # a refusal case is not forced
+    assert summary["components"]["forced_name"] == {"cases": 1, "correct": 1, "accuracy": 1.0}
+    # without the flag no turn is forced
+    assert ev.main(["--data", str(data), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["components"]["forced_name"] is None
+
+
+FOLLOWUPS = Path(__file__).resolve().parent.parent / "benchmarks" / "cases" / "followups_home.jsonl"
+
+
+def test_the_home_followup_cases_replay_on_the_default_agent(capsys):
+    """The packaged follow-up cases: 20, each a valid history on the smart-home catalogue
+    (every call schema-valid and on a tool the agent selects for the first request, or
+    add_turn would refuse it and the case would be an error), then the results of its
+    calls, answered with no call."""
+    cases = ev.load_cases(FOLLOWUPS)
+    assert len(cases) == 20 and len({c["id"] for c in cases}) == 20
+    tools = json.loads(ev.DEFAULT_TOOLS.read_text())
+    for case in cases:
+        assert case["answers"] == [] and ev.default_category(case) == "followup"
+        for turn in case["history"]:
+            assert ev.schema_valid(turn["answers"], tools), case["id"]
+        assert len(case["results"]) == len(case["history"][-1]["answers"])
+    records = ev.run_cases(cases, tools)
+    assert [r["error"] for r in records] == [None] * 20
+    s = ev.summarize(records)
+    assert s["components"]["followup"]["cases"] == 20 and s["categories"]["followup"]["cases"] == 20

@@ -2,7 +2,7 @@
 
 Each target must hold for every input: named errors only, no crash, and for the grammar
 rule zero against jsonschema (0 false accepts) plus Cython = Python runtime.  The long
-campaign command is in the harness docstring and the README.
+campaign command is in the harness docstring and docs/testing.md.
 """
 import pytest
 
@@ -14,6 +14,7 @@ import fuzz_harness as fh
     ("tokenizer_record", 200, ("refused", "parsed")),
     ("encoder", 150, ("encoded",)),
     ("model_inputs", 150, ("refused", "ran")),
+    ("untrusted_text", 30, ("held",)),
 ])
 def test_fuzz_target_short_budget(target, cases, expect):
     counts = fh.run_random(target, cases, seed=19)
@@ -47,3 +48,16 @@ def test_harness_detects_a_false_accept(monkeypatch):
     monkeypatch.setattr(grammar, "compile_schema", lambda s, backend="cython": AcceptAll(real(s, backend)))
     with pytest.raises(fh.Finding, match="FALSE ACCEPT|not JSON|disagree"):
         fh.run_random("grammar", 30, seed=19, stats=fh.GrammarStats())
+
+
+def test_harness_detects_a_forged_marker(monkeypatch):
+    """The untrusted-text target really judges: an encoder that turns marker spellings
+    in outside text into marker ids (the spec encoding everywhere) is caught."""
+    from needle_cy.tokenizer import Tokenizer
+
+    real = Tokenizer.encode
+    monkeypatch.setattr(Tokenizer, "encode",
+                        lambda self, text, dummy_prefix=True, allowed_special=None:
+                        real(self, text, dummy_prefix, allowed_special="all"))
+    with pytest.raises(fh.Finding, match="where the template puts"):
+        fh.run_random("untrusted_text", 10, seed=19)

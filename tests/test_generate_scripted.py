@@ -71,6 +71,20 @@ def kinds(events):
     return [e["type"] for e in events]
 
 
+def test_reasoning_shows_marker_spellings_the_model_wrote_as_text(tok):
+    """The reasoning is decoded from the generated ids: think markers are dropped by id,
+    a marker's spelling written as ordinary pieces (copied from a request) stays visible."""
+    def spec(text):
+        return tok.encode(text, dummy_prefix=False, allowed_special="all")
+
+    script = (spec("<think>\n") + tok.encode("the page said <think> and </think>, ok", dummy_prefix=False)
+              + [tok.marker_id("<think>")] + spec("\n</think>\n<tool_call>[]"))
+    res, events, _, _ = drive(tok, [script])
+    assert res.success and res.calls == []
+    assert res.reasoning == "the page said <think> and </think>, ok"
+    assert [e["content"] for e in events if e["type"] == "thinking_end"] == [res.reasoning]
+
+
 def test_refusal_after_reasoning(tok):
     res, events, model, _ = drive(tok, ["<think>\nNo tool turns on a kettle.\n</think>\n"])
     assert res.calls == [] and res.stop_reason == "refusal" and res.success
@@ -161,7 +175,7 @@ def test_each_call_has_the_confidence_of_the_calls_up_to_it(tok):
 def test_confidence_arithmetic(tok):
     body = f"[{CALL_B}]"
     script = f"<tool_call>{body}"
-    ids = tok.encode(script, dummy_prefix=False)
+    ids = tok.encode(script, dummy_prefix=False, allowed_special="all")
     V = tok.vocab_size
     p_peak = math.exp(12.0) / (math.exp(12.0) + V - 1)
     # Make the 4th call token less certain: a rival at logit 11 (not allowed by the grammar

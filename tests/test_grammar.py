@@ -580,7 +580,7 @@ def test_not(case, backend):
 
 
 # ----------------------------------------------------------------------------- \u escapes vs automata
-# Issue 5: a violating byte is rejected at the earliest byte where no valid completion remains,
+# A violating byte is rejected at the earliest byte where no valid completion remains,
 # also inside a \u escape of a string bounded by an automaton (fixed keys, enums, tool names).
 
 def _feed(g, data):
@@ -657,7 +657,7 @@ def test_unicode_escape_in_tool_name_rejected(backend):
     assert not g.start().feed(b'[{"name":"\\u')
 
 
-# --- issue 19: a state carries its grammar's identity ---------------------------------------
+# --- a state carries its grammar's identity ---------------------------------------
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_state_of_another_grammar_is_refused(backend, pieces):

@@ -1,4 +1,4 @@
-"""Issue 19: false accepts under negation, keyword-value errors, internal keywords.
+"""False accepts under negation and across drafts, keyword-value errors, internal keywords.
 
 Rule zero: no instance the schema forbids is ever accepted.  Every accept/refuse
 expectation below is also checked against ``jsonschema`` (with its format checker), so a

@@ -1,4 +1,4 @@
-"""Issue 5, numbers: a number byte is refused exactly when no completion remains.
+"""Numbers: a number byte is refused exactly when no completion remains.
 
 After every byte the number prefix must be alive iff some completion (more bytes,
 then a delimiter) is a JSON number that meets every constraint of the node

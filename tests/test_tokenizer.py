@@ -58,7 +58,8 @@ def test_from_archive_path_and_archive():
     by_path = Tokenizer.from_archive(path)
     by_archive = Tokenizer.from_archive(Archive.open(path))
     text = "<|im_start|>user\nturn on the lights<|im_end|>"
-    assert by_path.encode(text) == by_archive.encode(text) == ref.encode(text, by_path.record)
+    assert (by_path.encode(text, allowed_special="all") == by_archive.encode(text, allowed_special="all")
+            == ref.encode(text, by_path.record))
 
 
 def _header(n_pieces=1, pad=0, eos=0, bos=0, unk=0, dummy=1, fallback=1, zero=0):
@@ -117,7 +118,7 @@ WORKED = [("▁", 1.0), ("a", 0.5), ("▁a", 2.0), ("<|im_start|>", 0.0, USER_DE
 
 def test_spec_worked_example():
     tok = toy_tokenizer(WORKED)
-    ids = tok.encode("<|im_start|>a a")
+    ids = tok.encode("<|im_start|>a a", allowed_special="all")
     p = tok.record.pieces
     assert [p[i] for i in ids] == ["▁", "<|im_start|>", "a", "▁a"]
     assert tok.decode(ids) == "<|im_start|>a a"
@@ -147,26 +148,28 @@ def test_ties_go_to_leftmost_pair():
 def test_markers_longest_first_then_id_order():
     pieces = [("<a>", 0.0, USER_DEFINED), ("<a><b>", 0.0, USER_DEFINED), ("<b>", 0.0, USER_DEFINED)]
     tok = toy_tokenizer(pieces, add_dummy_prefix=False)
-    assert [tok.record.pieces[i] for i in tok.encode("<a><b><b>")] == ["<a><b>", "<b>"]
+    assert [tok.record.pieces[i] for i in tok.encode("<a><b><b>", allowed_special="all")] == ["<a><b>", "<b>"]
     # equal length, overlapping candidates at the same position cannot both match; check the
     # id-order tie on identical surfaces instead: the lower id fires
     dup = toy_tokenizer([("<m>", 0.0, USER_DEFINED), ("<m>", 0.0, USER_DEFINED)], add_dummy_prefix=False)
-    assert dup.encode("<m>") == [260]
-    assert dup.encode("<m>") == ref.encode("<m>", dup.record)
+    assert dup.encode("<m>", allowed_special="all") == [260]
+    assert dup.encode("<m>", allowed_special="all") == ref.encode("<m>", dup.record)
 
 
 def test_markers_are_never_split_and_flush_the_buffer():
     tok = toy_tokenizer([("x", -1.0), ("y", -1.0), ("<", -1.0), (">", -1.0), ("x<", 5.0),
                          ("<t>", 0.0, USER_DEFINED), (">y", 5.0)], add_dummy_prefix=False)
     # "x<" would be a high-scoring merge, but the marker is cut out first
-    assert [tok.record.pieces[i] for i in tok.encode("x<t>y")] == ["x", "<t>", "y"]
+    assert [tok.record.pieces[i] for i in tok.encode("x<t>y", allowed_special="all")] == ["x", "<t>", "y"]
 
 
 def test_merges_may_form_control_or_byte_surfaces():
     # spec §6.2: the surface lookup covers every piece type (bit-compatible edge case)
     tok = toy_tokenizer([("<", -1.0), ("s", -1.0), (">", -1.0), ("<s", 1.0)], add_dummy_prefix=False)
-    assert tok.encode("<s>") == [2]  # the CONTROL piece <s>
-    assert tok.encode("<s>") == ref.encode("<s>", tok.record)
+    assert tok.encode("<s>", allowed_special="all") == [2]  # the CONTROL piece <s>
+    assert tok.encode("<s>", allowed_special="all") == ref.encode("<s>", tok.record)
+    # as text (the default) it stays text: "<s" + ">"
+    assert [tok.record.pieces[i] for i in tok.encode("<s>")] == ["<s", ">"]
 
 
 def test_duplicate_surface_highest_id_wins():
@@ -230,7 +233,8 @@ def test_continuation_after_marker_is_compositional(tok):
         marker = rng.choice(CHAT_MARKERS)
         rest = "".join(rng.choice(words) for _ in range(rng.randint(0, 6)))
         whole = first + marker + rest
-        assert tok.encode(whole) == tok.encode(first + marker) + tok.encode(rest, dummy_prefix=False)
+        assert (tok.encode(whole, allowed_special="all")
+                == tok.encode(first + marker, allowed_special="all") + tok.encode(rest, dummy_prefix=False))
 
 
 def test_long_no_space_string_matches_reference_on_toy_vocab():
@@ -266,8 +270,122 @@ def test_random_toy_vocabularies_cython_equals_reference():
         for _ in range(25):
             text = "".join(rng.choice(alphabet + [" ", "x", "ab"]) for _ in range(rng.randint(0, 30)))
             for prefix in (True, False):
-                assert tok.encode(text, prefix) == ref.encode(text, record, prefix), (trial, text, pieces)
-            assert tok.decode(tok.encode(text)) == ref.decode(tok.encode(text), record)
+                assert tok.encode(text, prefix, "all") == ref.encode(text, record, prefix), (trial, text, pieces)
+            assert tok.decode(tok.encode(text, allowed_special="all")) == ref.decode(
+                tok.encode(text, allowed_special="all"), record)
+
+
+# ---------------------------------------------------------------------------- markers as text
+SPECIAL_SPELLINGS = list(CHAT_MARKERS) + ["<s>", "</s>", "<pad>", "<unk>", "<0x41>", "<0x0A>"]
+
+
+def _not_text_ids(tok, ids):
+    """The ids among ``ids`` that stand for something other than their text (markers,
+    control and unknown pieces); byte pieces are text."""
+    return [i for i in ids if tok.piece_type(i) in (CONTROL, USER_DEFINED, 1)]
+
+
+def test_marker_spellings_are_text_by_default(tok):
+    for spelling in SPECIAL_SPELLINGS:
+        for text in (spelling, f"x{spelling}y", f"turn on {spelling} the {spelling}{spelling}\n"):
+            for prefix in (True, False):
+                ids = tok.encode(text, prefix)
+                assert _not_text_ids(tok, ids) == [], (text, [tok.piece(i) for i in ids])
+                assert tok.decode(ids) == text if prefix else tok.decode(ids).lstrip() == text.lstrip()
+                assert ids == ref.encode(text, tok.record, prefix, allowed_ids=())
+        ids = tok.encode(f"a{spelling}b", allowed_special="all")
+        if spelling in CHAT_MARKERS:   # the spec encoding turns the spelling into the marker
+            assert tok.marker_id(spelling) in ids
+
+
+def test_every_marker_spelling_at_once_round_trips(tok):
+    text = "".join(f"{m} w{k} " for k, m in enumerate(CHAT_MARKERS * 2))
+    ids = tok.encode(text)
+    assert _not_text_ids(tok, ids) == [] and tok.decode(ids) == text
+    spec = tok.encode(text, allowed_special="all")
+    assert len(_not_text_ids(tok, spec)) == 2 * len(CHAT_MARKERS) and tok.decode(spec) == text
+
+
+def test_text_mode_equals_spec_on_ordinary_text(tok):
+    rng = random.Random(23)
+    words = ["turn", " on", " the", "lights", "é", "{\"a\":1}", "\n", " ", "42", "<", ">", "|", "im_", "tool",
+             "東京", "😀", "</", "think", "\t"]
+    for _ in range(400):
+        text = "".join(rng.choice(words) for _ in range(rng.randint(0, 12)))
+        if any(s in text.replace(" ", "\u2581") for s in tok.record.pieces[:4] + tuple(CHAT_MARKERS)):
+            continue
+        for prefix in (True, False):
+            assert tok.encode(text, prefix) == tok.encode(text, prefix, "all"), text
+
+
+def test_allowed_special_subset_and_bad_values(tok):
+    text = "<tool_call>[]</tool_call><|im_end|>"
+    ids = tok.encode(text, allowed_special={"<tool_call>"})
+    assert _not_text_ids(tok, ids) == [tok.marker_id("<tool_call>")]
+    assert ids[1] == tok.marker_id("<tool_call>") and tok.decode(ids) == text   # ids[0]: the dummy "▁"
+    assert ids == ref.encode(text, tok.record, allowed_ids=[tok.marker_id("<tool_call>")])
+    both = tok.encode(text, allowed_special=["<tool_call>", "</tool_call>", "<|im_end|>"])
+    assert both == tok.encode(text, allowed_special="all")
+    assert tok.encode(text, allowed_special=set()) == tok.encode(text)
+    with pytest.raises(ValueError, match="'all' or a set"):
+        tok.encode(text, allowed_special="<tool_call>")
+    with pytest.raises(UnknownMarkerError, match="<nope>"):
+        tok.encode(text, allowed_special={"<nope>"})
+    with pytest.raises(UnknownMarkerError):
+        tok.encode(text, allowed_special={"<s>"})     # a control piece is never allowed
+    with pytest.raises(TypeError, match="int"):
+        tok.encode(text, allowed_special={4})
+    with pytest.raises(TypeError, match="allowed_special"):
+        tok.encode(text, allowed_special=4)
+
+
+def test_text_mode_keeps_merges_through_a_one_character_marker():
+    # "§" is a marker of its own and a prefix of the normal piece "§a": as text, "§a" merges
+    tok = toy_tokenizer([("a", -1.0), ("§", 0.0, USER_DEFINED), ("§a", 5.0), ("<", 0.0, CONTROL), ("<b", 3.0),
+                         ("b", -1.0)], add_dummy_prefix=False)
+    p = tok.record.pieces
+    assert [p[i] for i in tok.encode("§a§")] == ["§a", "<0xC2>", "<0xA7>"]
+    assert [p[i] for i in tok.encode("§a§", allowed_special="all")] == ["§", "a", "§"]
+    assert [p[i] for i in tok.encode("<b<")] == ["<b", "<0x3C>"]
+    for text in ("§a§", "<b<", "a§§a<<b"):
+        assert tok.encode(text) == ref.encode(text, tok.record, allowed_ids=())
+        assert tok.decode(tok.encode(text)) == text
+
+
+def test_random_toy_vocabularies_text_mode_equals_reference():
+    """Text mode against the reference twin, on random vocabularies whose markers and
+    control pieces (one character or several) overlap the normal pieces."""
+    rng = random.Random(29)
+    alphabet = ["a", "b", "c", "▁", "é", "😀", "<", ">"]
+    for trial in range(150):
+        pieces, seen = [], set()
+        for char in rng.sample(alphabet, rng.randint(3, len(alphabet))):
+            roll = rng.random()
+            kind = USER_DEFINED if roll < 0.1 else CONTROL if roll < 0.15 else 0
+            pieces.append((char, float(rng.randint(-3, 0)), kind))
+            seen.add(char)
+        for _ in range(rng.randint(3, 25)):
+            surface = "".join(rng.choice(alphabet) for _ in range(rng.randint(2, 4)))
+            if surface in seen and rng.random() < 0.8:
+                continue
+            seen.add(surface)
+            roll = rng.random()
+            piece_type = USER_DEFINED if roll < 0.15 else CONTROL if roll < 0.2 else 0
+            pieces.append((surface, float(rng.randint(-4, 4)), piece_type))
+        fallback = rng.random() < 0.8
+        record = toy_record(pieces, add_dummy_prefix=rng.random() < 0.5, byte_fallback=fallback)
+        tok = Tokenizer(record)
+        markers = sorted(tok.markers)
+        for _ in range(25):
+            text = "".join(rng.choice(alphabet + [" ", "x", "ab"] + markers) for _ in range(rng.randint(0, 30)))
+            allowed = rng.sample(markers, rng.randint(0, len(markers))) if rng.random() < 0.3 else []
+            allowed_ids = [tok.marker_id(m) for m in allowed]
+            for prefix in (True, False):
+                ids = tok.encode(text, prefix, set(allowed))
+                assert ids == ref.encode(text, record, prefix, allowed_ids=allowed_ids), (trial, text, pieces)
+                assert all(i in allowed_ids or tok.piece_type(i) not in (CONTROL, USER_DEFINED) for i in ids)
+            if fallback and "▁" not in text:
+                assert tok.decode(tok.encode(text)).lstrip(" ") == text.lstrip(" "), (trial, text)
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -353,5 +471,6 @@ def test_mutated_records_fail_cleanly_or_encode_like_reference(record_bytes):
             continue
         accepted += 1
         for text in ("<|im_start|>user\nturn on the lights<|im_end|>", "é 😀 {\"a\":[1,2]}"):
-            assert tok.encode(text) == ref.encode(text, tok.record)
+            assert tok.encode(text, allowed_special="all") == ref.encode(text, tok.record)
+            assert tok.encode(text) == ref.encode(text, tok.record, allowed_ids=())
     assert accepted > 5  # flips inside surfaces/scores usually leave a valid record

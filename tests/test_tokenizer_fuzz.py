@@ -8,6 +8,7 @@
 """
 import json
 import random
+import re
 
 import pytest
 from conftest import fixture_path
@@ -145,7 +146,7 @@ def strings(tok):
 
 @pytest.fixture(scope="module")
 def ours(tok, strings):
-    return [tok.encode(s) for s in strings]
+    return [tok.encode(s, allowed_special="all") for s in strings]
 
 
 def test_sentencepiece_agrees(tok, strings, ours):
@@ -168,6 +169,24 @@ def test_decode_roundtrip(tok, strings, ours):
     assert checked > 9000
 
 
+def test_text_mode_round_trips_and_agrees_off_markers(tok, strings, ours):
+    """The default (markers as text) gives back every string and, where no string holds a
+    marker or control spelling, exactly the sentencepiece ids."""
+    specials = re.compile("|".join(re.escape(p) for p, t in zip(tok.record.pieces, tok.record.types)
+                                   if t in (1, 2, 3, 4)))
+    not_text = {i for i, t in enumerate(tok.record.types) if t in (1, 2, 3)}   # unknown, control, marker
+    same = 0
+    for text, spec_ids in zip(strings, ours):
+        ids = tok.encode(text)
+        assert not_text.isdisjoint(ids), text
+        if META_SPACE not in text:
+            assert tok.decode(ids) == text
+        if not specials.search(text.replace(" ", META_SPACE)):
+            assert ids == spec_ids, text
+            same += 1
+    assert same > 5000
+
+
 def test_cython_equals_reference(tok, strings, ours):
     short = [(s, ids) for s, ids in zip(strings, ours) if len(s) <= 100][:1500]
     assert len(short) >= 1500
@@ -175,7 +194,8 @@ def test_cython_equals_reference(tok, strings, ours):
         assert ids == ref.encode(text, tok.record), text
         assert ref.decode(ids, tok.record) == tok.decode(ids)
     for text, _ in short[:300]:
-        assert tok.encode(text, dummy_prefix=False) == ref.encode(text, tok.record, dummy_prefix=False)
+        assert tok.encode(text, dummy_prefix=False, allowed_special="all") == ref.encode(text, tok.record,
+                                                                                        dummy_prefix=False)
 
 
 def hf_merges(record):
@@ -263,10 +283,10 @@ def test_long_no_space_string_agrees_with_sentencepiece(tok):
     rng = random.Random(9)
     text = "".join(rng.choice(WORDS) for _ in range(12_000)).replace(" ", "")[:65_536]
     assert len(text) == 65_536
-    assert tok.encode(text) == processor.encode(text)
+    assert tok.encode(text, allowed_special="all") == processor.encode(text)
     glued = json.dumps([{"name": w, "arguments": {"x": i}} for i, w in enumerate(WORDS)] * 40,
                        separators=(",", ":"))
-    assert tok.encode(glued) == processor.encode(glued)
+    assert tok.encode(glued, allowed_special="all") == processor.encode(glued)
 
 
 def test_concurrent_encodes_match_serial(tok, strings, ours):
@@ -275,4 +295,4 @@ def test_concurrent_encodes_match_serial(tok, strings, ours):
 
     sample = strings[:2000]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        assert list(pool.map(tok.encode, sample)) == ours[:2000]
+        assert list(pool.map(lambda t: tok.encode(t, allowed_special="all"), sample)) == ours[:2000]

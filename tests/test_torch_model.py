@@ -180,7 +180,8 @@ def _prompts():
     tools = render_tools_json(json.loads((MODELS / "home_tools.json").read_text())[:4])   # fits max_seq_len
     out = []
     for query in ("Lock the back door", "Set a timer for 10 minutes", "What's the capital of France?"):
-        out.append(np.asarray([2] + tok.encode(prefix_text("", tools) + first_query_text(query)), np.int64))
+        out.append(np.asarray([2] + tok.encode(prefix_text("", tools) + first_query_text(query),
+                                               allowed_special="all"), np.int64))
     return out
 
 

@@ -29,7 +29,7 @@ def test_params_from_archive_reproduce_the_engine_float_logits(tmp_path):
     assert (tmp_path / "tokenizer.record").read_bytes()
     tok = Tokenizer.from_archive(str(ARCHIVE))
     ids = [2] + list(tok.encode("<|im_start|>user\n<tools>[]</tools>\nlock the front door"
-                                "<|im_end|>\n<|im_start|>assistant\n"))
+                                "<|im_end|>\n<|im_start|>assistant\n", allowed_special="all"))
     net = SimpleAttentionNetwork(train.transformer_config(run))
     logits = net.apply({"params": jax.tree.map(jnp.asarray, state["params"])},
                        jnp.asarray([ids], jnp.int32))
@@ -40,3 +40,6 @@ def test_params_from_archive_reproduce_the_engine_float_logits(tmp_path):
     sp = train.run_tokenizer(str(tmp_path))
     assert sp.encode("lock the front door") == list(tok.encode("lock the front door"))
     assert sp.id_to_piece(sp.piece_to_id("<tool_call>")) == "<tool_call>"
+    # rendered training text writes its markers as text: the run encodes them as markers
+    assert sp.encode("<tool_call>[]") == list(tok.encode("<tool_call>[]", allowed_special="all"))
+    assert sp.encode("<tool_call>[]")[1] == tok.marker_id("<tool_call>")

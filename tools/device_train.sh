@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A prepared GPU training run for the default model (issue 17): minutes on a lent
+# A prepared GPU training run for the default model: minutes on a lent
 # accelerator instead of days on two CPU cores.
 #
 #   tools/device_train.sh prepare [RUN]     # here, on the CPU machine (~10 min of CPU)

@@ -31,7 +31,7 @@
 #
 # Time on the 2-vCPU Zen 4 development machine (shared, noisy): setup once
 # ~26 min (debootstrap 24, pip 2), build ~20 min (a rebuild with nothing
-# changed 20 s), test suite ~21 min (see README.md, "aarch64").
+# changed 20 s), test suite ~21 min (see docs/aarch64.md).
 #
 # Environment:
 #   NEEDLE_CY_AARCH64_ROOT    cache directory (default /var/cache/needle_cy_aarch64)

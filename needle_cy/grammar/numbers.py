@@ -59,7 +59,7 @@ def dec_cmp(a, b):
 def number_texts(v):
     """Texts accepted for an enum/const number: its repr, and N / N.0 for integral values
     (zero with either sign).  Other spellings of the value ("1.00", "1e0") are refused: a
-    narrowing, exact only where no overlapping oneOf/not depends on it (see the README)."""
+    narrowing, exact only where no overlapping oneOf/not depends on it (see docs/grammar.md)."""
     out = set()
     if isinstance(v, int):
         out.add(str(v))

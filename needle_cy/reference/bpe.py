@@ -11,6 +11,8 @@ length: use it on short strings only.
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 3, 4
 META_SPACE = "\u2581"  # "▁", SentencePiece's visible space
+# Text mode never forms these from their surface: their ids stand for something else.
+NOT_TEXT = (UNKNOWN, CONTROL, USER_DEFINED, BYTE)
 
 
 def surface_to_id(vocab):
@@ -38,8 +40,15 @@ def markers_in_match_order(vocab):
     return markers
 
 
+def text_surfaces(vocab):
+    """``surface_to_id`` without the surfaces whose piece text mode never forms."""
+    return {surface: piece_id for surface, piece_id in surface_to_id(vocab).items()
+            if vocab.types[piece_id] not in NOT_TEXT}
+
+
 def bpe_segment(segment, vocab, surfaces=None, bytes_=None):
-    """Ids of one marker-free segment (§6.2 step 5): score-ordered merges, then the id mapping."""
+    """Ids of one marker-free segment (§6.2 step 5): score-ordered merges, then the id
+    mapping.  ``surfaces``: the pieces symbols may become (``text_surfaces`` in text mode)."""
     surfaces = surface_to_id(vocab) if surfaces is None else surfaces
     bytes_ = byte_to_id(vocab) if bytes_ is None else bytes_
     symbols = list(segment)
@@ -71,11 +80,16 @@ def bpe_segment(segment, vocab, surfaces=None, bytes_=None):
     return ids
 
 
-def encode(text, vocab, dummy_prefix=True):
+def encode(text, vocab, dummy_prefix=True, allowed_ids=None):
     """Token ids of ``text`` (no BOS/EOS), spec §6.2.
 
     ``dummy_prefix=False`` encodes a continuation (spec §7.2): the "▁" of step 3 is
     not prepended even when the vocabulary asks for it.
+
+    ``allowed_ids=None`` is §6.2 as written.  A collection of marker ids is text mode:
+    only those markers are matched, and no symbol becomes a piece of a ``NOT_TEXT`` type
+    (such a merge is not a candidate, such a character is a non-piece), so every other
+    marker spelling is ordinary pieces or byte fallback.
     """
     for index, char in enumerate(text):
         if 0xD800 <= ord(char) <= 0xDFFF:
@@ -87,6 +101,9 @@ def encode(text, vocab, dummy_prefix=True):
         escaped = META_SPACE + escaped
     surfaces, bytes_ = surface_to_id(vocab), byte_to_id(vocab)
     markers = markers_in_match_order(vocab)
+    if allowed_ids is not None:
+        surfaces = text_surfaces(vocab)
+        markers = [(surface, marker_id) for surface, marker_id in markers if marker_id in set(allowed_ids)]
 
     ids, buffer, position = [], [], 0
     while position < len(escaped):

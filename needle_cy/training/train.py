@@ -285,7 +285,8 @@ class ArchiveTokenizer:
         self._ids = {p: i for i, p in enumerate(self.tok.record.pieces)}
 
     def encode(self, text):
-        return list(self.tok.encode(text))
+        # sentencepiece's encoding: the rendered examples write their markers as text.
+        return list(self.tok.encode(text, allowed_special="all"))
 
     def piece_to_id(self, piece):
         return self._ids.get(piece, self.tok.unk_id)

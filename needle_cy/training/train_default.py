@@ -30,18 +30,18 @@ from . import confidence, query_expansion, train
 # its step: warmup over 50 steps to the peak LR, the peak, then a linear decay to
 # 0.1 × peak over the last ``decay`` steps before ``end``.  Phases 1–4 decay to their
 # own ends; phase 5 holds the peak; phases 6–10 run one long decay to step 4300 (its
-# length was moved as the session's time allowed, keeping the LR continuous at the last
-# two changes), the batches coming from the version-2 data from phase 7.  Phase 11 (a
-# later session) restarts at the peak LR (a warm restart from 2e-4) and holds it; from
+# length was moved as the available time allowed, keeping the LR continuous at the last
+# two changes), the batches coming from the version-2 data from phase 7.  Phase 11
+# (later) restarts at the peak LR (a warm restart from 2e-4) and holds it; from
 # phase 12 the batches come from the version-3 data (follow-up requests packed after
 # the first, every answer a target) and the LR decays linearly over the last 2,000 steps.
-# Phases 13–14 (the session after) fine-tune on the version-4 data (more phrasings): a
+# Phases 13–14 (next) fine-tune on the version-4 data (more phrasings): a
 # mild restart to 6.5e-4 decaying linearly (the decay's end moved from 10,200 to 10,000
-# at step 9045, keeping the LR continuous).  Phases 15–17 (the sessions after): a restart
+# at step 9045, keeping the LR continuous).  Phases 15–17 (after that): a restart
 # to 5e-4 decaying slowly on version-4 data (its end moved at step 10500), then from step
 # 10675 version-5 data (more copied strings, words from the tokenizer's pieces) with the
-# decay reaching 2e-4 at step 12000, the LR continuous at each change.  Phases 18–21 (the
-# two sessions after), all on version-5 data: a restart to 3e-4 decaying to 2e-4 at step
+# decay reaching 2e-4 at step 12000, the LR continuous at each change.  Phases 18–21
+# (last), all on version-5 data: a restart to 3e-4 decaying to 2e-4 at step
 # 13200 (its end moved at step 12280), 2e-4 held to step 13975, then a final linear
 # anneal to 2e-5 (0.01 × peak, below the run's 0.1 floor) at step 15475.
 # (until_step, schedule_end, decay_steps, token file[, min_lr_ratio])
