@@ -44,7 +44,7 @@ from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion
                         rank_bm25, select_prefix)
 from .toolspec import ToolSpec, home_tools, normalize_tool, normalize_tools
 
-__all__ = ["Needle", "extract", "DEFAULT_MODEL_PATH"]
+__all__ = ["Needle", "ConversationSnapshot", "extract", "DEFAULT_MODEL_PATH"]
 
 # A model: a .cact path, a folder holding one, a Hugging Face id, an Archive or a loaded
 # Model, or None for the embedded default.
@@ -116,6 +116,26 @@ class _PrefixCheckpoints:
         while self.bytes > self.max_bytes:
             victim = max(self._snaps, key=len)    # ties: the first, least recently used
             self.bytes -= self._snaps.pop(victim)[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversationSnapshot:
+    """A conversation in progress, as ``Needle.snapshot()`` took it (opaque; restore it
+    with ``Needle.restore``)."""
+
+    agent: Any
+    entry: Any                  # the conversation's _Prefix, or None before a first turn
+    ids: tuple
+    n_user_turns: int
+    last_turn_had_calls: bool
+    said: tuple
+    turns: int
+    model_state: Any
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the model state it holds (what keeping it costs)."""
+        return int(getattr(self.model_state, "nbytes", 0)) if self.model_state is not None else 0
 
 
 class Needle:
@@ -237,6 +257,7 @@ class Needle:
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self._prefixes = OrderedDict()
+        self._tool_grammars = {}        # tool name -> grammar of its calls alone (require_tool)
         if float(prefix_checkpoint_mb) < 0:
             raise ValueError(f"prefix_checkpoint_mb must be >= 0, got {prefix_checkpoint_mb!r}")
         self._checkpoints = _PrefixCheckpoints(float(prefix_checkpoint_mb) * 2 ** 20)
@@ -340,19 +361,72 @@ class Needle:
         """Cancel the turn in flight (from another thread); the agent stays usable."""
         self._cancel.set()
 
+    def snapshot(self) -> "ConversationSnapshot":
+        """The conversation so far (its turns and the model state holding them), to come
+        back to with ``restore``.  Several conversations can then take turns on one agent,
+        or on agents sharing one ``Model``, each resuming where it was instead of
+        prefilling its turns again (``needle_cy.serve`` keeps the conversations its
+        clients resend this way).  Without a conversation in progress it holds none, and
+        restoring it is ``reset()``."""
+        entry = self._active
+        if entry is None:
+            return ConversationSnapshot(self, None, (), 0, False, (), 0, None)
+        conv = entry.conversation
+        return ConversationSnapshot(self, entry, tuple(conv.ids), conv.n_user_turns,
+                                    conv.last_turn_had_calls, tuple(self._said), self.turns,
+                                    self.model.snapshot())
+
+    def restore(self, snapshot: "ConversationSnapshot") -> None:
+        """Go back to a conversation taken with ``snapshot()`` from this agent; the next
+        turn continues it.  A snapshot stays valid after being restored (restore it again
+        to branch the conversation again from the same point)."""
+        if not isinstance(snapshot, ConversationSnapshot) or snapshot.agent is not self:
+            raise ValueError("restore() takes a snapshot() of this same agent")
+        if not self._lock.acquire(blocking=False):
+            raise NeedleError("this Needle agent is running a turn; restore() between turns")
+        try:
+            entry = snapshot.entry
+            if entry is None:
+                self._active, self.turns, self._said = None, 0, []
+                return
+            self.model.restore(snapshot.model_state)
+            # KV sinks are the model's setting, not part of its state: pin this prefix's
+            # (a no-op once the window has wrapped, as after any long conversation)
+            self._pin_prefix(len(entry.conversation.prefix_ids))
+            conv = entry.conversation
+            conv.ids = list(snapshot.ids)
+            conv.n_user_turns = snapshot.n_user_turns
+            conv.last_turn_had_calls = snapshot.last_turn_had_calls
+            self._said = list(snapshot.said)
+            self.turns = snapshot.turns
+            self._active = entry
+        finally:
+            self._lock.release()
+
     def stream(self, text: TurnInput, max_new_tokens: Optional[int] = None,
-               require_call: Optional[bool] = None) -> Iterator[Dict[str, Any]]:
+               require_call: Optional[bool] = None,
+               require_tool: Optional[str] = None) -> Iterator[Dict[str, Any]]:
         """Yield the events of one turn; the last is exactly one ``done`` or ``error``.
 
         ``text`` is a query, or (right after a turn with calls) the tool results as a list
         or a JSON list string.  ``max_new_tokens`` and ``require_call`` override the
-        agent's settings for this turn.
+        agent's settings for this turn.  ``require_tool`` (a tool name) makes the turn
+        call that tool: its calls are the only ones the grammar allows, and at least one
+        is made.  A conversation starting with such a turn has the tool among its
+        selected tools; a later turn may require a tool the selection left out (the
+        model then writes it from the grammar alone, not having read its description).
         """
         _check_turn_input(text)
         if max_new_tokens is not None:
             max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
         if require_call is not None and not isinstance(require_call, bool):
             raise TypeError(f"require_call must be True, False or None, got {require_call!r}")
+        if require_tool is not None:
+            if require_tool not in self.tools:
+                raise ValueError(f"require_tool={require_tool!r} is not one of this agent's tools "
+                                 f"({', '.join(self.tools) or 'none'})")
+            if not self.settings.constrained:
+                raise ValueError("require_tool needs constrained decoding (constrained=True)")
         if not self._lock.acquire(blocking=False):
             raise NeedleError("this Needle agent is already running a turn; one turn at a time")
         # A cancel() made while no turn runs is kept for this one (it was meant for the
@@ -376,7 +450,11 @@ class Needle:
                 raise ValueError("the request is blank: give the text of a request")
             said = (self._said if self._active is not None else []) + [text]
             if self._active is None:
-                entry = self._prefix_for(self.select_tools(str(text)))
+                specs = self.select_tools(str(text))
+                if require_tool is not None and all(s.name != require_tool for s in specs):
+                    names = {s.name for s in specs} | {require_tool}
+                    specs = [s for s in self.specs if s.name in names]     # catalogue order
+                entry = self._prefix_for(specs)
                 entry.conversation.reset()
                 prefix_s = yield from self._restore_prefix(entry)
                 self._active = entry
@@ -395,8 +473,13 @@ class Needle:
                 settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
             if require_call is not None:
                 settings = dataclasses.replace(settings, require_call=require_call)
-            value_grounder, note_grounder = self._grounders(entry, said)
-            res = yield from run_turn(model, self.tokenizer, entry.grammar, new_ids, settings,
+            grammar, specs = entry.grammar, entry.specs
+            if require_tool is not None:
+                settings = dataclasses.replace(settings, require_call=True)
+                grammar = self._tool_grammar(require_tool)
+                specs = [self.tools[require_tool]]
+            value_grounder, note_grounder = self._grounders(specs, said)
+            res = yield from run_turn(model, self.tokenizer, grammar, new_ids, settings,
                                       self.piece_table, cancel=self._cancel,
                                       grounder=value_grounder, note_grounder=note_grounder)
             envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start,
@@ -436,15 +519,23 @@ class Needle:
             self._cancel.clear()
             self._lock.release()
 
-    def _grounders(self, entry, said):
-        """(value grounder for the call block, note grounder for the <think> notes), each
-        None when its setting is off; both judge against ``said``."""
+    def _tool_grammar(self, name):
+        """The grammar of calls to the one tool ``name`` (``require_tool``), compiled once."""
+        grammar = self._tool_grammars.get(name)
+        if grammar is None:
+            grammar = self.compile_grammar([self.tools[name].grammar_schema()], self.max_calls_per_turn)
+            self._tool_grammars[name] = grammar
+        return grammar
+
+    def _grounders(self, specs, said):
+        """(value grounder for the call block, note grounder for the <think> notes) of the
+        tools ``specs``, each None when its setting is off; both judge against ``said``."""
         use_values = self.settings.ground_values and self.settings.constrained
         if not (use_values or self.settings.ground_notes):
             return None, None
         if self._grounding_index is None:
             self._grounding_index = GroundingIndex(self.piece_table)
-        tools = {s.name: s.grammar_schema()["parameters"] for s in entry.specs}
+        tools = {s.name: s.grammar_schema()["parameters"] for s in specs}
         return (ValueGrounder(tools, said, self._grounding_index) if use_values else None,
                 NoteGrounder(tools, said, self._grounding_index) if self.settings.ground_notes else None)
 
@@ -564,11 +655,13 @@ class Needle:
         }
 
     def complete(self, text: TurnInput, max_new_tokens: Optional[int] = None,
-                 require_call: Optional[bool] = None) -> Response:
+                 require_call: Optional[bool] = None, require_tool: Optional[str] = None) -> Response:
         """One turn; returns the envelope.  User errors (context overflow, bad tools) raise.
-        ``require_call=True`` makes this turn call a tool (see the class's ``require_call``)."""
+        ``require_call=True`` makes this turn call a tool (see the class's ``require_call``),
+        ``require_tool="name"`` that tool (see ``stream``)."""
         final = None
-        for event in self.stream(text, max_new_tokens=max_new_tokens, require_call=require_call):
+        for event in self.stream(text, max_new_tokens=max_new_tokens, require_call=require_call,
+                                 require_tool=require_tool):
             if event["type"] in ("done", "error"):
                 final = event
         exc = final.get("exception")

@@ -1,4 +1,4 @@
-"""``needle-cy``: run, batch, chat, inspect, bench.
+"""``needle-cy``: run, batch, chat, inspect, bench, serve.
 
 Every user error (missing file, malformed JSON, unsupported schema, context overflow …)
 prints one line ``needle-cy: error: …`` on stderr and exits with status 1; usage errors
@@ -512,6 +512,35 @@ def cmd_bench(args):
     return 0
 
 
+def cmd_serve(args):
+    try:
+        import starlette  # noqa: F401  (the [serve] extra)
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise CliError(f"needle-cy serve needs the serve extra ({exc.name or exc} is not "
+                       f"installed): pip install 'needle_cy[serve]'") from None
+    from .serve.app import bind, is_loopback, run
+    from .serve.engine import Engine
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc}); another "
+                       f"server (Ollama?) may hold the port: pass --port") from None
+    if not is_loopback(args.host) and not args.api_key:
+        print(f"needle-cy: warning: serving on {args.host} without --api-key: anyone who can reach "
+              f"this port can use the model (docs/serve.md)", file=sys.stderr)
+    try:
+        engine = Engine(args.model, model_file=args.model_file, threads=args.threads, name=args.name,
+                        max_queue=args.max_queue, ignore_system=args.ignore_system)
+        run(engine, api_key=args.api_key, max_body_bytes=args.max_request_kb * 1024,
+            log_level=args.log_level, sock=sock)
+    except KeyboardInterrupt:
+        pass                     # Ctrl-C: the server has shut down
+    finally:
+        sock.close()
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 
 def _int_at_least(minimum):
@@ -618,7 +647,44 @@ def build_parser():
                    help="requests to time (default: three fixed smart-home requests)")
     common(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("serve", help="a local OpenAI- and Ollama-compatible tool-calling endpoint "
+                                     "(the [serve] extra; docs/serve.md)")
+    model_flags(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 "
+                        "exposes the model to the network, see docs/serve.md)")
+    p.add_argument("--port", type=_port, default=11434,
+                   help="port (default 11434, Ollama's; 0 picks a free one)")
+    p.add_argument("--threads", type=_int_at_least(1), default=None,
+                   help="the engine's worker threads (default: automatic, per call)")
+    p.add_argument("--api-key", default=os.environ.get("NEEDLE_CY_API_KEY") or None,
+                   help="require 'Authorization: Bearer KEY' on every request (default: the "
+                        "NEEDLE_CY_API_KEY environment variable; none)")
+    p.add_argument("--name", default=None,
+                   help="the model name clients ask for (default: needle-cy for the embedded "
+                        "model, else the archive's name)")
+    p.add_argument("--ignore-system", action="store_true",
+                   help="leave the clients' system messages out of the prompt (long instructions "
+                        "do not fit a small model's context)")
+    p.add_argument("--max-queue", type=_int_at_least(0), default=8,
+                   help="requests that may wait behind the running one; more get 503 with Retry-After")
+    p.add_argument("--max-request-kb", type=_int_at_least(1), default=1024,
+                   help="largest request body in KiB (default 1024); larger ones get 413")
+    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
+                   default="warning", help="uvicorn's log level (info logs every request)")
+    p.set_defaults(func=cmd_serve)
     return parser
+
+
+def _port(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {value}")
+    return value
 
 
 # Arguments that are text for the model (not file names, which may be any bytes).

@@ -10,14 +10,18 @@ folders, with ``needle-cy`` and ``python`` bound to this interpreter.  ``json`` 
 parse.  ``text`` blocks (synopses with placeholders) do not run.
 """
 import ast
+import contextlib
 import importlib.util
 import io
 import json
 import os
 import re
+import select
 import shlex
+import signal
 import subprocess
 import sys
+import time
 import tokenize
 from pathlib import Path
 
@@ -37,7 +41,11 @@ SHELL_NOT_RUN = {
 # Optional extras: a python block importing one of these modules is skipped, naming the
 # extra, when the module is not installed.
 EXTRA_OF_MODULE = {"torch": "train", "jax": "train", "needle": "train", "huggingface_hub": "hub",
-                   "matplotlib": "bench", "pydantic": "test"}
+                   "matplotlib": "bench", "pydantic": "test", "openai": "test", "ollama": "test"}
+
+# Pages whose python examples are clients of `needle-cy serve` at its default address: the
+# test starts a server on a free port and runs them against it (the address replaced).
+SERVED_PAGES = {"docs/serve.md": "http://127.0.0.1:11434"}
 
 # Pages linked from the README and docs/index that other branches write; remove an entry
 # once its page is merged.
@@ -133,6 +141,29 @@ PYTHON_PAGES = [p for p in DOC_PAGES if any(lang == "python" for lang, _, _ in f
 SHELL_PAGES = [p for p in DOC_PAGES if any(lang in ("bash", "sh", "shell") for lang, _, _ in fenced_blocks(p))]
 
 
+@contextlib.contextmanager
+def _server():
+    """``needle-cy serve`` (embedded model) on a free loopback port; yields its address."""
+    proc = subprocess.Popen([sys.executable, "-m", "needle_cy", "serve", "--port", "0", "--threads", "1"],
+                            stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    try:
+        line, deadline = "", time.monotonic() + 120
+        while "needle-cy serve:" not in line:
+            assert proc.poll() is None and time.monotonic() < deadline, f"needle-cy serve did not start: {line}"
+            if select.select([proc.stderr], [], [], 1)[0]:
+                line = proc.stderr.readline()
+        yield line.split(" at ", 1)[1].split()[0]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=_page_id)
 def test_python_examples_run(page, tmp_path):
     blocks, skipped = [], []
@@ -144,12 +175,19 @@ def test_python_examples_run(page, tmp_path):
             skipped.append(f"line {start}: needs {', '.join(missing)}")
         else:
             blocks.append((start, code))
+    address = SERVED_PAGES.get(_page_id(page))
+    if blocks and address and not all(importlib.util.find_spec(m) for m in ("starlette", "uvicorn")):
+        skipped += [f"line {start}: needs needle-cy serve (the [serve] extra)" for start, _ in blocks]
+        blocks = []
     if blocks:
-        (tmp_path / "blocks.json").write_text(json.dumps(blocks))
-        (tmp_path / "runner.py").write_text(_RUNNER)
-        work = _workdir(tmp_path)
-        proc = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "blocks.json")],
-                              cwd=work, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+        with (_server() if address else contextlib.nullcontext()) as url:
+            if address:
+                blocks = [(start, code.replace(address, url)) for start, code in blocks]
+            (tmp_path / "blocks.json").write_text(json.dumps(blocks))
+            (tmp_path / "runner.py").write_text(_RUNNER)
+            work = _workdir(tmp_path)
+            proc = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "blocks.json")],
+                                  cwd=work, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"{_page_id(page)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         assert proc.stdout.count("--- block at line") == len(blocks)
     if skipped:
