@@ -1,4 +1,4 @@
-"""Issue 19: false accepts under negation, keyword-value errors, internal keywords.
+"""False accepts under negation and across drafts, keyword-value errors, internal keywords.
 
 Rule zero: no instance the schema forbids is ever accepted.  Every accept/refuse
 expectation below is also checked against ``jsonschema`` (with its format checker), so a
@@ -393,8 +393,8 @@ MALFORMED = [
     ({"dependentRequired": {"a": [1]}}, "dependentRequired"),
     ({"dependentRequired": {"a": "b"}}, "dependentRequired"),
     ({"dependentRequired": []}, "dependentRequired"),
-    ({"dependencies": {"a": [1]}}, "dependencies"),
-    ({"dependencies": {"a": 5}}, "dependencies"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": [1]}}, "dependencies"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": 5}}, "dependencies"),
     ({"prefixItems": 5}, "prefixItems"),
     ({"items": 5}, "items"),
     ({"$schema": 5}, "$schema"),
@@ -499,3 +499,118 @@ def test_enum_number_oneofs_kept_apart_compile_exactly(schema, accepted, refused
         for text in refused:
             st = g.start()
             assert not (st.feed(text.encode()) and st.is_complete()), (backend, text)
+
+
+# Every draft reads a user schema in its own vocabulary (a keyword the draft does not define
+# is an annotation there), while the compiler's synthetic schemas -- an exact enum/const
+# value among them -- read the same in every draft.  Fuzz finding, seed 777: with the
+# draft-04 $schema an enum holding an object took any object with the same keys, because the
+# value's synthetic schema was `const` per member (an annotation in draft 4).  Each shape is
+# run in every draft whose meta-schema accepts it, against jsonschema, on both runtimes.
+DRAFTS = {3: "http://json-schema.org/draft-03/schema#", 4: D4, 6: "http://json-schema.org/draft-06/schema#",
+          7: "http://json-schema.org/draft-07/schema#", 2019: "https://json-schema.org/draft/2019-09/schema",
+          2020: "https://json-schema.org/draft/2020-12/schema"}
+# (schema, values, must_compile): a schema that does not have to compile may raise
+# UnsupportedSchemaError naming one of its keywords (never accept what the draft forbids)
+DRAFT_SHAPES = [
+    ({"enum": [{"a": 1}]}, [{"a": 1}, {"a": 2}, {"a": False}, {}, {"a": 1, "b": 2}, [1]], True),
+    ({"type": "object", "properties": {"p": {"enum": [{"a": 1}]}}},
+     [{"p": {"a": 1}}, {"p": {"a": 2}}, {"p": {}}, {}], True),
+    ({"enum": ["\n", {"a": 1}, "foo", "\"a b\"@c.d"]}, [{"a": False}, {"a": 1}, "foo", "\n", "x"], True),
+    ({"enum": [[1, "a"], {"a": [1]}]}, [[1, "a"], [1, "b"], [1], [], {"a": [1]}, {"a": [2]}], True),
+    ({"enum": [[{"a": [1, {"b": None}]}]]}, [[{"a": [1, {"b": None}]}], [{"a": [1, {"b": 0}]}], [{"a": [1]}]], True),
+    ({"type": "array", "items": {"enum": [[1], {"k": "v"}]}}, [[[1], {"k": "v"}], [[2]], [{"k": "w"}]], True),
+    ({"const": {"a": 1}}, [{"a": 1}, {"a": 2}, 5], True),
+    ({"const": [1]}, [[1], [2], [], 1], True),
+    ({"const": 3}, [3, 4, 3.0], True),
+    ({"not": {"const": 3}}, [3, 4], True),
+    ({"not": {"enum": [1, 2]}}, [1, 1.5, 2, 3, "a"], True),
+    ({"allOf": [{"enum": [{"a": 1}, {"a": 2}]}, {"properties": {"a": {"maximum": 1}}}]},
+     [{"a": 1}, {"a": 2}, {"a": 0}], True),
+    ({"oneOf": [{"const": [1]}, {"type": "array"}]}, [[1], [2], 1], False),
+    ({"oneOf": [{"enum": [{"a": 1}]}, {"type": "object"}]}, [{"a": 1}, {"a": 2}, 1], False),
+    ({"oneOf": [{"dependentRequired": {"a": ["b"]}}, {"type": "object"}]}, [{"a": 1}, {"a": 1, "b": 2}, 1], False),
+    ({"oneOf": [{"dependentSchemas": {"a": False}}, {"type": "object"}]}, [{"a": 1}, {}, 1], False),
+    ({"oneOf": [{"dependencies": {"a": ["b"]}}, {"type": "object"}]}, [{"a": 1}, {"a": 1, "b": 2}, 1], False),
+    ({"dependencies": {"a": ["b"]}}, [{"a": 1}, {"a": 1, "b": 2}, {}], True),
+    ({"dependentRequired": {"a": ["b"]}}, [{"a": 1}, {"a": 1, "b": 2}, {}], True),
+    ({"oneOf": [{"prefixItems": [{"type": "string"}]}, {"type": "array"}]}, [[1], ["a"], 1], False),
+    ({"oneOf": [{"propertyNames": {"maxLength": 1}}, {"type": "object"}]}, [{"ab": 1}, {"a": 1}, 1], False),
+    ({"not": {"propertyNames": {"maxLength": 1}}}, [{"ab": 1}, {"a": 1}, 1], False),
+    ({"oneOf": [{"if": {"type": "string"}, "then": {"maxLength": 1}}, {"type": "string"}]}, ["ab", "a", 1], False),
+    ({"oneOf": [{"anyOf": [{"type": "string"}]}, {"type": "number"}]}, ["a", 1, None], True),
+    ({"oneOf": [{"minProperties": 2}, {"type": "object"}]}, [{"a": 1}, {"a": 1, "b": 2}, 1], True),
+    ({"type": "object", "required": ["a"]}, [{}, {"a": 1}], True),
+    ({"contains": {"type": "string"}}, [[1], ["a"], 1], False),
+    ({"unevaluatedProperties": False, "properties": {"a": {}}}, [{"a": 1}, {"b": 1}], False),
+    ({"type": "number", "maximum": 3, "exclusiveMaximum": True}, [3, 2.5, 4], True),
+    ({"not": {"maximum": 3, "exclusiveMaximum": True}}, [3, 2.5, "a"], True),
+    ({"not": {"exclusiveMaximum": 3}}, [3, 2.5, "a"], True),
+    ({"type": "integer", "enum": [1, 2.0]}, [1, 2, 3, 2.5, "1"], True),
+]
+
+
+def _draft_cases():
+    out = []
+    for i, (schema, values, must) in enumerate(DRAFT_SHAPES):
+        for d, uri in DRAFTS.items():
+            doc = dict(schema, **{"$schema": uri})
+            cls = jsonschema.validators.validator_for(doc)
+            try:
+                cls.check_schema(doc)
+            except jsonschema.SchemaError:
+                continue      # not a schema of that draft
+            out.append(pytest.param(doc, values, must, id=f"{i}-{d}"))
+    return out
+
+
+def _keywords_of(node):
+    if isinstance(node, dict):
+        return set(node) | {k for v in node.values() for k in _keywords_of(v)}
+    if isinstance(node, list):
+        return {k for v in node for k in _keywords_of(v)}
+    return set()
+
+
+@pytest.mark.parametrize("schema,values,must_compile", _draft_cases())
+def test_every_draft_reads_its_own_vocabulary(schema, values, must_compile):
+    for backend in BACKENDS:
+        try:
+            g = compile_schema(schema, backend)
+        except UnsupportedSchemaError as exc:
+            assert not must_compile, f"refused: {exc}"
+            assert exc.keyword in _keywords_of(schema) and exc.pointer.startswith("#")
+            continue
+        for v in values:
+            assert g.accepts(text(v)) == oracle(schema, v), (backend, v)
+
+
+def test_draft_shapes_cover_every_draft():
+    """The shapes above run in every draft (a shape list that no draft accepts tests nothing)."""
+    drafts = {p.id.split("-")[1] for p in _draft_cases()}
+    assert drafts == {str(d) for d in DRAFTS}
+    assert len(_draft_cases()) > 5 * len(DRAFTS)
+
+
+D3 = DRAFTS[3]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("schema,value,accepted", [
+    # draft 3's required is a boolean in the property's schema, its dependencies may name one
+    # property as a string; allOf/anyOf/oneOf/not/minProperties are draft 4 on
+    ({"$schema": D3, "properties": {"a": {"required": True}}}, {}, False),
+    ({"$schema": D3, "properties": {"a": {"required": True}}}, {"a": 1}, True),
+    ({"$schema": D3, "properties": {"a": {"required": False}}}, {}, True),
+    ({"$schema": D3, "properties": {"a": {"$ref": "#/definitions/x", "required": True}},
+      "definitions": {"x": {"type": "string"}}}, {}, False),
+    ({"$schema": D3, "dependencies": {"a": "b"}}, {"a": 1}, False),
+    ({"$schema": D3, "dependencies": {"a": "b"}}, {"a": 1, "b": 2}, True),
+    ({"$schema": D3, "anyOf": [{"type": "string"}]}, 1, True),
+    ({"$schema": D3, "not": {}}, 1, True),
+    ({"$schema": D3, "type": "object", "required": ["a"]}, {}, True),
+    ({"$schema": D3, "type": "any", "enum": [{"a": 1}]}, {"a": 2}, False),
+])
+def test_draft3_forms(schema, value, accepted, backend):
+    assert oracle(schema, value) == accepted, "expectation disagrees with jsonschema"
+    assert compile_schema(schema, backend).accepts(text(value)) == accepted

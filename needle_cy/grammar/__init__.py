@@ -78,6 +78,14 @@ member), which only refuses more.  ``{,n}`` and a class starting with ``]`` (the
 engines disagree) are refused.  ``^`` and ``$`` stand at the ends of top-level
 alternatives, or of a group that is a whole top-level alternative (``(^a$)|(^b$)``).
 
+Drafts: a schema is read by the letter of its ``$schema`` draft (3, 4, 6, 7,
+2019-09, 2020-12; 2020-12 when absent).  A keyword its draft does not define is
+an annotation there (draft 4's ``const``/``propertyNames``/``if``, draft 7's
+``dependentRequired``, 2019-09's ``dependencies``); draft 3's ``required: true``
+in a property schema and one-name string ``dependencies`` are read as draft 3
+reads them.  The compiler's own synthetic schemas (an enum's object or array
+value, a rewritten ``not``) read the same in every draft.
+
 Compiler keywords (``__ptr``, ``__not_pattern``, ``__not_strings``,
 ``__not_format``) exist only in the compiler's own synthetic schemas: in a user
 schema they are unknown keywords, i.e. annotations.  Count bounds (lengths,

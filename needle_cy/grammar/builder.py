@@ -22,7 +22,7 @@ from .limits import (ANY_NODE, COMPILE_BUDGET_S, COUNT_CAP, MAX_NODES, MAX_NUM_E
 from .numbers import dec_cmp, dec_to_fraction, norm_decimal, number_check, number_live, number_texts
 from .program import Program
 from .regex import _regex, regex_dfa, regex_sensitive
-from .schema import SchemaResolver, _Part, _escape_ptr, compact, json_equal
+from .schema import SchemaResolver, _Part, _escape_ptr, _property_dependency, compact, json_equal
 
 _NL_END_DFA = None   # the strings that do not end in a newline
 
@@ -250,8 +250,6 @@ class Compiler:
                 types &= m
             for kw in ("enum", "const"):
                 if kw in sch and kw not in ex:
-                    if kw == "const" and self.schema.draft < 6:
-                        continue    # const is draft 6 on: an annotation in an older draft
                     vals = sch[kw] if kw == "enum" else [sch[kw]]
                     if not isinstance(vals, list):
                         raise SchemaError(f"enum at {part.ptr} is not a list")
@@ -888,7 +886,7 @@ class Compiler:
         for part, sch in flat:
             ex = part.excl
             tl, tail = None, None
-            if "prefixItems" in sch and "prefixItems" not in ex and self.schema.draft >= 2020:
+            if "prefixItems" in sch and "prefixItems" not in ex:
                 tl = (f"{part.ptr}/prefixItems", len(sch["prefixItems"]))
                 if "items" in sch and "items" not in ex:
                     tail = f"{part.ptr}/items"
@@ -951,12 +949,16 @@ class Compiler:
                     pats.append((k, f"{part.ptr}/patternProperties/{_escape_ptr(k)}"))
             if "required" in sch and "required" not in ex:
                 req = sch["required"]
-                if isinstance(req, list):
-                    required.update(req)
-                elif isinstance(req, bool) and self.schema.draft <= 3:
-                    pass
-                else:
+                if not isinstance(req, list):
                     raise SchemaError(f"required at {part.ptr} is not a list")
+                required.update(req)
+            if self.schema.draft <= 3 and "properties" in sch and "properties" not in ex \
+                    and not part.ptr.startswith("~syn"):
+                # draft 3: a property schema's `required: true` makes its object require it
+                for k in sch["properties"]:
+                    sub = self.schema.raw(f"{part.ptr}/properties/{_escape_ptr(k)}")
+                    if isinstance(sub, dict) and sub.get("required") is True:
+                        required.add(k)
             if "minProperties" in sch and "minProperties" not in ex:
                 p.obj_min[nid] = max(p.obj_min[nid], _nonneg_int(sch["minProperties"], part.ptr, "minProperties"))
             if "maxProperties" in sch and "maxProperties" not in ex:
@@ -969,13 +971,11 @@ class Compiler:
             for dk in ("dependencies", "dependentRequired"):
                 if dk in sch and dk not in ex:
                     for name, dv in sch[dk].items():
-                        if isinstance(dv, dict) and set(dv) - ANNOTATIONS <= {"required"}:
-                            dv = dv.get("required", [])
-                        if not isinstance(dv, list):
+                        dv = _property_dependency(self.schema, dk, dv, f"{part.ptr}/{dk}/{_escape_ptr(name)}")
+                        if dv is None:
                             continue  # schema dependencies were rewritten in expand()
                         deps.append((name, list(dv)))
-            if "propertyNames" in sch and "propertyNames" not in ex and self.schema.draft >= 6:
-                # (propertyNames is draft 6 on: an annotation in an older draft)
+            if "propertyNames" in sch and "propertyNames" not in ex:
                 name_dfas.append(self._names_dfa(f"{part.ptr}/propertyNames", nid))
             patterns.extend(pats)
         for k in required:
