@@ -370,21 +370,29 @@ def archive_target(data):
     from needle_cy.archive import Archive
     src = Src(data)
     blob = bytearray(base_archive())
+    tail = len(_tiny_record())
     for _ in range(src.int(1, 3)):
+        # every mutation reads the blob's length now: an earlier truncation may have left
+        # fewer bytes than the header, the directory or the tokenizer record hold (even none)
         k = src.int(0, 3)
         if k == 0:     # a header or directory u32 set to an edge value
-            off = 4 * src.int(0, 48 + 11 * 8)
-            struct.pack_into("<I", blob, off, src.choice([0, 1, 2, 3, 4, 7, 64, 65, 2 ** 16, 2 ** 24 - 1,
-                                                          2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1]))
+            words = min(48 + 11 * 8, len(blob) // 4 - 1)
+            if words < 0:
+                continue
+            struct.pack_into("<I", blob, 4 * src.int(0, words),
+                             src.choice([0, 1, 2, 3, 4, 7, 64, 65, 2 ** 16, 2 ** 24 - 1, 2 ** 31 - 1, 2 ** 31,
+                                         2 ** 32 - 1]))
         elif k == 1:   # byte flips anywhere
             for _ in range(src.int(1, 4)):
-                blob[src.int(0, len(blob) - 1)] ^= 1 << src.int(0, 7)
+                if blob:
+                    blob[src.int(0, len(blob) - 1)] ^= 1 << src.int(0, 7)
         elif k == 2:   # truncation
-            del blob[src.int(0, len(blob) - 1):]
+            if blob:
+                del blob[src.int(0, len(blob) - 1):]
         else:          # flips in the tokenizer record (the tail of the file)
-            tail = len(_tiny_record())
             for _ in range(src.int(1, 3)):
-                blob[len(blob) - 1 - src.int(0, tail - 1)] ^= 1 << src.int(0, 7)
+                if blob:
+                    blob[len(blob) - 1 - src.int(0, min(tail, len(blob)) - 1)] ^= 1 << src.int(0, 7)
     try:
         arc = Archive.from_bytes(bytes(blob))
     except CactFormatError:

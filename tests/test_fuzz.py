@@ -47,3 +47,17 @@ def test_harness_detects_a_false_accept(monkeypatch):
     monkeypatch.setattr(grammar, "compile_schema", lambda s, backend="cython": AcceptAll(real(s, backend)))
     with pytest.raises(fh.Finding, match="FALSE ACCEPT|not JSON|disagree"):
         fh.run_random("grammar", 30, seed=19, stats=fh.GrammarStats())
+
+
+@pytest.mark.parametrize("cut", [0, 1, 5, 306, 399])
+@pytest.mark.parametrize("then", [0, 1, 3])
+def test_archive_mutations_after_a_truncation(cut, then):
+    """Each mutation reads the blob's length as it is: after a truncation to fewer bytes than
+    the header, the directory or the tokenizer record, a header write or a tail flip once
+    raised struct.error / IndexError inside the harness (seeds 4243-4246)."""
+    import struct
+    # Src choices: 3 mutations; truncation at `cut`; then `then` twice, every further choice
+    # the largest offset / edge value the mutation can draw
+    words = [2, 2, cut, then, 2 ** 32 - 1, 2 ** 32 - 1, 2 ** 32 - 1, then] + [2 ** 32 - 1] * 16
+    data = struct.pack(f"<{len(words)}I", *words)
+    assert fh.archive_target(data) in ("refused", "opened")
