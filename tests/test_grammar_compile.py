@@ -17,6 +17,7 @@ import pytest
 from conftest import shared_path
 from grammar_helpers import random_walk
 from needle_cy import grammar as G
+from needle_cy.errors import UnsupportedSchemaError
 from needle_cy.grammar import automata, program, regex
 from needle_cy.grammar import compile_schema, compile_tools
 
@@ -320,3 +321,30 @@ def test_program_classes_are_the_common_refinement():
             same = (stacked[:, :, None] == stacked[:, None, :]).all(axis=0)
             assert np.array_equal(byte_class[:, None] == byte_class[None, :], same)
             assert np.array_equal(byte_class[first], np.arange(len(first)))
+
+
+def test_anchors_inside_a_pattern():
+    """'^' and '$' inside a pattern ("($|/)", "(^|,)") are assertions on the position.  ECMA's
+    '$' is the end of the input (Python's \\Z), Python's also holds before a final newline:
+    "both" mode is ECMA's reading (what both engines match), "either" mode Python's."""
+    import itertools
+    import re
+    pats = [r"^(a|$)b?", r"(^|,)a", r"^([^,]|$)", r"^(\/?((\.{2})|([a-z\-]*))($|\/))*$", r"a$|(b$)c?",
+            r"(a$)*", r"(?:x|^)y($|z)", r"a(\n|$)", r"^(a*$|b)\n?"]
+    strings = [""] + ["".join(p) for n in range(1, 5) for p in itertools.product("ab,/.\nyz", repeat=n)][::7]
+
+    def acc(d, s):
+        st = d.run(s.encode())
+        return st >= 0 and d.accept[st] >= 0
+
+    for p in pats:
+        both, either = regex.regex_dfa(p, mode="both"), regex.regex_dfa(p, mode="either")
+        assert regex.regex_sensitive(p) == ("$" in p)    # only "$" is read differently
+        for s in strings:
+            py = re.search(p, s) is not None
+            ecma = re.search(p.replace("$", r"\Z"), s) is not None
+            assert acc(both, s) == (py and ecma), (p, s)
+            assert acc(either, s) == (py or ecma), (p, s)
+    for bad in (r"a^*", r"a$?", r"(a|$+)"):   # an assertion cannot be repeated (a group holding one can)
+        with pytest.raises(UnsupportedSchemaError, match="quantifier after"):
+            regex.regex_dfa(bad)

@@ -90,6 +90,21 @@ CASES = [
     ({"type": "string", "pattern": "(?:^a|b$)"}, "xb", True),
     ({"not": {"pattern": "(^a$)|(^b$)"}}, "b", False),
     ({"not": {"pattern": "(^a$)|(^b$)"}}, "ab", True),
+    # anchors inside a pattern are assertions on the position ('$': ECMA's end of input, and
+    # Python's before a final newline too)
+    ({"type": "string", "pattern": "^([^,]|$)"}, "", True),
+    ({"type": "string", "pattern": "^([^,]|$)"}, "a,", True),
+    ({"type": "string", "pattern": "^([^,]|$)"}, ",a", False),
+    ({"type": "string", "pattern": "^(a|$)"}, "\n", False, "ecma"),
+    ({"not": {"pattern": "^(a|$)"}}, "\n", False),
+    ({"not": {"pattern": "^(a|$)"}}, "b", True),
+    ({"not": {"pattern": "(^|,)x"}}, ",x", False),
+    ({"not": {"pattern": "(^|,)x"}}, "ax", True),
+    ({"type": "string", "pattern": "^(\\/?([a-z]*)($|\\/))*$"}, "ab/cd", True),
+    ({"type": "string", "pattern": "^(\\/?([a-z]*)($|\\/))*$"}, "ab/c.d", False),
+    ({"oneOf": [{"type": "string", "pattern": "^(a|$)"}, {"type": "string", "maxLength": 1}]}, "a", False),
+    ({"oneOf": [{"type": "string", "pattern": "^(a|$)"}, {"type": "string", "maxLength": 1}]}, "ab", True),
+    ({"oneOf": [{"type": "string", "pattern": "^(a|$)"}, {"type": "string", "maxLength": 1}]}, "\n", False),
     # internal keywords of the compiler are unknown keywords (annotations) in a user schema
     ({"__not_strings": ["a"]}, "a", True),
     ({"__not_pattern": "a"}, "a", True),

@@ -75,8 +75,9 @@ one (``not``) refuses what either engine matches; a ``patternProperties`` key th
 engines disagree on is refused.  Python's Unicode ``\\d``/``\\w`` are widened in
 the complemented direction (to every code point from their first non-ASCII
 member), which only refuses more.  ``{,n}`` and a class starting with ``]`` (the
-engines disagree) are refused.  ``^`` and ``$`` stand at the ends of top-level
-alternatives, or of a group that is a whole top-level alternative (``(^a$)|(^b$)``).
+engines disagree) are refused.  ``^`` and ``$`` may stand anywhere (``($|/)``,
+``(^|,)``): assertions on the position, kept in the automaton (``$`` is ECMA's end of
+input where both engines must match, Python's reading under ``not``).
 
 Drafts: a schema is read by the letter of its ``$schema`` draft (3, 4, 6, 7,
 2019-09, 2020-12; 2020-12 when absent).  A keyword its draft does not define is
@@ -99,8 +100,7 @@ Regex subset (``pattern``, ``patternProperties``): literals, ``.``, classes
 the ECMA-262 and Python meanings, so both engines agree with what we accept),
 escapes ``\\n \\t \\r \\f \\v \\0 \\xHH \\uHHHH``, groups ``(..)``, ``(?:..)``,
 named groups, alternation, quantifiers ``* + ? {n} {n,} {n,m}`` (lazy forms
-too), ``^`` only at the start and ``$`` only at the end of the pattern or of a
-top-level alternative.  Anything else (look-around, back-references, ``\\b``,
+too), ``^`` and ``$`` anywhere but under a quantifier of their own.  Anything else (look-around, back-references, ``\\b``,
 ``\\p{..}``, inline flags) raises ``UnsupportedSchemaError``.
 
 The package, in the order a schema goes through it:

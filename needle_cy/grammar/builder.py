@@ -43,6 +43,8 @@ class Compiler:
         self.nl_stripped = set()
         self.kids = {}           # node -> nodes it contains (items, property values, alternatives)
         self.oneof_ptr = {}      # oneOf choice node -> its pointer
+        self.oneof_alts = {}     # oneOf choice node -> the pointers of its alternatives (in order)
+        self._pure_levels = {}   # oneOf choice node -> _pure_oneof_level's answer
         self._approx_void = set()    # nodes whose object type a required disputed key dropped
         self._disjoint_memo = {}  # (node, node, type bit) -> _disjoint's answer
         self.str_sup = {}        # approximate string node -> automata whose intersection holds every
@@ -172,6 +174,7 @@ class Compiler:
                     if len(alts) > 64:
                         raise GrammarLimitError(f"{kw} with {len(alts)} alternatives at {part.ptr}")
                     alt_nodes = []
+                    alt_ptrs = {}
                     for i in range(len(alts)):
                         a = self.node(rest + [reduced, _Part(f"{part.ptr}/{kw}/{i}")])
                         if self._filling.get(a, -1) == self._value_depth:
@@ -180,6 +183,7 @@ class Compiler:
                             # that terminates would read it -- this alternative holds nothing
                             a = NEVER_NODE
                         alt_nodes.append(a)
+                        alt_ptrs.setdefault(a, f"{part.ptr}/{kw}/{i}")
                     # a node still being filled (legitimate recursion through an item or a
                     # property) cannot be copied yet: it stays a one-way choice
                     unfinished = any(a in self._filling for a in alt_nodes)
@@ -225,6 +229,7 @@ class Compiler:
                     self.kids[nid] = list(alt_nodes)
                     if kw == "oneOf":
                         self.oneof_ptr[nid] = f"{part.ptr}/oneOf"
+                        self.oneof_alts[nid] = [alt_ptrs[a] for a in alt_nodes]
                     return
         # 2. a plain value node: merge keywords (its items and property values are one
         # value deeper)
@@ -415,14 +420,12 @@ class Compiler:
                             continue
                         # per shared JSON type: the worse of the two alternatives' approximations
                         # there, unless no value of that type can satisfy both
-                        level = 0
-                        for t in _bits(types[i] & types[j]):
-                            if t in (T_INT, T_NUM) and alts[i] in self.enum_nums and alts[j] in self.enum_nums:
-                                continue   # two enums take the same spellings of a value
-                            lv = max(self._approx_level(alts[i], t, hot, hot_nl),
-                                     self._approx_level(alts[j], t, hot, hot_nl))
-                            if lv > level and not self._disjoint(alts[i], alts[j], t):
-                                level = lv
+                        level = self._pair_level(alts[i], alts[j], types[i], types[j], hot, hot_nl)
+                        if level == 2:
+                            # the approximations may all lie in the conjuncts every alternative
+                            # shares (see _pure_oneof_level): then what the alternatives alone
+                            # need decides
+                            level = self._pure_oneof_level(nid)
                         if level == 2:
                             raise UnsupportedSchemaError(
                                 f"oneOf at {ptr}: an alternative uses a narrowed format, a pattern the "
@@ -445,6 +448,55 @@ class Compiler:
             for n in sorted(strip):
                 self._strip_nl(n)
             self._exact_integers(exact_int)
+
+    def _pair_level(self, a, b, ta, tb, hot, hot_nl):
+        """Per shared JSON type: the worse of two alternatives' approximations there (see
+        _approx_level), unless no value of that type can satisfy both."""
+        level = 0
+        for t in _bits(ta & tb):
+            if t in (T_INT, T_NUM) and a in self.enum_nums and b in self.enum_nums:
+                continue   # two enums take the same spellings of a value
+            lv = max(self._approx_level(a, t, hot, hot_nl), self._approx_level(b, t, hot, hot_nl))
+            if lv > level and not self._disjoint(a, b, t):
+                level = lv
+        return level
+
+    def _pure_oneof_level(self, nid):
+        """The approximation level check_oneof needs for oneOf node ``nid``, read from its
+        alternatives compiled alone, without the conjuncts the oneOf was distributed over.
+
+        Alternative i is compiled as R and A_i, where R (the schema holding the oneOf, its
+        allOf siblings...) is the same for every i.  An approximation narrows a value set at
+        a place in the document (a format's strings, a pattern's, an enum number's spellings)
+        and compiled conjunctions intersect: R and A_i accepts exactly the documents that
+        satisfy R and A_i and lie in the narrowing N_R of R's approximate parts, times A_i's
+        own narrowing.  N_R is the same set for every i, so where the A_i alone are exact (or
+        apart where they are not), a document outside N_R is refused by every alternative
+        (refused, never wrongly accepted), and a document inside it is counted exactly: the
+        oneOf is exact on it.  2 when the alternatives alone need it (or cannot be compiled
+        alone), else their own level (1: strip the newline-ending strings as usual)."""
+        hit = self._pure_levels.get(nid)
+        if hit is not None:
+            return hit
+        level = 2
+        ptrs = self.oneof_alts.get(nid)
+        if ptrs:
+            sub = Compiler(self.schema.doc)
+            sub.schema.synthetic = dict(self.schema.synthetic)
+            sub.schema.draft = self.schema.draft
+            try:
+                alts = [sub.node([_Part(ptr)]) for ptr in ptrs]
+                sub.check_oneof()     # the oneOfs inside the alternatives hold on their own
+            except (UnsupportedSchemaError, GrammarLimitError, RecursionError):
+                alts = None
+            if alts is not None:
+                hot = sub.reaches_approx(sub.approx | set(sub.enum_nums))
+                hot_nl = sub.reaches_approx(sub.approx_nl)
+                types = [sub._types_of(a) for a in alts]
+                level = max([sub._pair_level(alts[i], alts[j], types[i], types[j], hot, hot_nl)
+                             for i in range(len(alts)) for j in range(i + 1, len(alts))], default=0)
+        self._pure_levels[nid] = level
+        return level
 
     def _alts(self, n):
         p = self.p
@@ -597,6 +649,7 @@ class Compiler:
         self.kids[nid] = [src]
         if src in self.oneof_ptr:
             self.oneof_ptr[nid] = self.oneof_ptr[src]
+            self.oneof_alts[nid] = self.oneof_alts[src]
         for name in ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num_check", "int_lo",
                      "int_hi", "int_flags", "arr_prefix_off", "arr_prefix_n", "arr_items", "arr_min",
                      "arr_max", "arr_unique", "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min",
