@@ -189,6 +189,13 @@ def gen_schema(src, depth=0, draft4=False, ref=True):
         if src.bool(0.2):
             s[src.choice(["minProperties", "maxProperties"])] = src.int(0, 2)
         if src.bool(0.15):
+            # a oneOf beside the object's own keywords: alternatives compiled with them
+            s["oneOf"] = [src.choice([{"required": [src.choice(KEYS)]},
+                                      {"properties": {src.choice(KEYS): gen_schema(src, depth + 2, draft4)}},
+                                      {"required": [src.choice(KEYS)],
+                                       "properties": {src.choice(KEYS): gen_schema(src, depth + 2, draft4)}}])
+                          for _ in range(src.int(2, 3))]
+        if src.bool(0.15):
             s[src.choice(["dependentRequired", "dependencies"])] = {src.choice(KEYS): [src.choice(KEYS)]}
         if src.bool(0.1):
             s[src.choice(["dependentSchemas", "dependencies"])] = {src.choice(KEYS): gen_schema(src, depth + 1, draft4)}

@@ -196,6 +196,23 @@ CASES = [
                 {"type": "array", "prefixItems": [{"const": 2}]}]}, [1, "a@b.co"], True),
     ({"oneOf": [{"type": "array", "prefixItems": [{"const": 1}, {"format": "email"}], "minItems": 1},
                 {"type": "array", "prefixItems": [{"const": 2}]}]}, [], True),
+    # an approximation in the conjuncts every alternative shares (a narrowed format beside the
+    # oneOf) narrows every alternative alike: "exactly one" stays exact on what it accepts
+    ({"type": "object", "properties": {"u": {"type": "string", "format": "email"}},
+      "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, {"a": 1}, True),
+    ({"type": "object", "properties": {"u": {"type": "string", "format": "email"}},
+      "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, {"a": 1, "b": 2}, False),
+    ({"type": "object", "properties": {"u": {"type": "string", "format": "email"}},
+      "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, {"a": 1, "u": "x@y"}, True),
+    ({"type": "object", "properties": {"u": {"type": "string", "format": "email"}},
+      "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, {"b": 1, "u": "\"a b\"@c.d"}, False, "strict"),
+    ({"type": "object", "properties": {"u": {"type": "string", "format": "email"}},
+      "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, {"a": 1, "b": 1, "u": "\"a b\"@c.d"}, False),
+    ({"allOf": [{"properties": {"p": {"type": "string", "pattern": "^.$"}}}],
+      "oneOf": [{"required": ["p"]}, {"properties": {"q": {"type": "integer"}}, "required": ["q"]}]}, {"p": "x"}, True),
+    ({"allOf": [{"properties": {"p": {"type": "string", "pattern": "^.$"}}}],
+      "oneOf": [{"required": ["p"]}, {"properties": {"q": {"type": "integer"}}, "required": ["q"]}]},
+     {"p": "x", "q": 1}, False),
     # draft 4: only integer syntax is an integer, so number alone holds 1.0
     ({"$schema": D4, "oneOf": [{"type": "integer"}, {"type": "number"}]}, 1.0, True),
     # a $ref/anyOf cycle that consumes nothing holds nothing (fuzz finding, seed 7: the
@@ -274,6 +291,10 @@ REFUSED = [
     ({"oneOf": [{"type": "string", "format": "email"}, {"type": "string", "pattern": "^a"}]}, "oneOf"),
     ({"oneOf": [{"type": "string", "format": "time"}, {"type": "string"}]}, "oneOf"),
     ({"oneOf": [{"properties": {"d": {"format": "email"}}}, {"type": "object"}]}, "oneOf"),
+    # ... also beside shared conjuncts that are approximate themselves: the alternative's own
+    # narrowed email would let {"a": 1, "u": "\"a b\"@c.d"} (both match) through the first
+    ({"type": "object", "properties": {"v": {"format": "email"}},
+      "oneOf": [{"required": ["a"]}, {"properties": {"u": {"format": "email"}}}]}, "oneOf"),
     # ... but not when a value can satisfy both: an object without the discriminator
     ({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "u": {"format": "email"}}},
                 {"type": "object", "properties": {"kind": {"const": "b"}}}]}, "oneOf"),
