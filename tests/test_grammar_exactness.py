@@ -650,3 +650,48 @@ D3 = DRAFTS[3]
 def test_draft3_forms(schema, value, accepted, backend):
     assert oracle(schema, value) == accepted, "expectation disagrees with jsonschema"
     assert compile_schema(schema, backend).accepts(text(value)) == accepted
+
+
+# contains: each item is counted through a marking alternative (items and contains); without
+# maxContains some thread counts every match, with it the complement makes the count exact
+CONTAINS = [
+    {"contains": {"type": "integer"}},
+    {"type": "array", "contains": {"const": "a"}, "minContains": 2},
+    {"contains": {"type": "string"}, "maxContains": 1},
+    {"contains": {"type": "string"}, "minContains": 0, "maxContains": 1},
+    {"contains": {"enum": [2, "b"]}, "minContains": 2, "maxContains": 2},
+    {"prefixItems": [{"type": "string"}], "items": {"type": ["integer", "string"]},
+     "contains": {"type": "string"}, "minContains": 2},
+    {"not": {"contains": {"type": "string"}}},
+    {"not": {"contains": {"enum": [1, "a"]}, "maxContains": 1}},
+    {"oneOf": [{"contains": {"type": "integer"}}, {"contains": {"type": "string"}}]},
+    {"items": {"contains": {"type": "integer"}}, "contains": {"type": "array"}},
+    {"contains": {"type": "integer"}, "uniqueItems": True, "maxItems": 2},
+    {"contains": False},
+    {"contains": True, "minContains": 3},
+    {"$schema": "http://json-schema.org/draft-07/schema#", "contains": {"type": "string"}, "minContains": 3},
+]
+
+
+@pytest.mark.parametrize("schema", CONTAINS, ids=[str(i) for i in range(len(CONTAINS))])
+def test_contains_counts_exactly(schema):
+    import itertools
+    vals = [1, 2, "a", "b", None, [1]]
+    arrays = [[]] + [list(p) for n in range(1, 4) for p in itertools.product(vals, repeat=n)] + [1, "a", {}]
+    graded = {True: 0, False: 0}
+    for backend in BACKENDS:
+        g = compile_schema(schema, backend)
+        for a in arrays:
+            want = oracle(schema, a)
+            assert g.accepts(text(a)) == want, (backend, a)
+            graded[want] += 1
+    assert graded[True] and graded[False]      # both answers occur
+
+
+def test_contains_refusals_are_named():
+    with pytest.raises(UnsupportedSchemaError) as info:
+        compile_schema({"allOf": [{"contains": {"const": 1}}, {"contains": {"const": 2}}]})
+    assert info.value.keyword == "contains"
+    with pytest.raises(UnsupportedSchemaError) as info:
+        compile_schema({"contains": {"type": "string", "format": "email"}, "maxContains": 1})
+    assert info.value.keyword == "maxContains" and info.value.pointer == "#/maxContains"

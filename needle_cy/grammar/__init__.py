@@ -27,7 +27,10 @@ What is enforced, exactly (never accepting what the schema forbids):
   ``additionalItems``, ``minItems``/``maxItems``, ``uniqueItems`` (a duplicate
   item is refused at the byte that completes it; equality is JSON equality,
   computed with a 64-bit canonical hash -- a hash collision can only refuse a
-  valid array, never accept an invalid one).
+  valid array, never accept an invalid one); ``contains`` with
+  ``minContains``/``maxContains`` (each item is also tried against the contains
+  schema and the matches counted in the array frame; a maximum needs the contains
+  schema's exact complement, as ``not`` rewrites it).
 * objects: ``properties``, ``required``, ``additionalProperties``,
   ``patternProperties``, ``propertyNames`` (pattern/enum/const/format),
   ``minProperties``/``maxProperties``; keys in any order, duplicate keys refused.
@@ -54,7 +57,8 @@ What is enforced, exactly (never accepting what the schema forbids):
   absent, or the schema).
 
 Not supported (``UnsupportedSchemaError`` naming keyword and pointer):
-``contains``, ``unevaluated*``, dynamic refs, remote refs, ``$id``-based
+two ``contains`` on one array, ``maxContains`` over a schema without an exact
+complement, ``unevaluated*``, dynamic refs, remote refs, ``$id``-based
 resources that contain ``$ref``s, ``not`` over ``multipleOf``/``items``/..., a
 narrowed format under ``not``/``if``, hostname in ``propertyNames``.  Capacities (frames per thread, aux
 words, threads, number length) refuse -- never accept -- what does not fit.

@@ -102,6 +102,8 @@ class Compiler:
         p.arr_min.append(0)
         p.arr_max.append(-1)
         p.arr_unique.append(0)
+        p.arr_cmin.append(0)
+        p.arr_cmax.append(-1)
         p.obj_key_dfa.append(-1)
         p.obj_nwords.append(0)
         p.obj_req_off.append(0)
@@ -113,6 +115,7 @@ class Compiler:
         p.alt_off.append(0)
         p.alt_n.append(0)
         p.oneof.append(0)
+        p.alt_mark.append(-1)
         return nid
 
     # -- node construction
@@ -652,8 +655,8 @@ class Compiler:
             self.oneof_alts[nid] = self.oneof_alts[src]
         for name in ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num_check", "int_lo",
                      "int_hi", "int_flags", "arr_prefix_off", "arr_prefix_n", "arr_items", "arr_min",
-                     "arr_max", "arr_unique", "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min",
-                     "obj_max", "obj_other_ok", "obj_dep_off", "obj_dep_n", "alt_off", "alt_n", "oneof"):
+                     "arr_max", "arr_unique", "arr_cmin", "arr_cmax", "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min",
+                     "obj_max", "obj_other_ok", "obj_dep_off", "obj_dep_n", "alt_off", "alt_n", "oneof", "alt_mark"):
             arr = getattr(p, name)
             arr[nid] = arr[src]
         if src in self.str_dfa_obj:
@@ -952,7 +955,8 @@ class Compiler:
                     tail = f"{part.ptr}/items"
             sources.append((tl, tail))
         n_prefix = max([tl[1] for tl, _ in sources if tl is not None], default=0)
-        node_ids = []
+        contains = self._contains(flat)
+        node_ids, conjs = [], []
         for i in range(n_prefix + 1):
             conj = []
             for tl, tail in sources:
@@ -961,11 +965,7 @@ class Compiler:
                 elif tail is not None:
                     conj.append(_Part(tail))
             node_ids.append(self.node(conj) if conj else ANY_NODE)
-        self.kids.setdefault(nid, []).extend(node_ids)
-        p.arr_prefix_off[nid] = len(p.prefix_pool)
-        p.arr_prefix_n[nid] = n_prefix
-        p.prefix_pool.extend(node_ids[:n_prefix])
-        p.arr_items[nid] = node_ids[n_prefix]
+            conjs.append(conj)
         # tighten maxItems when the items after the prefix are impossible
         if node_ids[n_prefix] == NEVER_NODE:
             mx = n_prefix
@@ -974,9 +974,82 @@ class Compiler:
                     mx = i
                     break
             p.arr_max[nid] = mx if p.arr_max[nid] < 0 else min(p.arr_max[nid], mx)
+        if contains is not None:
+            node_ids = self._counted_items(nid, node_ids, conjs, contains)
+        self.kids.setdefault(nid, []).extend(node_ids)
+        p.arr_prefix_off[nid] = len(p.prefix_pool)
+        p.arr_prefix_n[nid] = n_prefix
+        p.prefix_pool.extend(node_ids[:n_prefix])
+        p.arr_items[nid] = node_ids[n_prefix]
         if (p.arr_max[nid] >= 0 and p.arr_min[nid] > p.arr_max[nid]) or p.arr_min[nid] > COUNT_CAP:
             p.arr_min[nid] = min(p.arr_min[nid], COUNT_CAP)
             p.types[nid] &= ~T_ARR
+        if p.arr_max[nid] >= 0 and p.arr_cmin[nid] > p.arr_max[nid]:
+            p.types[nid] &= ~T_ARR      # more matching items than items
+
+    def _contains(self, flat):
+        """The conjunction's ``contains``: (pointer of its schema, minContains, maxContains or
+        -1), None where there is none or it asks for nothing (minContains 0, no maximum)."""
+        found = []
+        for part, sch in flat:
+            if "contains" in sch and "contains" not in part.excl:
+                lo = _nonneg_int(sch.get("minContains", 1), part.ptr, "minContains")
+                hi = _nonneg_int(sch["maxContains"], part.ptr, "maxContains") if "maxContains" in sch else -1
+                if lo == 0 and hi < 0:
+                    continue
+                found.append((part.ptr + "/contains", min(lo, COUNT_CAP), min(hi, COUNT_CAP)))
+        if len(found) > 1:
+            raise UnsupportedSchemaError(f"two contains keywords on one array (at {found[1][0]}): one "
+                                         "count per array", keyword="contains", pointer=found[1][0])
+        return found[0] if found else None
+
+    def _counted_items(self, nid, node_ids, conjs, contains):
+        """contains: each item position becomes a choice of (its schema and the contains
+        schema, counted: ``alt_mark``) or (its schema; and not the contains schema where a
+        maximum makes the count exact).  Without a maximum an item that matches may go either
+        way: some thread counts every match, and the array closes when one thread counted
+        minContains (threads of equal, capped counts merge).  With one, the two alternatives
+        are disjoint and the one thread counts exactly."""
+        ptr, lo, hi = contains
+        p = self.p
+        other = None
+        if hi >= 0:
+            try:
+                neg = self.schema.negate(ptr, 0)
+            except UnsupportedSchemaError as exc:
+                raise UnsupportedSchemaError(
+                    f"maxContains at {ptr.rsplit('/', 1)[0]} needs the exact complement of its contains "
+                    f"schema: {exc}", keyword="maxContains", pointer=ptr.rsplit("/", 1)[0] + "/maxContains") from None
+            other = _Part(self.schema.synth(neg))
+        p.arr_cmin[nid] = lo
+        p.arr_cmax[nid] = hi
+        out = []
+        memo = {}
+        for base, parts in zip(node_ids, conjs):
+            if base == NEVER_NODE:
+                out.append(NEVER_NODE)
+                continue
+            if base in memo:
+                out.append(memo[base])
+                continue
+            hit = self.node(parts + [_Part(ptr)])
+            miss = self.node(parts + [other]) if other is not None else base
+            alts = [a for a in (hit, miss) if a != NEVER_NODE]
+            if not alts:
+                memo[base] = NEVER_NODE
+                out.append(NEVER_NODE)
+                continue
+            cid = self._new_node_raw(kind=NODE_CHOICE)
+            p.alt_off[cid] = len(p.alt_pool)
+            p.alt_n[cid] = len(alts)
+            p.alt_pool.extend(alts)
+            p.alt_mark[cid] = 0 if hit != NEVER_NODE else -1
+            self.kids[cid] = list(alts)
+            memo[base] = cid
+            out.append(cid)
+        if lo > 0 and all(p.alt_mark[c] < 0 for c in out if c != NEVER_NODE):
+            p.types[nid] &= ~T_ARR      # no item can match
+        return out
 
     def _fill_object(self, nid, flat):
         p = self.p

@@ -23,12 +23,11 @@ SUPPORTED = {
     "minItems", "maxItems", "uniqueItems", "properties", "required", "additionalProperties",
     "patternProperties", "propertyNames", "minProperties", "maxProperties", "$ref", "allOf",
     "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else",
-    "anyOf", "oneOf", "not",
+    "anyOf", "oneOf", "not", "contains", "minContains", "maxContains",
 } | INTERNAL
 
 KNOWN_UNSUPPORTED = {
-    "contains",
-    "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
+    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
     "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "disallow", "extends", "divisibleBy",
 }
 

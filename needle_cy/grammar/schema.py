@@ -349,6 +349,20 @@ class SchemaResolver:
             return {"type": t, other: n + 1}
         if k == "uniqueItems" and v is False:
             return False
+        if k in ("contains", "minContains", "maxContains"):
+            # fewer matching items than minContains (default 1), or more than maxContains:
+            # a count of the contains schema with the other bound (maxContains needs its
+            # complement, made where the count is compiled)
+            done.update(("contains", "minContains", "maxContains"))
+            if "contains" not in sch:
+                return False       # minContains/maxContains alone constrain nothing
+            cp = f"{ptr}/contains"
+            lo = _nonneg_int(sch.get("minContains", 1), ptr, "minContains")
+            hi = _nonneg_int(sch["maxContains"], ptr, "maxContains") if "maxContains" in sch else None
+            fewer = {"type": "array", "contains": {"__ptr": cp}, "minContains": 0, "maxContains": lo - 1} \
+                if lo > 0 else False
+            more = {"type": "array", "contains": {"__ptr": cp}, "minContains": hi + 1} if hi is not None else False
+            return either(fewer, more)
         if k == "properties" and isinstance(v, dict):
             # violated iff some declared property is present with a value its schema rejects
             return either(*[{"type": "object", "required": [name],
