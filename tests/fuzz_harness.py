@@ -20,9 +20,15 @@ short budget) and under atheris (coverage-guided, where it installs).  A target 
   byte-level walks -- where every accepted document must parse as JSON and be valid for
   ``jsonschema`` (format checker on, decimals exact): rule zero, differential.
 
-Long campaign (documented in the README):
+Campaigns (docs/grammar-fuzzing.md has their sizes and dates): many seeds in parallel worker
+processes under a time budget; every finding is collected, deduplicated by a shape key and
+written as a reproducer file (outside the repository by default), which ``--replay`` runs:
 
-    NEEDLE_CY_THREADS=1 nice -n 19 python tests/fuzz_harness.py grammar --docs 100000 --seed 1
+    nice -n 15 python tests/fuzz_harness.py grammar --campaign --seeds 9001-9020 --docs 1000000 \
+        --workers 2 --budget-s 3600 --backend cython --record /tmp/grammar.json
+    nice -n 15 python tests/fuzz_harness.py archive --campaign --seeds 9101-9120 --cases 100000
+    python tests/fuzz_harness.py --replay /tmp/needle_cy_fuzz_findings/grammar-cython-9001-17.json
+    NEEDLE_CY_THREADS=1 python tests/fuzz_harness.py grammar --docs 100000 --seed 1   # one seed, stops at a finding
     python tests/fuzz_harness.py grammar --atheris -- -max_total_time=3600   # needs atheris
 
 Every finding becomes a fixed case in tests/test_grammar_exactness.py (or the module of
@@ -98,6 +104,11 @@ PATTERN_ATOMS = ["a", "b", "x", ".", "\\d", "\\w", "\\s", "\\D", "\\W", "\\S", "
 FORMATS = ["date", "email", "ipv4", "uuid", "time", "date-time"]
 KEYS = ["a", "b", "k1", "\r", "a\n", "é", "x", "_"]
 D4 = "http://json-schema.org/draft-04/schema#"
+# the $schema of a generated root (None: none, read as 2020-12) and its odds: every draft
+# reads keywords of its own (a keyword of another draft is an annotation there)
+DRAFTS = [(None, 0.66), ("http://json-schema.org/draft-03/schema#", 0.02), (D4, 0.15),
+          ("http://json-schema.org/draft-06/schema#", 0.05), ("http://json-schema.org/draft-07/schema#", 0.07),
+          ("https://json-schema.org/draft/2019-09/schema", 0.03), ("https://json-schema.org/draft/2020-12/schema", 0.02)]
 
 
 def gen_pattern(src):
@@ -149,8 +160,16 @@ def gen_schema(src, depth=0, draft4=False, ref=True):
         s["type"] = "array"
         if src.bool(0.6):
             s["items"] = gen_schema(src, depth + 1, draft4)
-        if not draft4 and src.bool(0.3):
+        if src.bool(0.3 if not draft4 else 0.1):   # (an annotation before 2020-12)
             s["prefixItems"] = [gen_schema(src, depth + 1, draft4) for _ in range(src.int(1, 2))]
+        if draft4 and src.bool(0.2):
+            s["items"] = [gen_schema(src, depth + 1, draft4) for _ in range(src.int(1, 2))]
+            if src.bool(0.5):
+                s["additionalItems"] = gen_schema(src, depth + 1, draft4)
+        if src.bool(0.15):
+            s["contains"] = gen_schema(src, depth + 1, draft4)
+            if src.bool(0.3):
+                s[src.choice(["minContains", "maxContains"])] = src.int(0, 2)
         if src.bool(0.3):
             s["minItems"] = src.int(0, 2)
         if src.bool(0.3):
@@ -173,8 +192,17 @@ def gen_schema(src, depth=0, draft4=False, ref=True):
                                              {"enum": ["a", "b", "\r"]}, {"format": "date"}])
         if src.bool(0.2):
             s[src.choice(["minProperties", "maxProperties"])] = src.int(0, 2)
-        if src.bool(0.15) and not draft4:
-            s["dependentRequired"] = {src.choice(KEYS): [src.choice(KEYS)]}
+        if src.bool(0.15):
+            # a oneOf beside the object's own keywords: alternatives compiled with them
+            s["oneOf"] = [src.choice([{"required": [src.choice(KEYS)]},
+                                      {"properties": {src.choice(KEYS): gen_schema(src, depth + 2, draft4)}},
+                                      {"required": [src.choice(KEYS)],
+                                       "properties": {src.choice(KEYS): gen_schema(src, depth + 2, draft4)}}])
+                          for _ in range(src.int(2, 3))]
+        if src.bool(0.15):
+            s[src.choice(["dependentRequired", "dependencies"])] = {src.choice(KEYS): [src.choice(KEYS)]}
+        if src.bool(0.1):
+            s[src.choice(["dependentSchemas", "dependencies"])] = {src.choice(KEYS): gen_schema(src, depth + 1, draft4)}
     elif kind == 6:
         s["not"] = gen_schema(src, depth + 1, draft4)
     elif kind in (7, 8):
@@ -205,14 +233,19 @@ def gen_schema(src, depth=0, draft4=False, ref=True):
 
 
 def gen_root(src):
-    draft4 = src.bool(0.15)
+    x = src.u32() / 2 ** 32
+    for uri, odds in DRAFTS:
+        if x < odds:
+            break
+        x -= odds
+    draft4 = uri is not None and ("draft-04" in uri or "draft-03" in uri)   # boolean exclusive*, items lists
     schema = gen_schema(src, 0, draft4)
     if isinstance(schema, dict):
         schema = dict(schema)
         defs = "definitions" if draft4 else "$defs"
         schema[defs] = {"d": gen_schema(src, 2, draft4, ref=False)}   # no bare self-reference
-        if draft4:
-            schema["$schema"] = D4
+        if uri is not None:
+            schema["$schema"] = uri
     return schema
 
 
@@ -271,15 +304,16 @@ class GrammarStats:
 NAMED = (UnsupportedSchemaError, GrammarLimitError, SchemaError)
 
 
-def grammar_target(data, stats=None, docs=24, walks=8, twin_every=4):
-    """One random schema: compile, then differential on random values and on walks."""
+def grammar_target(data, stats=None, docs=24, walks=8, twin_every=4, backend="cython"):
+    """One random schema: compile (on ``backend``, every ``twin_every``-th document checked on
+    the other runtime too), then differential on random values and on walks."""
     from needle_cy.grammar import compile_schema
     stats = stats or GrammarStats()
     src = Src(data)
     schema = gen_root(src)
     stats.schemas += 1
     try:
-        g = compile_schema(schema)
+        g = compile_schema(schema, backend=backend)
     except NAMED as exc:
         stats.errors[type(exc).__name__] = stats.errors.get(type(exc).__name__, 0) + 1
         return stats
@@ -306,7 +340,7 @@ def grammar_target(data, stats=None, docs=24, walks=8, twin_every=4):
         ok = g.accepts(d)
         if i % twin_every == 0:
             if twin is None:
-                twin = compile_schema(schema, backend="python")
+                twin = compile_schema(schema, backend="python" if backend == "cython" else "cython")
             if twin.accepts(d) != ok:
                 raise Finding(f"Cython and Python runtimes disagree on {d!r} for {schema!r}")
         if not ok:
@@ -374,21 +408,29 @@ def archive_target(data):
     from needle_cy.archive import Archive
     src = Src(data)
     blob = bytearray(base_archive())
+    tail = len(_tiny_record())
     for _ in range(src.int(1, 3)):
+        # every mutation reads the blob's length now: an earlier truncation may have left
+        # fewer bytes than the header, the directory or the tokenizer record hold (even none)
         k = src.int(0, 3)
         if k == 0:     # a header or directory u32 set to an edge value
-            off = 4 * src.int(0, 48 + 11 * 8)
-            struct.pack_into("<I", blob, off, src.choice([0, 1, 2, 3, 4, 7, 64, 65, 2 ** 16, 2 ** 24 - 1,
-                                                          2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1]))
+            words = min(48 + 11 * 8, len(blob) // 4 - 1)
+            if words < 0:
+                continue
+            struct.pack_into("<I", blob, 4 * src.int(0, words),
+                             src.choice([0, 1, 2, 3, 4, 7, 64, 65, 2 ** 16, 2 ** 24 - 1, 2 ** 31 - 1, 2 ** 31,
+                                         2 ** 32 - 1]))
         elif k == 1:   # byte flips anywhere
             for _ in range(src.int(1, 4)):
-                blob[src.int(0, len(blob) - 1)] ^= 1 << src.int(0, 7)
+                if blob:
+                    blob[src.int(0, len(blob) - 1)] ^= 1 << src.int(0, 7)
         elif k == 2:   # truncation
-            del blob[src.int(0, len(blob) - 1):]
+            if blob:
+                del blob[src.int(0, len(blob) - 1):]
         else:          # flips in the tokenizer record (the tail of the file)
-            tail = len(_tiny_record())
             for _ in range(src.int(1, 3)):
-                blob[len(blob) - 1 - src.int(0, tail - 1)] ^= 1 << src.int(0, 7)
+                if blob:
+                    blob[len(blob) - 1 - src.int(0, min(tail, len(blob)) - 1)] ^= 1 << src.int(0, 7)
     try:
         arc = Archive.from_bytes(bytes(blob))
     except CactFormatError:
@@ -589,14 +631,217 @@ def run_random(target, cases, seed, stats=None):
     return counts
 
 
+# ----------------------------------------------------------------------------- campaign
+#
+# Many seeds in parallel worker processes under a time budget.  A case is reproducible from
+# (target, seed, index) alone (``case_bytes``), so any worker runs any chunk of any seed; every
+# finding is collected (the campaign does not stop at the first), deduplicated by a shape key,
+# and the smallest example of each shape is written as a reproducer file (JSON: the input
+# bytes, what went wrong, the command that replays it).
+
+CHUNK = {"grammar": 25, "archive": 400, "tokenizer_record": 500, "encoder": 500, "model_inputs": 200}
+
+
+def case_bytes(target, seed, index):
+    return random.Random(f"{target}:{seed}:{index}").randbytes(512)
+
+
+def _schema_shape(node, inside_value=False):
+    """The keywords a schema uses, enum/const values reduced to their JSON types: findings of
+    one cause share it (their random leaves differ)."""
+    out = set()
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("enum", "const"):
+                vals = v if k == "enum" and isinstance(v, list) else [v]
+                out.add(f"{k}[{','.join(sorted({type(x).__name__ for x in vals}))}]")
+            elif k in ("$schema",):
+                out.add(f"$schema={v}")
+            elif k in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                       "dependencies") and isinstance(v, dict):
+                out.add(k)
+                for x in v.values():
+                    out |= _schema_shape(x)
+            else:
+                out.add(k)
+                out |= _schema_shape(v)
+    elif isinstance(node, list):
+        for x in node:
+            out |= _schema_shape(x)
+    return out
+
+
+def _crash_site(exc):
+    """file:line of the innermost frame of the project (or the harness) in a traceback."""
+    import traceback
+    site = "?"
+    for fr in traceback.extract_tb(exc.__traceback__):
+        if "needle_cy" in fr.filename or "fuzz_harness" in fr.filename:
+            site = f"{Path(fr.filename).name}:{fr.lineno}"
+    return site
+
+
+def run_case(target, data, stats=None, backend="cython"):
+    """One case; returns (outcome, finding or None).  A finding is a dict with a shape ``key``."""
+    try:
+        if target == "grammar":
+            grammar_target(data, stats, backend=backend)
+            return "ok", None
+        return TARGETS[target](data), None
+    except Finding as exc:
+        msg = str(exc)
+        kind = msg.split(":")[0][:60]
+        key = [target, kind]
+        if target == "grammar":
+            schema = gen_root(Src(data))
+            key.append(" ".join(sorted(_schema_shape(schema))))
+        return "finding", {"key": " | ".join(key), "message": msg[:4000]}
+    except Exception as exc:   # noqa: BLE001 -- anything a target does not catch is a bug
+        return "finding", {"key": f"{target} | crash | {type(exc).__name__} at {_crash_site(exc)}",
+                           "message": f"{type(exc).__name__}: {str(exc)[:2000]}"}
+
+
+def _worker_init():
+    import os
+    os.environ.setdefault("NEEDLE_CY_THREADS", "1")
+
+
+def run_chunk(target, seed, chunk, n, backend, deadline):
+    """Cases chunk*n .. chunk*n+n-1 of a seed (stopping at the deadline); returns counts."""
+    stats = GrammarStats()
+    counts, findings = {}, []
+    done = 0
+    for index in range(chunk * n, chunk * n + n):
+        if time.time() > deadline:
+            break
+        data = case_bytes(target, seed, index)
+        out, finding = run_case(target, data, stats, backend)
+        done += 1
+        counts[out] = counts.get(out, 0) + 1
+        if finding:
+            finding.update(seed=seed, index=index, data_hex=data.hex())
+            findings.append(finding)
+    return {"seed": seed, "cases": done, "counts": counts, "findings": findings,
+            "grammar": {k: getattr(stats, k) for k in ("schemas", "compiled", "docs", "accepted", "unjudged")},
+            "errors": stats.errors}
+
+
+def campaign(target, seeds, goal, workers=2, budget_s=3600.0, backend="cython", findings_dir=None, log=print):
+    """Seeds round-robin in chunks over ``workers`` processes until ``goal`` (grammar:
+    documents, else cases) or the time budget; every finding kept, by shape key."""
+    import concurrent.futures as cf
+    import multiprocessing
+    import tempfile
+    t0 = time.time()
+    deadline = t0 + budget_s
+    n = CHUNK[target]
+    tasks = ((seed, chunk) for chunk in range(10 ** 9) for seed in seeds)
+    tot = {"cases": 0, "counts": {}, "errors": {},
+           "grammar": {"schemas": 0, "compiled": 0, "docs": 0, "accepted": 0, "unjudged": 0}}
+    per_seed = {s: 0 for s in seeds}
+    shapes = {}    # key -> {"count", "example"}
+    measure = (lambda: tot["grammar"]["docs"]) if target == "grammar" else (lambda: tot["cases"])
+    last_log = t0
+    ctx = multiprocessing.get_context("fork")
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
+        running = set()
+        while True:
+            while len(running) < 2 * workers and measure() < goal and time.time() < deadline:
+                seed, chunk = next(tasks)
+                running.add(pool.submit(run_chunk, target, seed, chunk, n, backend, deadline))
+            if not running:
+                break
+            done, running = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                r = fut.result()
+                tot["cases"] += r["cases"]
+                per_seed[r["seed"]] += r["cases"]
+                for k, v in r["counts"].items():
+                    tot["counts"][k] = tot["counts"].get(k, 0) + v
+                for k, v in r["grammar"].items():
+                    tot["grammar"][k] += v
+                for k, v in r["errors"].items():
+                    tot["errors"][k] = tot["errors"].get(k, 0) + v
+                for f in r["findings"]:
+                    hit = shapes.setdefault(f["key"], {"count": 0, "example": f})
+                    hit["count"] += 1
+                    if len(f["message"]) < len(hit["example"]["message"]):
+                        hit["example"] = f
+            if time.time() - last_log > 30:
+                last_log = time.time()
+                log(f"[{time.time() - t0:7.0f} s] {target}/{backend}: {tot['cases']} cases"
+                    + (f", {tot['grammar']['docs']} documents" if target == "grammar" else "")
+                    + f", {sum(h['count'] for h in shapes.values())} findings ({len(shapes)} shapes)")
+    wall = time.time() - t0
+    written = []
+    if shapes:
+        out_dir = Path(findings_dir or Path(tempfile.gettempdir()) / "needle_cy_fuzz_findings")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for i, (key, hit) in enumerate(sorted(shapes.items())):
+            ex = dict(hit["example"], target=target, backend=backend, count=hit["count"])
+            path = out_dir / f"{target}-{backend}-{ex['seed']}-{ex['index']}.json"
+            ex["replay"] = f"python tests/fuzz_harness.py --replay {path}"
+            path.write_text(json.dumps(ex, indent=1, ensure_ascii=True))
+            written.append(str(path))
+    return {"target": target, "backend": backend, "seeds": list(seeds), "per_seed_cases": per_seed,
+            "workers": workers, "wall_s": round(wall, 1), "budget_hit": time.time() >= deadline,
+            "cases": tot["cases"], "counts": tot["counts"], "grammar": tot["grammar"], "compile_errors": tot["errors"],
+            "findings": sum(h["count"] for h in shapes.values()), "shapes": {k: h["count"] for k, h in shapes.items()},
+            "reproducers": written, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+
+
+def replay(path):
+    """Run a reproducer file's case again; returns its outcome (raises what the case raises)."""
+    rec = json.loads(Path(path).read_text())
+    data = bytes.fromhex(rec["data_hex"])
+    if rec["target"] == "grammar":
+        print("schema:", json.dumps(gen_root(Src(data))))
+        return grammar_target(data, backend=rec.get("backend", "cython")).line()
+    return TARGETS[rec["target"]](data)
+
+
+def _parse_seeds(text):
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("target", choices=sorted(TARGETS))
+    ap.add_argument("target", nargs="?", choices=sorted(TARGETS))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cases", type=int, default=1000, help="inputs (non-grammar targets)")
     ap.add_argument("--docs", type=int, default=0, help="grammar: run until this many documents")
     ap.add_argument("--atheris", action="store_true", help="coverage-guided with atheris; rest to libFuzzer")
+    ap.add_argument("--campaign", action="store_true",
+                    help="parallel campaign over --seeds until --docs (grammar) / --cases or --budget-s")
+    ap.add_argument("--seeds", default="", help="campaign seeds: 'A-B,C'")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=3600.0)
+    ap.add_argument("--backend", choices=["cython", "python"], default="cython",
+                    help="grammar: the runtime every document runs on (the other checks every 4th)")
+    ap.add_argument("--findings", default=None, help="reproducer folder (default: <tmp>/needle_cy_fuzz_findings)")
+    ap.add_argument("--record", default=None, help="campaign: write the summary (JSON) here")
+    ap.add_argument("--replay", default=None, help="run a reproducer file again")
     args, rest = ap.parse_known_args(argv)
+    if args.replay:
+        print(replay(args.replay))
+        return 0
+    if args.target is None:
+        ap.error("a target is required")
+    if args.campaign:
+        seeds = _parse_seeds(args.seeds) if args.seeds else [args.seed]
+        goal = args.docs if args.target == "grammar" else args.cases
+        if args.target == "grammar" and not goal:
+            ap.error("--campaign grammar needs --docs")
+        summary = campaign(args.target, seeds, goal, args.workers, args.budget_s, args.backend, args.findings,
+                           log=lambda m: print(m, flush=True))
+        print(json.dumps({k: v for k, v in summary.items() if k != "per_seed_cases"}, indent=1))
+        if args.record:
+            Path(args.record).write_text(json.dumps(summary, indent=1))
+        return 1 if summary["findings"] else 0
     if args.atheris:
         import atheris
         fn = TARGETS[args.target]

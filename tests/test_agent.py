@@ -356,12 +356,12 @@ def test_no_model_and_no_tools_is_the_embedded_model_with_its_catalogue(tok, mon
 
 def test_tools_are_checked_when_given_and_an_unsupported_keyword_names_the_tool():
     tagger = {"name": "tagger", "parameters": {"type": "object", "properties": {
-        "tags": {"type": "array", "contains": {"const": "x"}}}}}
+        "tags": {"type": "array", "unevaluatedItems": False}}}}
     with pytest.raises(UnsupportedSchemaError,
-                       match=r"^tool 'tagger', in its parameters: keyword 'contains' is not supported "
+                       match=r"^tool 'tagger', in its parameters: keyword 'unevaluatedItems' is not supported "
                              r"\(at #/properties/tags\); remove that keyword") as info:
         Needle("/nonexistent/model.cact", tools=[set_light, tagger])     # before the model loads
-    assert info.value.keyword == "contains" and info.value.pointer == "#/properties/tags/contains"
+    assert info.value.keyword == "unevaluatedItems" and info.value.pointer == "#/properties/tags/unevaluatedItems"
 
 
 def test_a_misspelt_keyword_warns_and_strict_makes_it_an_error(tok):

@@ -214,8 +214,12 @@ def test_earliest_byte():
 
 def test_unsupported_errors_name_keyword_and_pointer():
     with pytest.raises(UnsupportedSchemaError) as e:
-        compile_schema({"type": "object", "properties": {"x": {"contains": {"type": "string"}}}})
-    assert e.value.keyword == "contains" and e.value.pointer == "#/properties/x/contains"
+        compile_schema({"type": "object", "properties": {"x": {"allOf": [{"contains": {"type": "string"}},
+                                                                        {"contains": {"type": "null"}}]}}})
+    assert e.value.keyword == "contains" and e.value.pointer.startswith("#/properties/x/allOf/")
+    with pytest.raises(UnsupportedSchemaError) as e:
+        compile_schema({"type": "object", "properties": {"x": {"contains": {"format": "email"}, "maxContains": 2}}})
+    assert e.value.keyword == "maxContains" and e.value.pointer == "#/properties/x/maxContains"
     with pytest.raises(UnsupportedSchemaError) as e:
         compile_schema({"if": {"multipleOf": 2}, "then": {"minimum": 10}})
     assert e.value.keyword == "not"

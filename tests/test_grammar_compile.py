@@ -17,6 +17,7 @@ import pytest
 from conftest import shared_path
 from grammar_helpers import random_walk
 from needle_cy import grammar as G
+from needle_cy.errors import UnsupportedSchemaError
 from needle_cy.grammar import automata, program, regex
 from needle_cy.grammar import compile_schema, compile_tools
 
@@ -326,13 +327,40 @@ def test_a_tool_whose_parameters_do_not_compile_is_named_with_what_to_do():
     from needle_cy import SchemaError, UnsupportedSchemaError
     ok = {"name": "ok", "parameters": {"type": "object"}}
     tagger = {"name": "tagger", "parameters": {"type": "object", "properties": {
-        "tags": {"type": "array", "contains": {"const": "x"}}}}}
-    with pytest.raises(UnsupportedSchemaError, match=r"^tool 'tagger', in its parameters: keyword 'contains' is "
-                                                     r"not supported \(at #/properties/tags\); remove that keyword") as info:
+        "tags": {"type": "array", "unevaluatedItems": False}}}}
+    with pytest.raises(UnsupportedSchemaError, match=r"^tool 'tagger', in its parameters: keyword 'unevaluatedItems' "
+                                                     r"is not supported \(at #/properties/tags\); remove that keyword") as info:
         compile_tools([ok, tagger])
-    assert info.value.keyword == "contains" and info.value.pointer == "#/properties/tags/contains"
+    assert info.value.keyword == "unevaluatedItems" and info.value.pointer == "#/properties/tags/unevaluatedItems"
     negative = {"name": "neg", "parameters": {"type": "object", "properties": {
         "s": {"type": "string", "minLength": -1}}}}
     with pytest.raises(SchemaError, match=r"^tool 'neg', in its parameters: minLength .*must be a non-negative "
                                           r"integer.*; correct the tool's parameters$"):
         compile_tools([negative, ok])
+
+
+def test_anchors_inside_a_pattern():
+    """'^' and '$' inside a pattern ("($|/)", "(^|,)") are assertions on the position.  ECMA's
+    '$' is the end of the input (Python's \\Z), Python's also holds before a final newline:
+    "both" mode is ECMA's reading (what both engines match), "either" mode Python's."""
+    import itertools
+    import re
+    pats = [r"^(a|$)b?", r"(^|,)a", r"^([^,]|$)", r"^(\/?((\.{2})|([a-z\-]*))($|\/))*$", r"a$|(b$)c?",
+            r"(a$)*", r"(?:x|^)y($|z)", r"a(\n|$)", r"^(a*$|b)\n?"]
+    strings = [""] + ["".join(p) for n in range(1, 5) for p in itertools.product("ab,/.\nyz", repeat=n)][::7]
+
+    def acc(d, s):
+        st = d.run(s.encode())
+        return st >= 0 and d.accept[st] >= 0
+
+    for p in pats:
+        both, either = regex.regex_dfa(p, mode="both"), regex.regex_dfa(p, mode="either")
+        assert regex.regex_sensitive(p) == ("$" in p)    # only "$" is read differently
+        for s in strings:
+            py = re.search(p, s) is not None
+            ecma = re.search(p.replace("$", r"\Z"), s) is not None
+            assert acc(both, s) == (py and ecma), (p, s)
+            assert acc(either, s) == (py or ecma), (p, s)
+    for bad in (r"a^*", r"a$?", r"(a|$+)"):   # an assertion cannot be repeated (a group holding one can)
+        with pytest.raises(UnsupportedSchemaError, match="quantifier after"):
+            regex.regex_dfa(bad)

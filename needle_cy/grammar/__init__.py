@@ -27,7 +27,10 @@ What is enforced, exactly (never accepting what the schema forbids):
   ``additionalItems``, ``minItems``/``maxItems``, ``uniqueItems`` (a duplicate
   item is refused at the byte that completes it; equality is JSON equality,
   computed with a 64-bit canonical hash -- a hash collision can only refuse a
-  valid array, never accept an invalid one).
+  valid array, never accept an invalid one); ``contains`` with
+  ``minContains``/``maxContains`` (each item is also tried against the contains
+  schema and the matches counted in the array frame; a maximum needs the contains
+  schema's exact complement, as ``not`` rewrites it).
 * objects: ``properties``, ``required``, ``additionalProperties``,
   ``patternProperties``, ``propertyNames`` (pattern/enum/const/format),
   ``minProperties``/``maxProperties``; keys in any order, duplicate keys refused.
@@ -54,7 +57,8 @@ What is enforced, exactly (never accepting what the schema forbids):
   absent, or the schema).
 
 Not supported (``UnsupportedSchemaError`` naming keyword and pointer):
-``contains``, ``unevaluated*``, dynamic refs, remote refs, ``$id``-based
+two ``contains`` on one array, ``maxContains`` over a schema without an exact
+complement, ``unevaluated*``, dynamic refs, remote refs, ``$id``-based
 resources that contain ``$ref``s, ``not`` over ``multipleOf``/``items``/..., a
 narrowed format under ``not``/``if``, hostname in ``propertyNames``.  Capacities (frames per thread, aux
 words, threads, number length) refuse -- never accept -- what does not fit.
@@ -75,8 +79,17 @@ one (``not``) refuses what either engine matches; a ``patternProperties`` key th
 engines disagree on is refused.  Python's Unicode ``\\d``/``\\w`` are widened in
 the complemented direction (to every code point from their first non-ASCII
 member), which only refuses more.  ``{,n}`` and a class starting with ``]`` (the
-engines disagree) are refused.  ``^`` and ``$`` stand at the ends of top-level
-alternatives, or of a group that is a whole top-level alternative (``(^a$)|(^b$)``).
+engines disagree) are refused.  ``^`` and ``$`` may stand anywhere (``($|/)``,
+``(^|,)``): assertions on the position, kept in the automaton (``$`` is ECMA's end of
+input where both engines must match, Python's reading under ``not``).
+
+Drafts: a schema is read by the letter of its ``$schema`` draft (3, 4, 6, 7,
+2019-09, 2020-12; 2020-12 when absent).  A keyword its draft does not define is
+an annotation there (draft 4's ``const``/``propertyNames``/``if``, draft 7's
+``dependentRequired``, 2019-09's ``dependencies``); draft 3's ``required: true``
+in a property schema and one-name string ``dependencies`` are read as draft 3
+reads them.  The compiler's own synthetic schemas (an enum's object or array
+value, a rewritten ``not``) read the same in every draft.
 
 Compiler keywords (``__ptr``, ``__not_pattern``, ``__not_strings``,
 ``__not_format``) exist only in the compiler's own synthetic schemas: in a user
@@ -91,8 +104,7 @@ Regex subset (``pattern``, ``patternProperties``): literals, ``.``, classes
 the ECMA-262 and Python meanings, so both engines agree with what we accept),
 escapes ``\\n \\t \\r \\f \\v \\0 \\xHH \\uHHHH``, groups ``(..)``, ``(?:..)``,
 named groups, alternation, quantifiers ``* + ? {n} {n,} {n,m}`` (lazy forms
-too), ``^`` only at the start and ``$`` only at the end of the pattern or of a
-top-level alternative.  Anything else (look-around, back-references, ``\\b``,
+too), ``^`` and ``$`` anywhere but under a quantifier of their own.  Anything else (look-around, back-references, ``\\b``,
 ``\\p{..}``, inline flags) raises ``UnsupportedSchemaError``.
 
 The package, in the order a schema goes through it:

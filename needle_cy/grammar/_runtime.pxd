@@ -19,14 +19,14 @@ cdef enum:
 
 
 cdef struct Frame:
-    int32_t kind        # F_VALUE, F_STRING, F_KEY, F_NUMBER, F_LITERAL, F_ARRAY, F_OBJECT, F_ONEOF, F_CALLS
+    int32_t kind        # F_VALUE, F_STRING, F_KEY, F_NUMBER, F_LITERAL, F_ARRAY, F_OBJECT, F_ONEOF, F_CALLS, F_MARK
     int32_t node        # compiled node
     int32_t phase       # per kind: container phase / number syntax phase
     int32_t count       # code points, items, properties, calls, literal position
     int32_t dfa         # DFA state (-1: none)
     int32_t aux         # container: base of its aux words; string: start position; oneOf: start
     int32_t x           # string escape/UTF-8 state; object: value node of the current key; ...
-    int32_t y           # string: continuation range / \u accumulator; calls: tool label
+    int32_t y           # string: continuation range / \u accumulator; calls: tool label; array: contains count
     uint64_t h          # running hash (string bytes, array items, object members); calls: used tools
     uint64_t k          # object: hash of the current key; string: pending high surrogate
 
@@ -67,6 +67,9 @@ cdef struct Prog:
     const int32_t* arr_min
     const int32_t* arr_max
     const int32_t* arr_unique
+    const int32_t* arr_cmin        # contains: matching items needed (0: none) ...
+    const int32_t* arr_cmax        # ... and allowed (-1: any number)
+    const int32_t* alt_mark        # choice: the alternative whose value counts for contains (-1 none)
     const int32_t* obj_key_dfa
     const int32_t* obj_nwords
     const int32_t* obj_req_off

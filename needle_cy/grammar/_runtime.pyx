@@ -48,6 +48,7 @@ cdef enum:
     F_OBJECT = 6
     F_ONEOF = 7
     F_CALLS = 8
+    F_MARK = 9
 
 cdef enum:
     A_START = 0
@@ -230,13 +231,18 @@ cdef inline bint key_live(const Prog* p, const Thread* th, const Frame* obj, int
 # ----------------------------------------------------------------------------- values
 
 cdef bint complete_value(const Prog* p, Thread* th, uint64_t h) noexcept nogil:
-    """A value just ended (its frame is popped): pop oneOf markers, tell the container."""
+    """A value just ended (its frame is popped): pop oneOf and contains markers, tell the
+    container."""
     cdef Frame* mk
     cdef Frame* parent
-    cdef int i, e
-    while th.depth > 0 and th.frames[th.depth - 1].kind == F_ONEOF:
+    cdef int i, e, hi
+    cdef bint marked = False
+    while th.depth > 0 and (th.frames[th.depth - 1].kind == F_ONEOF or th.frames[th.depth - 1].kind == F_MARK):
         mk = &th.frames[th.depth - 1]
         th.depth -= 1
+        if mk.kind == F_MARK:
+            marked = True
+            continue
         if th.n_events >= MAX_EVENTS:
             return False
         e = th.n_events * 4
@@ -250,6 +256,14 @@ cdef bint complete_value(const Prog* p, Thread* th, uint64_t h) noexcept nogil:
         return True
     parent = &th.frames[th.depth - 1]
     if parent.kind == F_ARRAY:
+        if marked:
+            # the count of items matching contains, saturated where more changes nothing
+            # (threads of equal counts merge)
+            hi = p.arr_cmax[parent.node]
+            if hi >= 0 and parent.y >= hi:
+                return False
+            if parent.y < (hi + 1 if hi >= 0 else p.arr_cmin[parent.node]):
+                parent.y += 1
         if p.arr_unique[parent.node]:
             for i in range(parent.aux, th.aux_top):
                 if th.aux[i] == h:
@@ -1634,6 +1648,12 @@ cdef bint push_alt(const Prog* p, Thread* t, int node, int i, int64_t pos) noexc
         f.x = i
         f.aux = <int32_t>pos
         t.depth += 1
+    if p.alt_mark[node] == i:
+        # this alternative's value counts for the enclosing array's contains
+        if t.depth >= MAX_DEPTH:
+            return False
+        set_frame(&t.frames[t.depth], F_MARK, node, 0)
+        t.depth += 1
     if t.depth >= MAX_DEPTH:
         return False
     set_frame(&t.frames[t.depth], F_VALUE, p.alt_pool[p.alt_off[node] + i], 0)
@@ -1724,7 +1744,7 @@ cdef int step(const Prog* p, StateData* s, int ti, int b) noexcept nogil:
             ph = top.phase
             if ph == A_START or ph == A_NEXT:
                 if ph == A_START and b == 0x5D:
-                    if p.arr_min[node] > 0:
+                    if p.arr_min[node] > 0 or p.arr_cmin[node] > 0:
                         return 0
                     th.depth -= 1
                     return 1 if complete_value(p, th, fmix(top.h ^ TAG_ARR)) else 0
@@ -1741,7 +1761,7 @@ cdef int step(const Prog* p, StateData* s, int ti, int b) noexcept nogil:
                 top.phase = A_NEXT
                 return 1
             if b == 0x5D:
-                if top.count < p.arr_min[node]:
+                if top.count < p.arr_min[node] or top.y < p.arr_cmin[node]:
                     return 0
                 th.depth -= 1
                 th.aux_top = top.aux
@@ -2192,6 +2212,9 @@ cdef class CGrammar:
         v32 = i32(P.arr_min); self.prog.arr_min = &v32[0]
         v32 = i32(P.arr_max); self.prog.arr_max = &v32[0]
         v32 = i32(P.arr_unique); self.prog.arr_unique = &v32[0]
+        v32 = i32(P.arr_cmin); self.prog.arr_cmin = &v32[0]
+        v32 = i32(P.arr_cmax); self.prog.arr_cmax = &v32[0]
+        v32 = i32(P.alt_mark); self.prog.alt_mark = &v32[0]
         v32 = i32(P.obj_key_dfa); self.prog.obj_key_dfa = &v32[0]
         v32 = i32(P.obj_nwords); self.prog.obj_nwords = &v32[0]
         v32 = i32(P.obj_req_off); self.prog.obj_req_off = &v32[0]
@@ -2608,7 +2631,7 @@ def _shared_constants():
         "MAX_EVENTS": MAX_EVENTS,
         "F_VALUE": F_VALUE, "F_STRING": F_STRING, "F_KEY": F_KEY, "F_NUMBER": F_NUMBER,
         "F_LITERAL": F_LITERAL, "F_ARRAY": F_ARRAY, "F_OBJECT": F_OBJECT, "F_ONEOF": F_ONEOF,
-        "F_CALLS": F_CALLS,
+        "F_CALLS": F_CALLS, "F_MARK": F_MARK,
         "A_START": A_START, "A_ITEM": A_ITEM, "A_NEXT": A_NEXT,
         "O_START": O_START, "O_COLON": O_COLON, "O_VALUE": O_VALUE, "O_AFTER": O_AFTER, "O_NEXT": O_NEXT,
         "C_OPEN": C_OPEN, "C_FIRST": C_FIRST, "C_HEAD": C_HEAD, "C_NAME": C_NAME, "C_MID": C_MID,

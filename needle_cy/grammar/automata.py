@@ -68,6 +68,8 @@ class NFA:
                     self.build(sub, cur, nxt)
                     self.eps[nxt].append(t)
                     cur = nxt
+        elif kind in ("bol", "eol"):   # an anchor: an assertion edge (regex._anchored_nfa)
+            self.asserts.append((s, t, kind))
         elif kind == "bytes_any":  # any byte sequence (UTF-8 validity is the frame's job)
             loop = self.new()
             self.eps[s].append(loop)

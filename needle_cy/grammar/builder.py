@@ -22,7 +22,7 @@ from .limits import (ANY_NODE, COMPILE_BUDGET_S, COUNT_CAP, MAX_NODES, MAX_NUM_E
 from .numbers import dec_cmp, dec_to_fraction, norm_decimal, number_check, number_live, number_texts
 from .program import Program
 from .regex import _regex, regex_dfa, regex_sensitive
-from .schema import SchemaResolver, _Part, _escape_ptr, compact, json_equal
+from .schema import SchemaResolver, _Part, _escape_ptr, _property_dependency, compact, json_equal
 
 _NL_END_DFA = None   # the strings that do not end in a newline
 
@@ -43,6 +43,8 @@ class Compiler:
         self.nl_stripped = set()
         self.kids = {}           # node -> nodes it contains (items, property values, alternatives)
         self.oneof_ptr = {}      # oneOf choice node -> its pointer
+        self.oneof_alts = {}     # oneOf choice node -> the pointers of its alternatives (in order)
+        self._pure_levels = {}   # oneOf choice node -> _pure_oneof_level's answer
         self._approx_void = set()    # nodes whose object type a required disputed key dropped
         self._disjoint_memo = {}  # (node, node, type bit) -> _disjoint's answer
         self.str_sup = {}        # approximate string node -> automata whose intersection holds every
@@ -100,6 +102,8 @@ class Compiler:
         p.arr_min.append(0)
         p.arr_max.append(-1)
         p.arr_unique.append(0)
+        p.arr_cmin.append(0)
+        p.arr_cmax.append(-1)
         p.obj_key_dfa.append(-1)
         p.obj_nwords.append(0)
         p.obj_req_off.append(0)
@@ -111,6 +115,7 @@ class Compiler:
         p.alt_off.append(0)
         p.alt_n.append(0)
         p.oneof.append(0)
+        p.alt_mark.append(-1)
         return nid
 
     # -- node construction
@@ -172,6 +177,7 @@ class Compiler:
                     if len(alts) > 64:
                         raise GrammarLimitError(f"{kw} with {len(alts)} alternatives at {part.ptr}")
                     alt_nodes = []
+                    alt_ptrs = {}
                     for i in range(len(alts)):
                         a = self.node(rest + [reduced, _Part(f"{part.ptr}/{kw}/{i}")])
                         if self._filling.get(a, -1) == self._value_depth:
@@ -180,6 +186,7 @@ class Compiler:
                             # that terminates would read it -- this alternative holds nothing
                             a = NEVER_NODE
                         alt_nodes.append(a)
+                        alt_ptrs.setdefault(a, f"{part.ptr}/{kw}/{i}")
                     # a node still being filled (legitimate recursion through an item or a
                     # property) cannot be copied yet: it stays a one-way choice
                     unfinished = any(a in self._filling for a in alt_nodes)
@@ -225,6 +232,7 @@ class Compiler:
                     self.kids[nid] = list(alt_nodes)
                     if kw == "oneOf":
                         self.oneof_ptr[nid] = f"{part.ptr}/oneOf"
+                        self.oneof_alts[nid] = [alt_ptrs[a] for a in alt_nodes]
                     return
         # 2. a plain value node: merge keywords (its items and property values are one
         # value deeper)
@@ -250,8 +258,6 @@ class Compiler:
                 types &= m
             for kw in ("enum", "const"):
                 if kw in sch and kw not in ex:
-                    if kw == "const" and self.schema.draft < 6:
-                        continue    # const is draft 6 on: an annotation in an older draft
                     vals = sch[kw] if kw == "enum" else [sch[kw]]
                     if not isinstance(vals, list):
                         raise SchemaError(f"enum at {part.ptr} is not a list")
@@ -417,14 +423,12 @@ class Compiler:
                             continue
                         # per shared JSON type: the worse of the two alternatives' approximations
                         # there, unless no value of that type can satisfy both
-                        level = 0
-                        for t in _bits(types[i] & types[j]):
-                            if t in (T_INT, T_NUM) and alts[i] in self.enum_nums and alts[j] in self.enum_nums:
-                                continue   # two enums take the same spellings of a value
-                            lv = max(self._approx_level(alts[i], t, hot, hot_nl),
-                                     self._approx_level(alts[j], t, hot, hot_nl))
-                            if lv > level and not self._disjoint(alts[i], alts[j], t):
-                                level = lv
+                        level = self._pair_level(alts[i], alts[j], types[i], types[j], hot, hot_nl)
+                        if level == 2:
+                            # the approximations may all lie in the conjuncts every alternative
+                            # shares (see _pure_oneof_level): then what the alternatives alone
+                            # need decides
+                            level = self._pure_oneof_level(nid)
                         if level == 2:
                             raise UnsupportedSchemaError(
                                 f"oneOf at {ptr}: an alternative uses a narrowed format, a pattern the "
@@ -447,6 +451,55 @@ class Compiler:
             for n in sorted(strip):
                 self._strip_nl(n)
             self._exact_integers(exact_int)
+
+    def _pair_level(self, a, b, ta, tb, hot, hot_nl):
+        """Per shared JSON type: the worse of two alternatives' approximations there (see
+        _approx_level), unless no value of that type can satisfy both."""
+        level = 0
+        for t in _bits(ta & tb):
+            if t in (T_INT, T_NUM) and a in self.enum_nums and b in self.enum_nums:
+                continue   # two enums take the same spellings of a value
+            lv = max(self._approx_level(a, t, hot, hot_nl), self._approx_level(b, t, hot, hot_nl))
+            if lv > level and not self._disjoint(a, b, t):
+                level = lv
+        return level
+
+    def _pure_oneof_level(self, nid):
+        """The approximation level check_oneof needs for oneOf node ``nid``, read from its
+        alternatives compiled alone, without the conjuncts the oneOf was distributed over.
+
+        Alternative i is compiled as R and A_i, where R (the schema holding the oneOf, its
+        allOf siblings...) is the same for every i.  An approximation narrows a value set at
+        a place in the document (a format's strings, a pattern's, an enum number's spellings)
+        and compiled conjunctions intersect: R and A_i accepts exactly the documents that
+        satisfy R and A_i and lie in the narrowing N_R of R's approximate parts, times A_i's
+        own narrowing.  N_R is the same set for every i, so where the A_i alone are exact (or
+        apart where they are not), a document outside N_R is refused by every alternative
+        (refused, never wrongly accepted), and a document inside it is counted exactly: the
+        oneOf is exact on it.  2 when the alternatives alone need it (or cannot be compiled
+        alone), else their own level (1: strip the newline-ending strings as usual)."""
+        hit = self._pure_levels.get(nid)
+        if hit is not None:
+            return hit
+        level = 2
+        ptrs = self.oneof_alts.get(nid)
+        if ptrs:
+            sub = Compiler(self.schema.doc)
+            sub.schema.synthetic = dict(self.schema.synthetic)
+            sub.schema.draft = self.schema.draft
+            try:
+                alts = [sub.node([_Part(ptr)]) for ptr in ptrs]
+                sub.check_oneof()     # the oneOfs inside the alternatives hold on their own
+            except (UnsupportedSchemaError, GrammarLimitError, RecursionError):
+                alts = None
+            if alts is not None:
+                hot = sub.reaches_approx(sub.approx | set(sub.enum_nums))
+                hot_nl = sub.reaches_approx(sub.approx_nl)
+                types = [sub._types_of(a) for a in alts]
+                level = max([sub._pair_level(alts[i], alts[j], types[i], types[j], hot, hot_nl)
+                             for i in range(len(alts)) for j in range(i + 1, len(alts))], default=0)
+        self._pure_levels[nid] = level
+        return level
 
     def _alts(self, n):
         p = self.p
@@ -599,10 +652,11 @@ class Compiler:
         self.kids[nid] = [src]
         if src in self.oneof_ptr:
             self.oneof_ptr[nid] = self.oneof_ptr[src]
+            self.oneof_alts[nid] = self.oneof_alts[src]
         for name in ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num_check", "int_lo",
                      "int_hi", "int_flags", "arr_prefix_off", "arr_prefix_n", "arr_items", "arr_min",
-                     "arr_max", "arr_unique", "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min",
-                     "obj_max", "obj_other_ok", "obj_dep_off", "obj_dep_n", "alt_off", "alt_n", "oneof"):
+                     "arr_max", "arr_unique", "arr_cmin", "arr_cmax", "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min",
+                     "obj_max", "obj_other_ok", "obj_dep_off", "obj_dep_n", "alt_off", "alt_n", "oneof", "alt_mark"):
             arr = getattr(p, name)
             arr[nid] = arr[src]
         if src in self.str_dfa_obj:
@@ -888,7 +942,7 @@ class Compiler:
         for part, sch in flat:
             ex = part.excl
             tl, tail = None, None
-            if "prefixItems" in sch and "prefixItems" not in ex and self.schema.draft >= 2020:
+            if "prefixItems" in sch and "prefixItems" not in ex:
                 tl = (f"{part.ptr}/prefixItems", len(sch["prefixItems"]))
                 if "items" in sch and "items" not in ex:
                     tail = f"{part.ptr}/items"
@@ -901,7 +955,8 @@ class Compiler:
                     tail = f"{part.ptr}/items"
             sources.append((tl, tail))
         n_prefix = max([tl[1] for tl, _ in sources if tl is not None], default=0)
-        node_ids = []
+        contains = self._contains(flat)
+        node_ids, conjs = [], []
         for i in range(n_prefix + 1):
             conj = []
             for tl, tail in sources:
@@ -910,11 +965,7 @@ class Compiler:
                 elif tail is not None:
                     conj.append(_Part(tail))
             node_ids.append(self.node(conj) if conj else ANY_NODE)
-        self.kids.setdefault(nid, []).extend(node_ids)
-        p.arr_prefix_off[nid] = len(p.prefix_pool)
-        p.arr_prefix_n[nid] = n_prefix
-        p.prefix_pool.extend(node_ids[:n_prefix])
-        p.arr_items[nid] = node_ids[n_prefix]
+            conjs.append(conj)
         # tighten maxItems when the items after the prefix are impossible
         if node_ids[n_prefix] == NEVER_NODE:
             mx = n_prefix
@@ -923,9 +974,82 @@ class Compiler:
                     mx = i
                     break
             p.arr_max[nid] = mx if p.arr_max[nid] < 0 else min(p.arr_max[nid], mx)
+        if contains is not None:
+            node_ids = self._counted_items(nid, node_ids, conjs, contains)
+        self.kids.setdefault(nid, []).extend(node_ids)
+        p.arr_prefix_off[nid] = len(p.prefix_pool)
+        p.arr_prefix_n[nid] = n_prefix
+        p.prefix_pool.extend(node_ids[:n_prefix])
+        p.arr_items[nid] = node_ids[n_prefix]
         if (p.arr_max[nid] >= 0 and p.arr_min[nid] > p.arr_max[nid]) or p.arr_min[nid] > COUNT_CAP:
             p.arr_min[nid] = min(p.arr_min[nid], COUNT_CAP)
             p.types[nid] &= ~T_ARR
+        if p.arr_max[nid] >= 0 and p.arr_cmin[nid] > p.arr_max[nid]:
+            p.types[nid] &= ~T_ARR      # more matching items than items
+
+    def _contains(self, flat):
+        """The conjunction's ``contains``: (pointer of its schema, minContains, maxContains or
+        -1), None where there is none or it asks for nothing (minContains 0, no maximum)."""
+        found = []
+        for part, sch in flat:
+            if "contains" in sch and "contains" not in part.excl:
+                lo = _nonneg_int(sch.get("minContains", 1), part.ptr, "minContains")
+                hi = _nonneg_int(sch["maxContains"], part.ptr, "maxContains") if "maxContains" in sch else -1
+                if lo == 0 and hi < 0:
+                    continue
+                found.append((part.ptr + "/contains", min(lo, COUNT_CAP), min(hi, COUNT_CAP)))
+        if len(found) > 1:
+            raise UnsupportedSchemaError(f"two contains keywords on one array (at {found[1][0]}): one "
+                                         "count per array", keyword="contains", pointer=found[1][0])
+        return found[0] if found else None
+
+    def _counted_items(self, nid, node_ids, conjs, contains):
+        """contains: each item position becomes a choice of (its schema and the contains
+        schema, counted: ``alt_mark``) or (its schema; and not the contains schema where a
+        maximum makes the count exact).  Without a maximum an item that matches may go either
+        way: some thread counts every match, and the array closes when one thread counted
+        minContains (threads of equal, capped counts merge).  With one, the two alternatives
+        are disjoint and the one thread counts exactly."""
+        ptr, lo, hi = contains
+        p = self.p
+        other = None
+        if hi >= 0:
+            try:
+                neg = self.schema.negate(ptr, 0)
+            except UnsupportedSchemaError as exc:
+                raise UnsupportedSchemaError(
+                    f"maxContains at {ptr.rsplit('/', 1)[0]} needs the exact complement of its contains "
+                    f"schema: {exc}", keyword="maxContains", pointer=ptr.rsplit("/", 1)[0] + "/maxContains") from None
+            other = _Part(self.schema.synth(neg))
+        p.arr_cmin[nid] = lo
+        p.arr_cmax[nid] = hi
+        out = []
+        memo = {}
+        for base, parts in zip(node_ids, conjs):
+            if base == NEVER_NODE:
+                out.append(NEVER_NODE)
+                continue
+            if base in memo:
+                out.append(memo[base])
+                continue
+            hit = self.node(parts + [_Part(ptr)])
+            miss = self.node(parts + [other]) if other is not None else base
+            alts = [a for a in (hit, miss) if a != NEVER_NODE]
+            if not alts:
+                memo[base] = NEVER_NODE
+                out.append(NEVER_NODE)
+                continue
+            cid = self._new_node_raw(kind=NODE_CHOICE)
+            p.alt_off[cid] = len(p.alt_pool)
+            p.alt_n[cid] = len(alts)
+            p.alt_pool.extend(alts)
+            p.alt_mark[cid] = 0 if hit != NEVER_NODE else -1
+            self.kids[cid] = list(alts)
+            memo[base] = cid
+            out.append(cid)
+        if lo > 0 and all(p.alt_mark[c] < 0 for c in out if c != NEVER_NODE):
+            p.types[nid] &= ~T_ARR      # no item can match
+        return out
 
     def _fill_object(self, nid, flat):
         p = self.p
@@ -951,12 +1075,16 @@ class Compiler:
                     pats.append((k, f"{part.ptr}/patternProperties/{_escape_ptr(k)}"))
             if "required" in sch and "required" not in ex:
                 req = sch["required"]
-                if isinstance(req, list):
-                    required.update(req)
-                elif isinstance(req, bool) and self.schema.draft <= 3:
-                    pass
-                else:
+                if not isinstance(req, list):
                     raise SchemaError(f"required at {part.ptr} is not a list")
+                required.update(req)
+            if self.schema.draft <= 3 and "properties" in sch and "properties" not in ex \
+                    and not part.ptr.startswith("~syn"):
+                # draft 3: a property schema's `required: true` makes its object require it
+                for k in sch["properties"]:
+                    sub = self.schema.raw(f"{part.ptr}/properties/{_escape_ptr(k)}")
+                    if isinstance(sub, dict) and sub.get("required") is True:
+                        required.add(k)
             if "minProperties" in sch and "minProperties" not in ex:
                 p.obj_min[nid] = max(p.obj_min[nid], _nonneg_int(sch["minProperties"], part.ptr, "minProperties"))
             if "maxProperties" in sch and "maxProperties" not in ex:
@@ -969,13 +1097,11 @@ class Compiler:
             for dk in ("dependencies", "dependentRequired"):
                 if dk in sch and dk not in ex:
                     for name, dv in sch[dk].items():
-                        if isinstance(dv, dict) and set(dv) - ANNOTATIONS <= {"required"}:
-                            dv = dv.get("required", [])
-                        if not isinstance(dv, list):
+                        dv = _property_dependency(self.schema, dk, dv, f"{part.ptr}/{dk}/{_escape_ptr(name)}")
+                        if dv is None:
                             continue  # schema dependencies were rewritten in expand()
                         deps.append((name, list(dv)))
-            if "propertyNames" in sch and "propertyNames" not in ex and self.schema.draft >= 6:
-                # (propertyNames is draft 6 on: an annotation in an older draft)
+            if "propertyNames" in sch and "propertyNames" not in ex:
                 name_dfas.append(self._names_dfa(f"{part.ptr}/propertyNames", nid))
             patterns.extend(pats)
         for k in required:

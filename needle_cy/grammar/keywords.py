@@ -24,14 +24,46 @@ SUPPORTED = {
     "minItems", "maxItems", "uniqueItems", "properties", "required", "additionalProperties",
     "patternProperties", "propertyNames", "minProperties", "maxProperties", "$ref", "allOf",
     "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else",
-    "anyOf", "oneOf", "not",
+    "anyOf", "oneOf", "not", "contains", "minContains", "maxContains",
 } | INTERNAL
 
 KNOWN_UNSUPPORTED = {
-    "contains",
-    "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
+    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
     "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "disallow", "extends", "divisibleBy",
 }
+
+# The keywords each draft defines, of those the compiler knows (SUPPORTED and
+# KNOWN_UNSUPPORTED).  In a user schema a keyword its draft does not define is an annotation
+# by the letter of that draft -- draft 4's `const` and `propertyNames`, draft 7's
+# `dependentRequired`, 2019-09's `dependencies` -- and SchemaResolver.get drops it, in one
+# place, before any rule reads the schema.  The compiler's own synthetic schemas are read in
+# the full vocabulary whatever the document's draft (an exact value is `const`/`prefixItems`
+# in every draft).  Draft 3's `required` is a boolean inside a property schema (read by the
+# object that holds the property) and its `dependencies` may name one property as a string.
+# 2020-12 keeps the array form of `items` with `additionalItems` (read as draft 4 reads
+# them): schemas without `$schema` often use it, and the 2020-12 meta-schema refuses it,
+# so no 2020-12 schema reads it otherwise.
+_DRAFT3 = {
+    "$ref", "type", "enum", "format", "minLength", "maxLength", "pattern", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "items", "additionalItems", "minItems", "maxItems",
+    "uniqueItems", "properties", "patternProperties", "additionalProperties", "dependencies",
+    "disallow", "extends", "divisibleBy",
+}
+_DRAFT4 = (_DRAFT3 - {"disallow", "extends", "divisibleBy"}) | {
+    "multipleOf", "required", "minProperties", "maxProperties", "allOf", "anyOf", "oneOf", "not",
+}
+_DRAFT6 = _DRAFT4 | {"const", "contains", "propertyNames"}
+_DRAFT7 = _DRAFT6 | {"if", "then", "else"}
+_DRAFT2019 = (_DRAFT7 - {"dependencies"}) | {
+    "dependentRequired", "dependentSchemas", "minContains", "maxContains", "unevaluatedProperties",
+    "unevaluatedItems", "$recursiveRef", "$recursiveAnchor",
+}
+_DRAFT2020 = (_DRAFT2019 - {"$recursiveRef", "$recursiveAnchor"}) | {"prefixItems", "$dynamicRef", "$dynamicAnchor"}
+DRAFT_KEYWORDS = {3: frozenset(_DRAFT3), 4: frozenset(_DRAFT4), 6: frozenset(_DRAFT6), 7: frozenset(_DRAFT7),
+                  2019: frozenset(_DRAFT2019), 2020: frozenset(_DRAFT2020)}
+# per draft: the known keywords that are annotations there (dropped from user schemas), with
+# the compiler's internal ones (never a user's)
+DRAFT_DROPPED = {d: frozenset((SUPPORTED | KNOWN_UNSUPPORTED) - kws) for d, kws in DRAFT_KEYWORDS.items()}
 
 
 # Keywords whose misspelling loses a constraint: an unknown keyword is an annotation, so
@@ -136,9 +168,7 @@ def _check_values(sch, ptr, draft):
 
     for k, v in sch.items():
         if k == "required":
-            if isinstance(v, bool) and draft <= 3:
-                continue
-            names(k, v)
+            names(k, v)   # (draft 3's boolean form is no keyword of the view: see DRAFT_KEYWORDS)
         elif k == "dependentRequired":
             if not isinstance(v, dict):
                 bad(k, "an object of property-name lists", v)
@@ -150,6 +180,8 @@ def _check_values(sch, ptr, draft):
             for name, dv in v.items():
                 if isinstance(dv, list):
                     names(f"{k}/{name}", dv)
+                elif isinstance(dv, str) and draft <= 3:
+                    continue   # draft 3: the one property it requires
                 elif not _is_schema(dv):
                     bad(f"{k}/{name}", "a list of property names or a schema", dv)
         elif k in ("dependentSchemas", "properties", "patternProperties", "$defs", "definitions"):

@@ -71,7 +71,7 @@ COUNT_CAP = 2 ** 31 - 2
 # ----------------------------------------------------------------------------
 # runtime codes (the reference and the C runtime read programs with these)
 # frame kinds
-F_VALUE, F_STRING, F_KEY, F_NUMBER, F_LITERAL, F_ARRAY, F_OBJECT, F_ONEOF, F_CALLS = range(9)
+F_VALUE, F_STRING, F_KEY, F_NUMBER, F_LITERAL, F_ARRAY, F_OBJECT, F_ONEOF, F_CALLS, F_MARK = range(10)
 # array phases
 A_START, A_ITEM, A_NEXT = 0, 1, 2
 # object phases

@@ -32,6 +32,8 @@ class Program:
         self.arr_min = []
         self.arr_max = []
         self.arr_unique = []
+        self.arr_cmin = []      # contains: items that must match (0: no contains), and at most
+        self.arr_cmax = []      # (-1: no bound); counted through the items' marking alternatives
         self.obj_key_dfa = []
         self.obj_nwords = []
         self.obj_req_off = []
@@ -43,6 +45,7 @@ class Program:
         self.alt_off = []
         self.alt_n = []
         self.oneof = []
+        self.alt_mark = []      # choice node: the alternative whose value counts for contains (-1 none)
         # pools
         self.prefix_pool = []
         self.alt_pool = []
@@ -238,6 +241,7 @@ def _state_major(classes, row, cmap, trans, first):
 
 NODE_FIELDS = ("kind", "types", "str_min", "str_max", "str_dfa", "num_dfa", "num_check", "int_lo", "int_hi",
                "int_flags", "arr_prefix_off", "arr_prefix_n", "arr_items", "arr_min", "arr_max", "arr_unique",
+               "arr_cmin", "arr_cmax", "alt_mark",
                "obj_key_dfa", "obj_nwords", "obj_req_off", "obj_min", "obj_max", "obj_other_ok", "obj_dep_off",
                "obj_dep_n", "alt_off",
                "alt_n", "oneof", "starts")

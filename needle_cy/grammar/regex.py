@@ -15,7 +15,7 @@ from .charset import DOT_EITHER, DOT_RANGES, class_ranges, cs_complement, cs_nor
 # ============================================================================
 # regex subset parser -> AST
 # AST: ("set", ranges) | ("cat", [..]) | ("alt", [..]) | ("rep", node, lo, hi|None)
-#      | ("eps",)
+#      | ("eps",) | ("bol",) | ("eol",)   (an anchor inside the pattern, see _anchored_nfa)
 
 
 class _RegexUnsupported(Exception):
@@ -35,6 +35,7 @@ class _RegexParser:
         self.mode = mode
         self.sensitive = False
         self.dollar = False
+        self.inner_anchor = False   # a '^' or '$' inside the pattern (see _anchored_nfa)
 
     def error(self, what):
         raise _RegexUnsupported(f"{what} at offset {self.i} in pattern {self.s!r}")
@@ -54,6 +55,7 @@ class _RegexParser:
                 alts.extend(sub.parse_top())
                 self.sensitive |= sub.sensitive
                 self.dollar |= sub.dollar
+                self.inner_anchor |= sub.inner_anchor
                 if self.peek() == "|":
                     self.i += 1
                     continue
@@ -130,9 +132,16 @@ class _RegexParser:
             if c == "$":
                 if top and (self.i + 1 == len(self.s) or self.s[self.i + 1] == "|"):
                     return items
-                self.error("'$' not at the end")
-            if c == "^":
-                self.error("'^' not at the start")
+                self.dollar = True   # Python's '$' also matches before a final newline
+            if c in "^$":
+                # an anchor inside the pattern ("($|/)", "(^|,)"): an assertion on the
+                # position, kept in the automaton by _anchored_nfa; it cannot be repeated
+                self.i += 1
+                self.inner_anchor = True
+                if self.peek() in ("*", "+", "?", "{"):
+                    self.error(f"quantifier after {c!r}")
+                items.append(("bol",) if c == "^" else ("eol",))
+                continue
             atom = self.parse_atom()
             atom = self.parse_quant(atom)
             items.append(atom)
@@ -318,6 +327,8 @@ def _regex(pattern, pointer, mode):
     except RecursionError:
         raise GrammarLimitError(f"pattern nesting too deep at {pointer}") from None
     nfa = NFA()
+    if parser.inner_anchor:
+        nfa.asserts = []
     s, t = nfa.new(), nfa.new()
     for anchored_start, ast, anchored_end in alts:
         items = []
@@ -329,5 +340,63 @@ def _regex(pattern, pointer, mode):
         elif mode == "either":
             items.append(("rep", ("set", [(10, 10)]), 0, 1))   # Python: '$' before a final \n
         nfa.build(("cat", items), s, t)
+    if parser.inner_anchor:
+        nfa, s, t = _anchored_nfa(nfa, s, t, python_dollar=(mode == "either"))
     return nfa_to_dfa(nfa, s, t), (2 if parser.sensitive else 1 if parser.dollar else 0)
+
+
+# position monitor of _anchored_nfa: (at the start, end state); end state NONE: more text may
+# follow, ENDED: none may, NL: exactly one "\n" must (Python's '$' before a final newline)
+_NONE, _ENDED, _NL = 0, 1, 2
+
+
+def _anchored_nfa(nfa, start, final, python_dollar):
+    """The NFA whose anchors ('bol'/'eol' assertion edges, ``nfa.asserts``) hold: its states
+    paired with a monitor of the position.  '^' passes only before the first byte; '$' passes
+    anywhere and then no byte may follow (ECMA-262: the end of the input) -- or, for
+    ``python_dollar`` (Python's reading, the "either" mode), no byte or exactly a final
+    newline.  ECMA's matches are Python's too, so the "both" mode (ECMA's '$') accepts only
+    what both engines match, and the two differ only on strings ending in a newline."""
+    out = NFA()
+    index = {}
+    asserts = {}
+    for a, b, kind in nfa.asserts:
+        asserts.setdefault(a, []).append((b, kind))
+
+    def state(q, at0, end):
+        key = (q, at0, end)
+        sid = index.get(key)
+        if sid is None:
+            sid = index[key] = out.new()
+            todo.append(key)
+        return sid
+
+    todo = []
+    s0 = state(start, True, _NONE)
+    t_out = out.new()
+    while todo:
+        q, at0, end = key = todo.pop()
+        sid = index[key]
+        if q == final and end != _NL:
+            out.eps[sid].append(t_out)
+        for r in nfa.eps[q]:
+            out.eps[sid].append(state(r, at0, end))
+        for lo, hi, r in nfa.edges[q]:
+            if end == _NONE:
+                out.edges[sid].append((lo, hi, state(r, False, _NONE)))
+            elif end == _NL and lo <= 10 <= hi:
+                out.edges[sid].append((10, 10, state(r, False, _ENDED)))
+        for r, kind in asserts.get(q, ()):
+            if kind == "bol":
+                if at0:
+                    out.eps[sid].append(state(r, at0, end))
+            elif end != _NONE:
+                out.eps[sid].append(state(r, at0, end))
+            else:
+                out.eps[sid].append(state(r, at0, _ENDED))
+                if python_dollar:
+                    out.eps[sid].append(state(r, at0, _NL))
+        if len(out.eps) > 400000:
+            raise GrammarLimitError("pattern automaton too large")
+    return out, s0, t_out
 

@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 from ..errors import SchemaError, UnsupportedSchemaError
 from .formats import EXACT_FORMATS, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format, format_defined
-from .keywords import ANNOTATIONS, INTERNAL, KNOWN_UNSUPPORTED, SUPPORTED, _check_values, _nonneg_int
+from .keywords import ANNOTATIONS, DRAFT_DROPPED, KNOWN_UNSUPPORTED, SUPPORTED, _check_values, _nonneg_int
 
 # ============================================================================
 # JSON helpers
@@ -78,6 +78,20 @@ def _schema_at(doc, ptr):
     return cur
 
 
+def _property_dependency(resolver, dk, dv, ptr):
+    """The property names a dependency requires, or None for a schema dependency: a list
+    (draft 3: one name as a string), or a schema of ``required`` alone."""
+    if isinstance(dv, list):
+        return dv
+    if isinstance(dv, str) and resolver.draft <= 3 and dk == "dependencies":
+        return [dv]
+    if isinstance(dv, dict):
+        view = resolver.get(ptr)
+        if set(view) - ANNOTATIONS <= {"required"}:
+            return view.get("required", [])
+    return None
+
+
 class SchemaResolver:
     """A schema document and the compiler's synthetic schemas (``~synN`` pointers), resolved into
     flat conjunctions (``expand``) and negated exactly (``negate``)."""
@@ -89,6 +103,7 @@ class SchemaResolver:
         self.neg_errors = {}     # pointer -> why its `not` has no exact rewrite (fill() raises it
                                  # unless a finite enum makes that `not` exact)
         self._checked = set()    # ids of schema dicts whose keyword values were checked
+        self._views = {}         # id of a user schema dict -> (that dict, its view in its draft)
 
     @staticmethod
     def _draft(doc):
@@ -104,6 +119,11 @@ class SchemaResolver:
 
     # -- schema access
     def get(self, ptr):
+        """The schema at ``ptr``.  A user schema is read in its draft's vocabulary: the keywords
+        the draft does not define are annotations there and are dropped here, before any rule
+        reads them (``keywords.DRAFT_DROPPED``: draft 4's ``const`` is no constraint, its
+        ``enum`` is).  A synthetic schema (``~synN``) is the compiler's and keeps every keyword
+        whatever the document's draft."""
         if ptr.startswith("~syn"):
             head, _, rest = ptr.partition("/")
             base = self.synthetic[head]
@@ -115,9 +135,19 @@ class SchemaResolver:
                 cur = cur[int(tok)] if isinstance(cur, list) else cur[tok]
             return cur
         sch = _schema_at(self.doc, ptr)
-        if type(sch) is dict and not INTERNAL.isdisjoint(sch):
-            sch = {k: v for k, v in sch.items() if k not in INTERNAL}
-        return sch
+        if type(sch) is not dict:
+            return sch
+        hit = self._views.get(id(sch))
+        if hit is None:
+            dropped = DRAFT_DROPPED[self.draft]
+            view = sch if dropped.isdisjoint(sch) else {k: v for k, v in sch.items() if k not in dropped}
+            hit = self._views[id(sch)] = (sch, view)   # (the dict itself keeps its id unique)
+        return hit[1]
+
+    def raw(self, ptr):
+        """The user schema at ``ptr`` as written (for draft 3's ``required: true``, read by the
+        object that holds the property)."""
+        return _schema_at(self.doc, ptr)
 
     def synth(self, schema):
         name = f"~syn{len(self.synthetic)}"
@@ -170,12 +200,12 @@ class SchemaResolver:
                 if dk in sch and dk + ":schemas" not in excl and isinstance(sch[dk], dict):
                     # a schema dependency: the property is absent, or the schema holds
                     for name, dv in sch[dk].items():
-                        if isinstance(dv, list) or (isinstance(dv, dict) and set(dv) - ANNOTATIONS <= {"required"}):
-                            continue  # property dependencies: checked by the object frame
                         dp = f"{part.ptr}/{dk}/{_escape_ptr(name)}"
+                        if _property_dependency(self, dk, dv, dp) is not None:
+                            continue  # property dependencies: checked by the object frame
                         stack.append(_Part(self.synth({"anyOf": [{"properties": {name: False}}, {"__ptr": dp}]})))
                     excl.add(dk + ":schemas")
-            if "if" in sch and "if" not in excl and self.draft >= 7:   # if/then/else: draft 7 on
+            if "if" in sch and "if" not in excl:
                 # (if and then) or (not if and else), with `not if` rewritten exactly
                 ip = f"{part.ptr}/if"
                 neg_if = self.negate(ip, 0)
@@ -262,8 +292,6 @@ class SchemaResolver:
             if "integer" in tl and "number" not in tl:
                 unsupported()
             return self._others(*[("number" if t == "integer" else t) for t in tl])
-        if k == "const" and self.draft < 6:
-            return False    # const is draft 6 on: an annotation in an older draft, so `not {}`
         if k in ("enum", "const"):
             vals = v if k == "enum" else [v]
             if any(isinstance(x, (list, dict)) for x in vals):
@@ -273,9 +301,6 @@ class SchemaResolver:
             lits = [x for x in (True, False, None) if not any(json_equal(x, y) for y in vals)]
 
             def other_than(n):
-                if self.draft <= 4:
-                    return {"anyOf": [{"type": "number", "maximum": n, "exclusiveMaximum": True},
-                                      {"type": "number", "minimum": n, "exclusiveMinimum": True}]}
                 return {"anyOf": [{"type": "number", "exclusiveMaximum": n},
                                   {"type": "number", "exclusiveMinimum": n}]}
             return either(self._others("boolean", "null", "string", "number"),
@@ -312,10 +337,7 @@ class SchemaResolver:
             # not (x >= m) is x < m; not (x > m) is x <= m
             bound = ("exclusiveMaximum" if not excl else "maximum") if is_min else \
                     ("exclusiveMinimum" if not excl else "minimum")
-            neg = {"type": "number", bound: v}
-            if self.draft <= 4 and bound.startswith("exclusive"):
-                neg = {"type": "number", bound.replace("exclusiveM", "m"): v, bound: True}
-            return neg
+            return {"type": "number", bound: v}   # (synthetic: the numeric form in every draft)
         counts = {"minLength": ("string", "maxLength"), "maxLength": ("string", "minLength"),
                   "minItems": ("array", "maxItems"), "maxItems": ("array", "minItems"),
                   "minProperties": ("object", "maxProperties"), "maxProperties": ("object", "minProperties")}
@@ -327,6 +349,20 @@ class SchemaResolver:
             return {"type": t, other: n + 1}
         if k == "uniqueItems" and v is False:
             return False
+        if k in ("contains", "minContains", "maxContains"):
+            # fewer matching items than minContains (default 1), or more than maxContains:
+            # a count of the contains schema with the other bound (maxContains needs its
+            # complement, made where the count is compiled)
+            done.update(("contains", "minContains", "maxContains"))
+            if "contains" not in sch:
+                return False       # minContains/maxContains alone constrain nothing
+            cp = f"{ptr}/contains"
+            lo = _nonneg_int(sch.get("minContains", 1), ptr, "minContains")
+            hi = _nonneg_int(sch["maxContains"], ptr, "maxContains") if "maxContains" in sch else None
+            fewer = {"type": "array", "contains": {"__ptr": cp}, "minContains": 0, "maxContains": lo - 1} \
+                if lo > 0 else False
+            more = {"type": "array", "contains": {"__ptr": cp}, "minContains": hi + 1} if hi is not None else False
+            return either(fewer, more)
         if k == "properties" and isinstance(v, dict):
             # violated iff some declared property is present with a value its schema rejects
             return either(*[{"type": "object", "required": [name],

@@ -19,7 +19,7 @@ from ..errors import GrammarStateError
 from ..grammar.limits import (
     A_ITEM, A_NEXT, A_START, ANY_NODE, C_AFTER, C_ARGS, C_CLOSE, C_FIRST, C_HEAD, C_MID, C_NAME, C_NEXT,
     C_OPEN, CALL_HEAD, CALL_MID, F_ARRAY, F_CALLS, F_KEY, F_LITERAL, F_NUMBER, F_OBJECT, F_ONEOF, F_STRING,
-    F_VALUE, MAX_AUX, MAX_DEPTH, MAX_EVENTS, MAX_SLOTS, N_DOT, N_EXP, N_EXPDIG, N_EXPSIGN, N_FRAC, N_INT,
+    F_MARK, F_VALUE, MAX_AUX, MAX_DEPTH, MAX_EVENTS, MAX_SLOTS, N_DOT, N_EXP, N_EXPDIG, N_EXPSIGN, N_FRAC, N_INT,
     N_MINUS, N_START, N_ZERO, NEVER_NODE, NODE_CHOICE, NUM_BUF, O_AFTER, O_COLON, O_NEXT, O_START, O_VALUE,
     T_ARR, T_FALSE, T_INT, T_NULL, T_NUM, T_OBJ, T_STR, T_TRUE, start_bit,
 )
@@ -279,7 +279,7 @@ def step(p, th, b, pos, out, slots):
             ph = top[2]
             if ph == A_START or ph == A_NEXT:
                 if ph == A_START and b == ord("]"):
-                    if p.arr_min[node] > 0:
+                    if p.arr_min[node] > 0 or p.arr_cmin[node] > 0:
                         return
                     fr.pop()
                     if complete_value(p, th, fmix(top[8] ^ TAG_ARR)):
@@ -299,7 +299,7 @@ def step(p, th, b, pos, out, slots):
                 out.append(th)
                 return
             if b == ord("]"):
-                if top[3] < p.arr_min[node]:
+                if top[3] < p.arr_min[node] or top[7] < p.arr_cmin[node]:
                     return
                 fr.pop()
                 del th.aux[top[5]:]
@@ -329,6 +329,11 @@ def push_alt(p, t, node, i, pos):
         mk[6] = i
         mk[5] = pos
         t.frames.append(mk)
+    if p.alt_mark[node] == i:
+        # this alternative's value counts for the enclosing array's contains
+        if len(t.frames) >= MAX_DEPTH:
+            return False
+        t.frames.append(new_frame(F_MARK, node))
     if len(t.frames) >= MAX_DEPTH:
         return False
     t.frames.append(new_frame(F_VALUE, p.alt_pool[p.alt_off[node] + i]))
@@ -381,10 +386,15 @@ def start_value(p, th, top, node, b, pos):
 
 
 def complete_value(p, th, h):
-    """A value just ended (its frame is popped): pop oneOf markers, tell the container."""
+    """A value just ended (its frame is popped): pop oneOf and contains markers, tell the
+    container."""
     fr = th.frames
-    while fr and fr[-1][0] == F_ONEOF:
+    marked = False
+    while fr and (fr[-1][0] == F_ONEOF or fr[-1][0] == F_MARK):
         mk = fr.pop()
+        if mk[0] == F_MARK:
+            marked = True
+            continue
         if len(th.events) >= MAX_EVENTS:
             return False
         th.events.append((mk[1], mk[6], mk[5], len(fr)))
@@ -395,6 +405,14 @@ def complete_value(p, th, h):
     kind = parent[0]
     if kind == F_ARRAY:
         node = parent[1]
+        if marked:
+            # the count of items matching contains (frame field y), saturated where more
+            # changes nothing, so that threads of equal counts merge
+            hi = p.arr_cmax[node]
+            if hi >= 0 and parent[7] >= hi:
+                return False
+            if parent[7] < (hi + 1 if hi >= 0 else p.arr_cmin[node]):
+                parent[7] += 1
         if p.arr_unique[node]:
             if h in th.aux[parent[5]:]:
                 return False
