@@ -17,14 +17,24 @@ import sys
 import threading
 import time
 
+import importlib
+
 import pytest
 
-httpx = pytest.importorskip("httpx")
-openai = pytest.importorskip("openai")
-ollama = pytest.importorskip("ollama")
-uvicorn = pytest.importorskip("uvicorn")
-jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("starlette")
+
+def _need(module):
+    """The module, from the test extra; a loud skip without it, a failure under CI."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        message = f"{module} is not installed (pip install -e '.[test]')"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip("LOUD SKIP: " + message, allow_module_level=True)
+
+
+httpx, openai, ollama, uvicorn, jsonschema, _ = map(_need, ("httpx", "openai", "ollama", "uvicorn",
+                                                            "jsonschema", "starlette"))
 
 from conftest import REPO  # noqa: E402
 from needle_cy import Needle, home_tools  # noqa: E402
