@@ -150,12 +150,32 @@ def test_fine_tune_from_the_shipped_archive(tmp_path):
     assert trainer.state["step"] == 2
 
 
-def test_time_budget_sets_an_end_that_fits(tmp_path):
+class _Clock:
+    """A clock that moves a fixed tick each time it is read: the trainer's time-budget
+    arithmetic, independent of how loaded the machine is."""
+
+    def __init__(self, tick):
+        self.now, self.tick = 1000.0, tick
+
+    def time(self):
+        self.now += self.tick
+        return self.now
+
+    def strftime(self, *args):
+        import time
+        return time.strftime(*args)
+
+
+def test_time_budget_sets_an_end_that_fits(tmp_path, monkeypatch):
     """--time-budget: after calibration control.json holds the reachable end with the
     decay inside it, and the run ends within the budget (or stops at it, logged)."""
     run = make_run(tmp_path / "t")
     budget = 4.0
+    clock = _Clock(0.03)
+    monkeypatch.setattr(torch_train, "time", clock)
+    start = clock.now
     trainer = torch_train.fit(str(run), threads=1, time_budget=budget)
+    assert clock.now - start < budget * 1.2
     events = [r for r in _log(run) if r.get("event") == "time_budget"]
     assert len(events) == 1
     ctl = json.loads((run / "control.json").read_text())
