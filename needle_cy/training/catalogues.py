@@ -814,15 +814,8 @@ class Generator:
                     results.append({"name": c["name"], "result": t.result_for(rng, o["arguments"])})
                 turn["results"] = json.dumps(results)
             turns.append(turn)
-        last = turns[-1]
-        ex = {"kind": last["kind"] if len(turns) == 1 else turns[0]["kind"], "source": "catalogue",
-              "catalogue": cat.id, "system": system, "tools": tools, "renamed": renamed,
-              "history": [{k: t[k] for k in ("query", "reasoning", "answers", "results") if k in t}
-                          for t in turns[:-1]],
-              "query": last["query"], "reasoning": last["reasoning"], "answers": last["answers"]}
-        if last.get("results"):        # the conversation ends on the results: answer []
-            ex["history"].append({k: last[k] for k in ("query", "reasoning", "answers")})
-            ex.update(query=last["results"], is_result=True, answers=[], reasoning="")
+        ex = home.packed_example(turns, source="catalogue", catalogue=cat.id, system=system,
+                                 tools=tools, renamed=renamed)
         ex["packed"] = len(turns)
         return ex
 

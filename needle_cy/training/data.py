@@ -1307,6 +1307,26 @@ SYSTEM_FACTS = ["locale: en-GB", "device: kitchen speaker", "user: Sam", "assist
 _WEEKDAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 
 
+def packed_example(turns, **fields):
+    """One training example from the turns of a packed conversation (each a dict with
+    ``query``, ``reasoning``, ``answers``, ``kind`` and, after calls, perhaps
+    ``results``): every turn but the last is history; a conversation that ends on tool
+    results ends with them as the query and ``[]`` as the answer.  ``fields`` (source,
+    system, tools, …) go in as given."""
+    last = turns[-1]
+    ex = {"kind": last["kind"] if len(turns) == 1 else turns[0]["kind"]}
+    ex.update(fields)
+    ex.update(history=[{k: t[k] for k in ("query", "reasoning", "answers", "results") if k in t}
+                       for t in turns[:-1]],
+              query=last["query"], reasoning=last["reasoning"], answers=last["answers"])
+    if last.get("results"):
+        ex["history"].append({k: last[k] for k in ("query", "reasoning", "answers")})
+        ex.update(query=last["results"], is_result=True, answers=[], reasoning="")
+    if len(turns) > 1:
+        ex["packed"] = len(turns)
+    return ex
+
+
 def _system(rng):
     """The facts string the agent sends: usually the auto-added date (spec §8.4)."""
     r = rng.random()

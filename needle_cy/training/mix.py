@@ -261,18 +261,8 @@ class Mixer:
             if answers and rng.random() < 0.15:
                 turn["results"] = json.dumps([{"name": c["name"], "result": _result(rng)} for c in answers])
             turns.append(turn)
-        last = turns[-1]
-        ex = {"kind": last["kind"] if len(turns) == 1 else turns[0]["kind"], "source": "mix",
-              "system": home._system(rng), "tools": tools, "renamed": renamed,
-              "history": [{k: t[k] for k in ("query", "reasoning", "answers", "results") if k in t}
-                          for t in turns[:-1]],
-              "query": last["query"], "reasoning": last["reasoning"], "answers": last["answers"]}
-        if last.get("results"):        # the conversation ends on the results: answer []
-            ex["history"].append({k: last[k] for k in ("query", "reasoning", "answers")})
-            ex.update(query=last["results"], is_result=True, answers=[], reasoning="")
-        if len(turns) > 1:
-            ex["packed"] = len(turns)
-        return ex
+        return home.packed_example(turns, source="mix", system=home._system(rng), tools=tools,
+                                   renamed=renamed)
 
 
 def _result(rng):
