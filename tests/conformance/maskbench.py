@@ -7,6 +7,7 @@ import argparse
 import collections
 import gzip
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -98,8 +99,11 @@ def report(per_source, reasons, out=sys.stdout):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--path", default=str(Path(__file__).resolve().parents[3] / "shared" / "eval" / "jsonschema"
-                                          / "maskbench_public.jsonl.gz"))
+    # the data sits in ../shared beside the repository, or beside NEEDLE_CY_FIXTURES' folder
+    # (as tests/conftest.py finds it: a git worktree elsewhere sets that variable)
+    fixtures = os.environ.get("NEEDLE_CY_FIXTURES")
+    shared = Path(fixtures).parent if fixtures else Path(__file__).resolve().parents[3] / "shared"
+    ap.add_argument("--path", default=str(shared / "eval" / "jsonschema" / "maskbench_public.jsonl.gz"))
     ap.add_argument("--backend", default="cython")
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--every", type=int, default=1)
