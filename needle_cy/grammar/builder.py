@@ -46,6 +46,8 @@ class Compiler:
         self.oneof_alts = {}     # oneOf choice node -> the pointers of its alternatives (in order)
         self._pure_levels = {}   # oneOf choice node -> _pure_oneof_level's answer
         self._approx_void = set()    # nodes whose object type a required disputed key dropped
+        self.approx_types = {}   # enum node -> type bits of values it dropped only because a
+                                 # program judging them is approximate (see fill)
         self._disjoint_memo = {}  # (node, node, type bit) -> _disjoint's answer
         self.str_sup = {}        # approximate string node -> automata whose intersection holds every
                                  # string its schema allows (patterns read "either"), see _disjoint
@@ -145,7 +147,7 @@ class Compiler:
             finally:
                 del self._filling[nid]
                 self._value_depth = value_depth
-            if self.p.types[nid] == 0:
+            if self.p.types[nid] == 0 and nid not in self.approx_types:
                 if nid in self._approx_void:
                     # nothing is left only because of an approximation (a required key the
                     # regex engines read differently): the false schema here would make a
@@ -274,13 +276,25 @@ class Compiler:
             trivial = all(set(sch) - q.excl - ANNOTATIONS <= {"type", "enum", "const", "not"}
                           for q, sch in flat)
             kept = []
+            unsure = 0    # type bits of values dropped only because a judging program is approximate
             for v in enum_vals:
-                if not trivial and not self._value_ok(v, rest_parts):
-                    continue
+                if not trivial:
+                    ok, certain = self._value_ok(v, rest_parts, verdict=True)
+                    if not ok:
+                        unsure |= 0 if certain else _value_type_bit(v)
+                        continue
                 # dropped when the `not` schema holds -- or may hold: its program is approximate
-                if any(self._value_ok(v, [_Part(f"{q.ptr}/not")], unsure=True) for q, _ in nots):
+                held = [self._value_ok(v, [_Part(f"{q.ptr}/not")], unsure=True, verdict=True) for q, _ in nots]
+                if any(ok for ok, _ in held):
+                    unsure |= 0 if all(certain for ok, certain in held if ok) else _value_type_bit(v)
                     continue
                 kept.append(v)
+            if unsure:
+                # the node refuses values its schema may allow (fuzz finding, seed 9020: an enum
+                # string dropped by an approximate `not` vanished from a oneOf, whose other
+                # alternative then took it alone): approximate for check_oneof, in those types
+                self.approx.add(nid)
+                self.approx_types[nid] = unsure
             # "type": "integer" takes integer syntax only, with or without an enum (1.0 is not
             # an integer in draft 4 and is refused by plain "integer" in every draft)
             self._make_enum(nid, kept, int_only=not types & T_NUM)
@@ -376,7 +390,7 @@ class Compiler:
         then drops the object type although the schema allows objects)."""
         p = self.p
         if p.kind[nid] != NODE_CHOICE:
-            return p.types[nid] | (T_OBJ if nid in self.approx else 0)
+            return p.types[nid] | (T_OBJ if nid in self.approx else 0) | self.approx_types.get(nid, 0)
         if nid in seen:
             return T_ALL
         t = 0
@@ -514,6 +528,8 @@ class Compiler:
                 return 2 if n in hot else (1 if n in hot_nl else 0)
             return max([self._approx_level(a, t, hot, hot_nl, seen + (n,)) for a in self._alts(n)
                         if self._types_of(a) & t], default=0)
+        if self.approx_types.get(n, 0) & t:
+            return 2     # an enum that dropped a value of this type under an approximation
         if not p.types[n] & t:
             return 0
         if t == T_STR:
@@ -552,6 +568,8 @@ class Compiler:
                 return all(self._disjoint(c, y, t, depth + 1) for c in self._alts(x) if self._types_of(c) & t)
         if not self._types_of(a) & self._types_of(b) & t:
             return True
+        if (self.approx_types.get(a, 0) | self.approx_types.get(b, 0)) & t:
+            return False     # a value it dropped is no fact of its schema
 
         def apart(lo1, hi1, lo2, hi2):
             return (hi1 >= 0 and lo2 > hi1) or (hi2 >= 0 and lo1 > hi2)
@@ -670,18 +688,23 @@ class Compiler:
         # a copy is as approximate as its source (for the per-type levels of check_oneof)
         if src in self.approx:
             self.approx.add(nid)
+        if src in self.approx_types:
+            self.approx_types[nid] = self.approx_types[src]
         if src in self.approx_nl:
             self.approx_nl.add(nid)
         if src >= len(p.kind) or p.kind[src] is None:
             raise AssertionError
 
-    def _value_ok(self, value, parts, unsure=False):
+    def _value_ok(self, value, parts, unsure=False, verdict=False):
         """Whether a concrete JSON value satisfies a conjunction (compiled, then run on the
         runtime: the C one, the Python reference only where the extension is not built).
         The program may refuse values the conjunction allows (see ``approx``): a refusal then
-        answers ``unsure``.  A conjunction's program is built once per compile and its runtime
-        made on first use: every value of an enum is run on the same one (making a C runtime
-        costs more than the Python reference's lazy start, so once rather than per value)."""
+        answers ``unsure``.  ``verdict``: (that answer, whether it is certain) -- a refusal by
+        an approximate program is not, unless its approximations concern only strings ending
+        in a newline and the value holds none.  A conjunction's program is built once per
+        compile and its runtime made on first use: every value of an enum is run on the same
+        one (making a C runtime costs more than the Python reference's lazy start, so once
+        rather than per value)."""
         key = tuple(sorted(q.key() for q in parts))
         hit = self._value_programs.get(key)
         if hit is None:
@@ -690,9 +713,11 @@ class Compiler:
             sub.schema.draft = self.schema.draft
             root = sub.node(parts)
             sub.check_oneof()
-            hit = self._value_programs[key] = [sub, root, root in sub.reaches_approx(), None]
-        sub, root, approx, grammar = hit
-        if unsure and approx:
+            level = 2 if root in sub.reaches_approx(sub.approx) else 1 if root in sub.reaches_approx() else 0
+            hit = self._value_programs[key] = [sub, root, level, None]
+        sub, root, level, grammar = hit
+        approx = level == 2 or (level == 1 and _holds_nl_end(value))
+        if unsure and approx and not verdict:
             return True
         if grammar is None:
             sub.p.root = root
@@ -700,7 +725,7 @@ class Compiler:
         try:
             texts = [compact(value)]
         except ValueError:
-            return False
+            return (False, True) if verdict else False
         if unsure and isinstance(value, (int, float)) and not isinstance(value, bool):
             # a number is the same value in every spelling the enum will take ("1", "1.0"):
             # the `not` filter drops it when its schema holds for any of them (fuzz finding,
@@ -709,7 +734,11 @@ class Compiler:
         for text in texts:
             st = grammar.start()
             if st.feed(text.encode("utf-8")) and st.is_complete():
-                return True
+                return (True, True) if verdict else True
+        if verdict:
+            # refused: certain where the program is exact; under `unsure` an approximate
+            # program's refusal reads as "may hold"
+            return (unsure and approx, not approx)
         return False
 
     def _make_enum(self, nid, values, int_only=False):
@@ -1334,6 +1363,17 @@ def _const_schema(v):
         return {"type": "array", "prefixItems": [_const_schema(x) for x in v], "items": False,
                 "minItems": len(v)}
     return {"const": v}
+
+
+def _holds_nl_end(v):
+    """Whether a JSON value holds a string (a key too) that ends in a newline."""
+    if isinstance(v, str):
+        return v.endswith("\n")
+    if isinstance(v, list):
+        return any(_holds_nl_end(x) for x in v)
+    if isinstance(v, dict):
+        return any(k.endswith("\n") or _holds_nl_end(x) for k, x in v.items())
+    return False
 
 
 def _value_type_bit(v):
