@@ -661,10 +661,37 @@ D3 = DRAFTS[3]
     ({"$schema": D3, "not": {}}, 1, True),
     ({"$schema": D3, "type": "object", "required": ["a"]}, {}, True),
     ({"$schema": D3, "type": "any", "enum": [{"a": 1}]}, {"a": 2}, False),
+    # jsonschema reads any true `required` there (a list is no draft-3 form; requiring is
+    # the stricter reading), fuzz finding, seed 9504
+    ({"$schema": D3, "properties": {"a": {"required": ["x"]}}}, {}, False),
+    # draft 3's time is hh:mm:ss (strptime "%H:%M:%S"), not RFC 3339's (fuzz finding, seed 9501)
+    ({"$schema": D3, "type": "string", "format": "time"}, "12:00:00Z", False),
+    ({"$schema": D3, "type": "string", "format": "time"}, "12:00:00", True),
+    ({"$schema": D3, "type": "string", "format": "time"}, "1:2:3", True),
+    ({"$schema": D3, "type": "string", "format": "time"}, "23:59:60", False),
+    ({"$schema": D3, "type": "string", "format": "time"}, "24:00:00", False),
+    ({"$schema": D3, "type": "string", "format": "time"}, "12:00:00 ", False),
 ])
 def test_draft3_forms(schema, value, accepted, backend):
     assert oracle(schema, value) == accepted, "expectation disagrees with jsonschema"
     assert compile_schema(schema, backend).accepts(text(value)) == accepted
+
+
+def test_draft3_time_is_strptime():
+    """Draft 3's time format against the checker jsonschema runs, on every short spelling:
+    exact on ASCII digits, and a Unicode digit strptime takes is refused (narrowed)."""
+    import itertools
+    from datetime import datetime
+    g = compile_schema({"$schema": D3, "type": "string", "format": "time"})
+    digits = [str(i) for i in range(10)] + ["00", "09", "23", "24", "59", "60", "61", "7a", "\u0661"]
+    for h, m, sec in itertools.product(["0", "1", "09", "19", "23", "24", "123"], digits, ["0", "5", "59", "60", "05"]):
+        value = f"{h}:{m}:{sec}"
+        try:
+            valid = bool(datetime.strptime(value, "%H:%M:%S"))
+        except ValueError:
+            valid = False
+        assert g.accepts(text(value)) == (valid and value.isascii()), value
+
 
 
 # contains: each item is counted through a marking alternative (items and contains); without

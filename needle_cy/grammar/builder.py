@@ -14,7 +14,8 @@ from . import runtime
 from .automata import (NFA, _all_dfa, _dead_dfa, _reach_sets, complement_dfa, intersect_dfas, literal_dfa,
                        nfa_to_dfa, product_dfa, prune_dfa_keep)
 from .charset import MAX_CP, cs_norm
-from .formats import ENFORCED_FORMATS, FORMAT_MAX_LENGTH, FORMAT_REGEX, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format, format_defined
+from .formats import (ENFORCED_FORMATS, FORMAT_MAX_LENGTH, NARROWED_FORMATS, UNENFORCED_STANDARD_FORMATS, draft_format,
+                      format_defined, format_regex)
 from .keywords import ANNOTATIONS, SUPPORTED, _nonneg_int
 from .limits import (ANY_NODE, COMPILE_BUDGET_S, COUNT_CAP, MAX_NODES, MAX_NUM_EXP, NEVER_NODE, NODE_CHOICE,
                      NODE_VALUE, N_INT, N_MINUS, N_ZERO, T_ALL, T_ARR, T_FALSE, T_INT, T_NULL, T_NUM, T_OBJ,
@@ -888,7 +889,7 @@ class Compiler:
 
     def _format(self, name, ptr):
         """The DFA of a built-in format (``FORMAT_REGEX``: ASCII rules, read as written)."""
-        return self._pattern(FORMAT_REGEX[name], ptr)
+        return self._pattern(format_regex(name, self.schema.draft), ptr)
 
     def _fill_number(self, nid, flat, types):
         p = self.p
@@ -1110,9 +1111,11 @@ class Compiler:
             if self.schema.draft <= 3 and "properties" in sch and "properties" not in ex \
                     and not part.ptr.startswith("~syn"):
                 # draft 3: a property schema's `required: true` makes its object require it
+                # (any true value, as jsonschema reads it: a list there is no draft-3 form,
+                # and requiring is the stricter reading)
                 for k in sch["properties"]:
                     sub = self.schema.raw(f"{part.ptr}/properties/{_escape_ptr(k)}")
-                    if isinstance(sub, dict) and sub.get("required") is True:
+                    if isinstance(sub, dict) and sub.get("required"):
                         required.add(k)
             if "minProperties" in sch and "minProperties" not in ex:
                 p.obj_min[nid] = max(p.obj_min[nid], _nonneg_int(sch["minProperties"], part.ptr, "minProperties"))

@@ -31,6 +31,19 @@ def draft_format(name, draft):
     return name
 
 
+# draft 3's "time" is hh:mm:ss (jsonschema: datetime.strptime "%H:%M:%S": one or two digits
+# each, hours to 23, seconds to 59) -- not RFC 3339's full-time, which needs an offset.
+# Narrowed: ASCII digits only (strptime's \d also takes a Unicode digit, "0:\u0661:0")
+DRAFT3_TIME_REGEX = r"^(?:2[0-3]|[01][0-9]|[0-9]):(?:[0-5][0-9]|[0-9]):(?:[0-5][0-9]|[0-9])$"
+
+
+def format_regex(name, draft):
+    """The regex of the enforced format ``name`` (a ``draft_format`` name) in ``draft``."""
+    if name == "time" and draft <= 3:
+        return DRAFT3_TIME_REGEX
+    return FORMAT_REGEX[name]
+
+
 def format_defined(name, draft):
     """False where ``draft`` does not define the (enforced) format ``name``, so that it is
     an annotation there by the letter of the draft: "date" and "time" are formats of
