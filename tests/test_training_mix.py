@@ -264,3 +264,42 @@ def test_a_run_retrains_its_tokenizer_on_the_mix(corpus_root, tmp_path):
     assert int(z["ids"].max()) < 700 and len(z["offsets"]) == 13 and "target_mask" in z
     sources = {json.loads(line)["source"] for line in (run / "data_m2.jsonl").read_text().splitlines()}
     assert "catalogue" in sources
+
+
+def test_marker_spellings_in_outside_text_are_trained_as_text(train_tools, tmp_path):
+    """Version 2 writes chat-marker spellings into a few conversations' outside text with
+    the answers kept; the token file holds exactly the markers the template writes (the
+    agent's encoding), and an example without such text has sentencepiece's ids."""
+    import numpy as np
+    from needle_cy.archive import Archive
+    from needle_cy.training import train
+
+    mixer = mix.Mixer(seed=3, tools=train_tools, version=2, marker_share=0.5)
+    plain = mix.Mixer(seed=3, tools=train_tools, version=2, marker_share=0.0)
+    examples = [mixer.example() for _ in range(40)]
+    same = [plain.example() for _ in range(40)]
+    marked = [i for i, ex in enumerate(examples) if ex.get("marker_text")]
+    assert 8 <= len(marked) <= 32
+    for i, (ex, ref) in enumerate(zip(examples, same)):
+        assert ex["answers"] == ref["answers"]          # the same conversations, answers kept
+        assert data.has_marker_text(ex) == (i in marked)
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(ex) + "\n" for ex in examples), encoding="utf-8")
+    record = os.path.join(os.path.dirname(data.__file__), "..", "models", "default.cact")
+    with Archive.open(record) as archive:
+        tok = train.ArchiveTokenizer(archive.tokenizer_bytes)
+    with pytest.raises(ValueError, match="tokenizer.record"):
+        train._tokenize(tok, str(path), str(tmp_path / "x.npz"))
+    train._tokenize(tok, str(path), str(tmp_path / "t.npz"), text_tok=tok.tok)
+    z = np.load(tmp_path / "t.npz")
+    marker_ids = {tok.piece_to_id(m) for m in data.CHAT_MARKERS}
+    for i, ex in enumerate(examples):
+        ids = z["ids"][z["offsets"][i]:z["offsets"][i + 1]].tolist()
+        prompt_ids = ids[1:z["prompt_lens"][i]]
+        prompt, target = data.render(ex)
+        parts, _ = data.render_parts(ex)
+        template_markers = sum(part.count(m) for part in parts if type(part) is str for m in data.CHAT_MARKERS)
+        assert sum(prompt_ids.count(m) for m in marker_ids) == template_markers
+        assert tok.tok.decode(prompt_ids).strip() == prompt.strip()
+        if i not in marked:
+            assert prompt_ids == tok.encode(prompt)

@@ -1622,28 +1622,48 @@ def generate(n, seed=0, **kwargs):
 
 def render(example):
     """(prompt, target) strings of the Needle template (spec §7.1, §7.3)."""
+    parts, target = render_parts(example)
+    return "".join(parts), target
+
+
+def render_parts(example):
+    """(prompt parts, target) of ``render``: plain ``str`` parts are the template, and
+    ``prompt.OutsideText`` parts the text that comes from outside it at inference (system
+    facts, the tools JSON, requests, tool results), which ``prompt.encode_template``
+    encodes with marker spellings as text, as the agent does."""
+    from needle_cy.prompt import OutsideText
+
     system = (example.get("system") or "").strip()
-    prompt = f"{IM_START}system\n{system}{IM_END}\n" if system else ""
-    prompt += f"{IM_START}user\n{TOOLS_START}{compact(example['tools'])}{TOOLS_END}\n"
+    parts = [f"{IM_START}system\n", OutsideText(system), f"{IM_END}\n"] if system else []
+    parts += [f"{IM_START}user\n{TOOLS_START}", OutsideText(compact(example["tools"])), f"{TOOLS_END}\n"]
     history = example.get("history") or []
     for i, turn in enumerate(history):
         if i:
-            prompt += f"{IM_START}user\n"
-        prompt += f"{turn['query']}{IM_END}\n{IM_START}assistant\n"
-        prompt += _target(turn.get("reasoning", ""), turn["answers"]) + "\n"
+            parts.append(f"{IM_START}user\n")
+        parts += [OutsideText(turn["query"]), f"{IM_END}\n{IM_START}assistant\n",
+                  _target(turn.get("reasoning", ""), turn["answers"]) + "\n"]
         if turn.get("results") is not None:
             results = turn["results"]     # a string is inserted verbatim, as the agent does
             results = results if isinstance(results, str) else compact(results)
-            prompt += (f"{IM_START}user\n{RESULT_START}{results}{RESULT_END}"
-                       f"{IM_END}\n{IM_START}assistant\n{CALL_START}[]{CALL_END}{IM_END}\n")
+            parts += [f"{IM_START}user\n{RESULT_START}", OutsideText(results),
+                      f"{RESULT_END}{IM_END}\n{IM_START}assistant\n{CALL_START}[]{CALL_END}{IM_END}\n"]
     if history:
-        prompt += f"{IM_START}user\n"
+        parts.append(f"{IM_START}user\n")
     if example.get("is_result"):
-        prompt += f"{RESULT_START}{example['query']}{RESULT_END}"
+        parts += [RESULT_START, OutsideText(example["query"]), RESULT_END]
     else:
-        prompt += example["query"]
-    prompt += f"{IM_END}\n{IM_START}assistant\n"
-    return prompt, _target(example.get("reasoning", ""), example["answers"])
+        parts.append(OutsideText(example["query"]))
+    parts.append(f"{IM_END}\n{IM_START}assistant\n")
+    return parts, _target(example.get("reasoning", ""), example["answers"])
+
+
+def has_marker_text(example):
+    """Whether a marker's spelling occurs in the example's outside text (then its prompt
+    must be encoded by parts: a plain encode would turn the spelling into the marker)."""
+    from needle_cy.prompt import OutsideText
+
+    parts, _ = render_parts(example)
+    return any(m in part for part in parts if isinstance(part, OutsideText) for m in CHAT_MARKERS)
 
 
 def _target(reasoning, answers):

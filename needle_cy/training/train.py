@@ -108,9 +108,13 @@ def _assistant_spans(ids, header, im_end):
     return spans
 
 
-def _tokenize(sp, data_path, out_path, max_len=None):
+def _tokenize(sp, data_path, out_path, max_len=None, text_tok=None):
     """[BOS] + prompt + target + [EOS] per example (prompt and target encoded separately,
     spec §7.1) into one .npz; returns the example offsets.
+
+    An example with marker spellings in its outside text (``data.has_marker_text``) has
+    its prompt encoded as the agent encodes it (``prompt.encode_template``, the spellings
+    as text) by ``text_tok``, a ``needle_cy.tokenizer.Tokenizer`` of the same pieces.
 
     With ``max_len`` (data version 3) the file also holds a ``target_mask``: every
     assistant turn of the conversation (history included) is a target, and a conversation
@@ -122,7 +126,7 @@ def _tokenize(sp, data_path, out_path, max_len=None):
             example = json.loads(line)
             while True:
                 prompt, target = data_mod.render(example)
-                p, t = sp.encode(prompt), sp.encode(target)
+                p, t = _encode_prompt(sp, text_tok, example, prompt), sp.encode(target)
                 too_long = max_len is not None and len(p) + len(t) + 2 > max_len
                 shorter = data_mod.drop_last_turn(example) if too_long else None
                 if shorter is None:
@@ -142,6 +146,31 @@ def _tokenize(sp, data_path, out_path, max_len=None):
         arrays["target_mask"] = np.concatenate(mask)
     np.savez(out_path, **arrays)
     return offsets
+
+
+def _encode_prompt(sp, text_tok, example, prompt):
+    if not data_mod.has_marker_text(example):
+        return sp.encode(prompt)
+    if text_tok is None:
+        raise ValueError("an example has chat-marker spellings in its outside text: tokenizing it "
+                         "needs the run's tokenizer.record (needle_cy's encoder), which is missing")
+    from needle_cy.prompt import encode_template
+
+    parts, _ = data_mod.render_parts(example)
+    return encode_template(text_tok, parts, dummy_prefix=True)
+
+
+def text_tokenizer(run_dir, sp=None):
+    """needle_cy's encoder over the run's pieces (``tokenizer.record``), or None."""
+    from needle_cy.tokenizer import Tokenizer
+
+    if isinstance(sp, ArchiveTokenizer):
+        return sp.tok
+    path = os.path.join(run_dir, "tokenizer.record")
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as handle:
+        return Tokenizer.from_record_bytes(handle.read())
 
 
 def _mask_turns(sp, p, t, header, im_start, im_end):
@@ -185,7 +214,7 @@ def add_data(run_dir, name, examples, seed, version):
         data_mod.write_jsonl(data_path, examples, seed=seed, version=version)
     out_path = os.path.join(run_dir, f"tokens_{name}.npz")
     max_len = max(load_run(run_dir)["hyper"]["buckets"]) if version in MIX_VERSIONS or version >= 3 else None
-    offsets = _tokenize(sp, data_path, out_path, max_len)
+    offsets = _tokenize(sp, data_path, out_path, max_len, text_tokenizer(run_dir, sp))
     lengths = np.diff(np.asarray(offsets))
     print(f"added {len(lengths)} examples (data version {version}, seed {seed}), "
           f"{int(lengths.sum())} tokens, mean {lengths.mean():.0f} in {time.time() - t0:.0f}s")
