@@ -3,6 +3,7 @@
 #
 #   training/runs/a1/resume.sh            # RUN defaults to ~/needle_runs/a1
 #   RUN=/work/runs/a1 THREADS=1 training/runs/a1/resume.sh
+#   EXTRA=--compile training/runs/a1/resume.sh   # torch.compile: ~6 % more tokens/s on one Zen 3 core
 #
 # A run folder that holds torch_state.pt (parameters, optimizer, step) resumes from it.
 # Otherwise the folder is made from the files here: run.json and the tokenizer, the
@@ -22,4 +23,4 @@ fi
 init=()
 [ -f "$RUN/torch_state.pt" ] || init=(--init "$here/weights_fp16.pt")
 export OMP_NUM_THREADS=$THREADS
-exec python -m needle_cy.training.torch_train fit "$RUN" --device cpu --threads "$THREADS" "${init[@]}"
+exec python -m needle_cy.training.torch_train fit "$RUN" --device cpu --threads "$THREADS" "${init[@]}" ${EXTRA:-}
