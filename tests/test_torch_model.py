@@ -234,3 +234,41 @@ def test_bf16_autocast_tracks_float32():
     err = rel_err(low, ref)
     assert 1e-6 < err < 0.05                       # really bf16, and still the same model
     assert (low.argmax(-1) == ref.argmax(-1)).mean() > 0.9
+
+
+@pytest.mark.parametrize("T,band,chunk", [(300, 100, 128), (1000, 256, 128), (64, 8, 16), (50, 8, 128)])
+def test_banded_attention_is_the_whole_mask(monkeypatch, T, band, chunk):
+    """Sliding-window attention in query chunks gives the outputs and gradients of one call
+    with the whole [T, T] mask (chunks shorter, equal and longer than the window)."""
+    from needle_cy.training import torch_model
+    monkeypatch.setattr(torch_model, "BAND_CHUNK", chunk)
+    F = torch.nn.functional
+    gen = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(2, 3, T, 16, generator=gen, requires_grad=True) for _ in range(3))
+    t = torch.arange(T)
+    diff = t[:, None] - t[None, :]
+    mask = torch.zeros(T, T).masked_fill(~((diff >= 0) & (diff < band)), float("-inf"))
+    whole = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
+    grads_whole = torch.autograd.grad(whole.square().sum(), (q, k, v))
+    chunked = torch_model._banded_attention(q, k, v, mask, band, 0.25)
+    grads_chunked = torch.autograd.grad(chunked.square().sum(), (q, k, v))
+    assert chunked.shape == whole.shape
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads_chunked, grads_whole):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_float_logits_match_engine_with_window_chunks(monkeypatch, tmp_path):
+    """A window shorter than the sequence, attended in chunks shorter than the window: the
+    engine's logits still."""
+    from needle_cy.training import torch_model
+    monkeypatch.setattr(torch_model, "BAND_CHUNK", 4)
+    model = _random_model(dict(num_kv_heads=2, qkv_conv_taps=3, engram_sites=(0,), sliding_window=6,
+                               global_layers=(1,)), (), 4)
+    path = tmp_path / "chunks.cact"
+    model.export(path)
+    loaded, _ = NeedleTorch.from_archive(path)
+    ref = Model.load(path, numerics="float").forward(IDS)
+    with torch.no_grad():
+        got = loaded(torch.tensor(IDS)[None])[0].numpy()
+    assert len(IDS) > 6 and rel_err(got, ref) < TOL
