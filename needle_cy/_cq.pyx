@@ -659,14 +659,14 @@ cdef extern from *:
     #define NC_INT_SUF avx512vnni
     #define NC_INT_TGT "avx512f,avx512bw,avx512vl,avx512vnni"
     #define NC_INT_DPW(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
-    #include "cq_int_kernel.h"
+    #include "csrc/cq_int_avx512_tmpl.h"
     #undef NC_INT_SUF
     #undef NC_INT_TGT
     #undef NC_INT_DPW
     #define NC_INT_SUF avx512bw
     #define NC_INT_TGT "avx512f,avx512bw,avx512vl"
     #define NC_INT_DPW(acc, a, b) _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
-    #include "cq_int_kernel.h"
+    #include "csrc/cq_int_avx512_tmpl.h"
     #undef NC_INT_SUF
     #undef NC_INT_TGT
     #undef NC_INT_DPW
@@ -690,7 +690,7 @@ cdef extern from *:
     #define NC_I2_SUF avx2int
     #define NC_I2_TGT "avx2,fma"
     #define NC_I2_DPW(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
-    #include "cq_int_avx2.h"
+    #include "csrc/cq_int_avx2_tmpl.h"
     #undef NC_I2_SUF
     #undef NC_I2_TGT
     #undef NC_I2_DPW
@@ -698,7 +698,7 @@ cdef extern from *:
     #define NC_I2_SUF avxvnni
     #define NC_I2_TGT "avx2,fma,avxvnni"
     #define NC_I2_DPW(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
-    #include "cq_int_avx2.h"
+    #include "csrc/cq_int_avx2_tmpl.h"
     #undef NC_I2_SUF
     #undef NC_I2_TGT
     #undef NC_I2_DPW
@@ -710,13 +710,13 @@ cdef extern from *:
        layout, the best AVX-512 kernel (nc_cq_lut_base: 2 avx512vnni, else 1 avx512bw) for
        every other matrix and for the A8 codes */
     #define NC_CQ_HAVE_LUT 1
-    #include "cq_lut_kernel.h"
+    #include "csrc/cq_lut.h"
     /* AMX int8 tiles for the A8 matmul (prefill), Linux only (the tile state needs the
        kernel's per-process permission), compilers that know the tile intrinsics */
     #if defined(__linux__) && !defined(NC_CQ_NO_AMX) && \
         ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
     #define NC_CQ_HAVE_AMX 1
-    #include "cq_amx_kernel.h"
+    #include "csrc/cq_amx.h"
     #endif
     static int nc_cq_lut_base(void) { return nc_cq_cpu_has_avx512vnni() ? 2 : 1; }
     static int nc_cq_lut_base_id = 0;
@@ -797,14 +797,14 @@ cdef extern from *:
     #define NC_NEON_SUF neon_dotprod
     #define NC_NEON_TGT "arch=armv8.2-a+dotprod"  /* (GCC 12 arm_neon.h wraps vdotq_s32 in this target) */
     #define NC_NEON_DOT 1
-    #include "cq_neon_kernel.h"
+    #include "csrc/cq_neon_tmpl.h"
     #undef NC_NEON_SUF
     #undef NC_NEON_TGT
     #undef NC_NEON_DOT
     #define NC_NEON_SUF neon
     #define NC_NEON_TGT "+simd"
     #define NC_NEON_DOT 0
-    #include "cq_neon_kernel.h"
+    #include "csrc/cq_neon_tmpl.h"
     #undef NC_NEON_SUF
     #undef NC_NEON_TGT
     #undef NC_NEON_DOT

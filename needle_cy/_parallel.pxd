@@ -24,7 +24,7 @@ cdef extern from *:
 
 # A thread's prefetch stream: the byte ranges it reads next, asked for into its L2 while
 # it waits at a meeting (prefetch_stream.h; the plan changes timing only).
-cdef extern from "prefetch_stream.h":
+cdef extern from "csrc/prefetch_stream.h":
     ctypedef struct nc_pf_stream:
         int n
         long long ahead
@@ -39,7 +39,7 @@ cdef extern from "prefetch_stream.h":
 # The engine's own team barrier (parallel_barrier.h: bounded spin on a generation
 # counter, then a futex; no system call when nobody sleeps).  One nc_barrier per
 # region, initialised by one thread for the team's size before any thread waits.
-cdef extern from "parallel_barrier.h":
+cdef extern from "csrc/parallel_barrier.h":
     ctypedef struct nc_barrier:
         int total
         int spins

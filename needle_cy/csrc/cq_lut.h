@@ -207,19 +207,19 @@ static inline __mmask16 nc_cql_lanes(ptrdiff_t r, ptrdiff_t r0, ptrdiff_t r1) {
 #define NC_CQL_SUF vnni
 #define NC_CQL_RTGT "avx512f,avx512bw,avx512vl,avx512vnni,prfchw"
 #define NC_CQL_DOT(acc, x) _mm512_dpwssd_epi32(acc, x, ones)
-#include "cq_lut_rows.h"
+#include "cq_lut_rows_tmpl.h"
 #undef NC_CQL_SUF
 #undef NC_CQL_RTGT
 #undef NC_CQL_DOT
 #define NC_CQL_SUF bw
 #define NC_CQL_RTGT NC_CQL_TGT
 #define NC_CQL_DOT(acc, x) _mm512_add_epi32(acc, _mm512_madd_epi16(x, ones))
-#include "cq_lut_rows.h"
+#include "cq_lut_rows_tmpl.h"
 #undef NC_CQL_SUF
 #undef NC_CQL_RTGT
 #undef NC_CQL_DOT
 
-#include "cq_lut_bytes.h"
+#include "cq_lut_bytes_tmpl.h"
 
 /* y[r] for r0 ≤ r < r1 (one token; tab its tables, scale = s·descale). */
 static void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
