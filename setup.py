@@ -39,32 +39,50 @@ EXTENSIONS = {
     "needle_cy._cq": {
         "sources": ["needle_cy/_cq.pyx"],
         "depends": [
+            "needle_cy/csrc/cpu_features.h",
             "needle_cy/csrc/cq_amx.h",
+            "needle_cy/csrc/cq_avx2.h",
+            "needle_cy/csrc/cq_avx2int.h",
+            "needle_cy/csrc/cq_avx512.h",
+            "needle_cy/csrc/cq_dispatch.h",
             "needle_cy/csrc/cq_int_avx2_tmpl.h",
             "needle_cy/csrc/cq_int_avx512_tmpl.h",
             "needle_cy/csrc/cq_lut.h",
             "needle_cy/csrc/cq_lut_bytes_tmpl.h",
             "needle_cy/csrc/cq_lut_rows_tmpl.h",
+            "needle_cy/csrc/cq_neon.h",
             "needle_cy/csrc/cq_neon_tmpl.h",
             "needle_cy/csrc/parallel_barrier.h",
             "needle_cy/csrc/prefetch_stream.h",
+            "needle_cy/csrc/wht.h",
         ],
     },
     "needle_cy._model": {
         "sources": ["needle_cy/_model.pyx"],
-        "depends": ["needle_cy/csrc/parallel_barrier.h", "needle_cy/csrc/prefetch_stream.h"],
+        "depends": [
+            "needle_cy/csrc/parallel_barrier.h",
+            "needle_cy/csrc/prefetch_stream.h",
+        ],
     },
     "needle_cy._ops": {
         "sources": ["needle_cy/_ops.pyx"],
-        "depends": ["needle_cy/csrc/parallel_barrier.h", "needle_cy/csrc/prefetch_stream.h"],
+        "depends": [
+            "needle_cy/csrc/parallel_barrier.h",
+            "needle_cy/csrc/prefetch_stream.h",
+        ],
     },
     "needle_cy._parallel": {
         "sources": ["needle_cy/_parallel.pyx"],
-        "depends": ["needle_cy/csrc/parallel_barrier.h", "needle_cy/csrc/prefetch_stream.h"],
+        "depends": [
+            "needle_cy/csrc/parallel_barrier.h",
+            "needle_cy/csrc/prefetch_stream.h",
+        ],
     },
     "needle_cy._roofline": {
         "sources": ["needle_cy/_roofline.pyx"],
-        "depends": ["needle_cy/csrc/roofline_probes.h"],
+        "depends": [
+            "needle_cy/csrc/roofline_probes.h",
+        ],
     },
     "needle_cy.grammar._runtime": {"sources": ["needle_cy/grammar/_runtime.pyx"], "depends": []},
 }
