@@ -67,8 +67,12 @@ EXTENSIONS = {
     "needle_cy._ops": {
         "sources": ["needle_cy/_ops.pyx"],
         "depends": [
+            "needle_cy/csrc/cpu_features.h",
+            "needle_cy/csrc/ops_float.h",
+            "needle_cy/csrc/ops_kv_int8.h",
             "needle_cy/csrc/parallel_barrier.h",
             "needle_cy/csrc/prefetch_stream.h",
+            "needle_cy/csrc/wht.h",
         ],
     },
     "needle_cy._parallel": {
