@@ -32,8 +32,8 @@ HERE = Path(__file__).parent
 # Every extension: module name -> its source and the csrc headers it compiles.  A plain
 # literal, so that tests/test_build_layout.py can read it without running this script
 # and check each list against the #include and cdef extern lines it stands for.
-# (_parallel.pxd includes the barrier and the prefetch streams, so every module that
-# cimports it compiles them.)
+# (_parallel.pxd includes the OpenMP team shim, the barrier and the prefetch streams, so
+# every module that cimports it compiles them; cq_dispatch.h includes every CQ kernel.)
 EXTENSIONS = {
     "needle_cy._bpe": {"sources": ["needle_cy/_bpe.pyx"], "depends": []},
     "needle_cy._cq": {
@@ -52,6 +52,7 @@ EXTENSIONS = {
             "needle_cy/csrc/cq_lut_rows_tmpl.h",
             "needle_cy/csrc/cq_neon.h",
             "needle_cy/csrc/cq_neon_tmpl.h",
+            "needle_cy/csrc/omp_team.h",
             "needle_cy/csrc/parallel_barrier.h",
             "needle_cy/csrc/prefetch_stream.h",
             "needle_cy/csrc/wht.h",
@@ -60,6 +61,8 @@ EXTENSIONS = {
     "needle_cy._model": {
         "sources": ["needle_cy/_model.pyx"],
         "depends": [
+            "needle_cy/csrc/model_avx2.h",
+            "needle_cy/csrc/omp_team.h",
             "needle_cy/csrc/parallel_barrier.h",
             "needle_cy/csrc/prefetch_stream.h",
         ],
@@ -68,6 +71,7 @@ EXTENSIONS = {
         "sources": ["needle_cy/_ops.pyx"],
         "depends": [
             "needle_cy/csrc/cpu_features.h",
+            "needle_cy/csrc/omp_team.h",
             "needle_cy/csrc/ops_float.h",
             "needle_cy/csrc/ops_kv_int8.h",
             "needle_cy/csrc/parallel_barrier.h",
@@ -78,6 +82,7 @@ EXTENSIONS = {
     "needle_cy._parallel": {
         "sources": ["needle_cy/_parallel.pyx"],
         "depends": [
+            "needle_cy/csrc/omp_team.h",
             "needle_cy/csrc/parallel_barrier.h",
             "needle_cy/csrc/prefetch_stream.h",
         ],
@@ -88,7 +93,12 @@ EXTENSIONS = {
             "needle_cy/csrc/roofline_probes.h",
         ],
     },
-    "needle_cy.grammar._runtime": {"sources": ["needle_cy/grammar/_runtime.pyx"], "depends": []},
+    "needle_cy.grammar._runtime": {
+        "sources": ["needle_cy/grammar/_runtime.pyx"],
+        "depends": [
+            "needle_cy/csrc/mulmod.h",
+        ],
+    },
 }
 
 
