@@ -1,7 +1,9 @@
 """Build script for needle_cy's Cython extensions.
 
-Every ``.pyx`` under ``needle_cy/`` is compiled (``needle_cy/grammar/_runtime.pyx`` becomes
-``needle_cy.grammar._runtime``).  OpenMP is used where a test compile
+The extensions are listed in ``EXTENSIONS`` below, each with its ``.pyx`` and the C
+headers under ``needle_cy/csrc/`` that it includes (directly, through a ``.pxd`` it
+cimports, or through another header), so that editing a header rebuilds exactly the
+extensions that compile it.  OpenMP is used where a test compile
 shows the compiler supports it; otherwise the extensions build single-threaded
 (``prange`` then runs serially).  By default the code is tuned for the local CPU
 (``-march=native`` or ``-mcpu=native``); set ``NEEDLE_CY_PORTABLE=1`` for a
@@ -26,6 +28,78 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 HERE = Path(__file__).parent
+
+# Every extension: module name -> its source and the csrc headers it compiles.  A plain
+# literal, so that tests/test_build_layout.py can read it without running this script
+# and check each list against the #include and cdef extern lines it stands for.
+# (_parallel.pxd includes the OpenMP team shim, the barrier and the prefetch streams, so
+# every module that cimports it compiles them; cq_dispatch.h includes every CQ kernel.)
+EXTENSIONS = {
+    "needle_cy._bpe": {"sources": ["needle_cy/_bpe.pyx"], "depends": []},
+    "needle_cy._cq": {
+        "sources": ["needle_cy/_cq.pyx"],
+        "depends": [
+            "needle_cy/csrc/cpu_features.h",
+            "needle_cy/csrc/cq_amx.h",
+            "needle_cy/csrc/cq_avx2.h",
+            "needle_cy/csrc/cq_avx2int.h",
+            "needle_cy/csrc/cq_avx512.h",
+            "needle_cy/csrc/cq_dispatch.h",
+            "needle_cy/csrc/cq_int_avx2_tmpl.h",
+            "needle_cy/csrc/cq_int_avx512_tmpl.h",
+            "needle_cy/csrc/cq_lut.h",
+            "needle_cy/csrc/cq_lut_bytes_tmpl.h",
+            "needle_cy/csrc/cq_lut_rows_tmpl.h",
+            "needle_cy/csrc/cq_neon.h",
+            "needle_cy/csrc/cq_neon_tmpl.h",
+            "needle_cy/csrc/omp_team.h",
+            "needle_cy/csrc/parallel_barrier.h",
+            "needle_cy/csrc/prefetch_stream.h",
+            "needle_cy/csrc/wht.h",
+        ],
+    },
+    "needle_cy._model": {
+        "sources": ["needle_cy/_model.pyx"],
+        "depends": [
+            "needle_cy/csrc/model_avx2.h",
+            "needle_cy/csrc/omp_team.h",
+            "needle_cy/csrc/parallel_barrier.h",
+            "needle_cy/csrc/prefetch_stream.h",
+        ],
+    },
+    "needle_cy._ops": {
+        "sources": ["needle_cy/_ops.pyx"],
+        "depends": [
+            "needle_cy/csrc/cpu_features.h",
+            "needle_cy/csrc/omp_team.h",
+            "needle_cy/csrc/ops_float.h",
+            "needle_cy/csrc/ops_kv_int8.h",
+            "needle_cy/csrc/parallel_barrier.h",
+            "needle_cy/csrc/prefetch_stream.h",
+            "needle_cy/csrc/wht.h",
+        ],
+    },
+    "needle_cy._parallel": {
+        "sources": ["needle_cy/_parallel.pyx"],
+        "depends": [
+            "needle_cy/csrc/omp_team.h",
+            "needle_cy/csrc/parallel_barrier.h",
+            "needle_cy/csrc/prefetch_stream.h",
+        ],
+    },
+    "needle_cy._roofline": {
+        "sources": ["needle_cy/_roofline.pyx"],
+        "depends": [
+            "needle_cy/csrc/roofline_probes.h",
+        ],
+    },
+    "needle_cy.grammar._runtime": {
+        "sources": ["needle_cy/grammar/_runtime.pyx"],
+        "depends": [
+            "needle_cy/csrc/mulmod.h",
+        ],
+    },
+}
 
 
 def _compiler():
@@ -94,22 +168,20 @@ def _extensions():
             omp_l = omp_l + san
     only = {m.strip() for m in os.environ.get("NEEDLE_CY_BUILD_ONLY", "").split(",") if m.strip()}
     exts = []
-    for pyx in sorted((HERE / "needle_cy").rglob("*.pyx")):
-        name = ".".join(pyx.relative_to(HERE / "needle_cy").with_suffix("").parts)
-        if only and name not in only and pyx.stem not in only:
+    for name, spec in EXTENSIONS.items():
+        short = name[len("needle_cy."):]
+        stem = short.rsplit(".", 1)[-1]
+        if only and short not in only and stem not in only:
             continue
         exts.append(
             Extension(
-                f"needle_cy.{name}",
-                [str(pyx.relative_to(HERE))],
+                name,
+                list(spec["sources"]),
                 include_dirs=[np.get_include(), str(HERE / "needle_cy")],
                 extra_compile_args=base_c + omp_c + arch,
                 extra_link_args=omp_l,
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-                # C headers a module includes (rebuild when they change)
-                # (every module's team code includes the barrier through _parallel.pxd)
-                depends=[str(p.relative_to(HERE)) for p in sorted((HERE / "needle_cy").glob(f"{name.lstrip('_')}_*.h"))]
-                + ["needle_cy/parallel_barrier.h", "needle_cy/prefetch_stream.h"],
+                depends=list(spec["depends"]),
             )
         )
     return cythonize(

@@ -78,13 +78,13 @@ ctypedef struct CQView:
     float int_descale          # 2^-E / sqrt(group_size)
     int16_t int_table[64]      # vpermw tables: hi [0:32], lo [32:64]
     int16_t int_perm[256]      # code lane order: chunk position i <- field offset int_perm[i]
-    # lookup kernel (kernel avx512lut, cq_lut_kernel.h): set by CQWeight.enable_lut
+    # lookup kernel (kernel avx512lut, csrc/cq_lut.h): set by CQWeight.enable_lut
     int lut_ok                 # 1: the lookup layout exists (int_fb 2 or 4, 16 <= group_size <= 256)
     const uint32_t* lut_bits   # [ceil(rows/16)][lut_n_dw][16 rows]: dword d of each row's int_packed bytes
     const float* lut_norms     # [ceil(rows/16)][n_groups][16 rows] float32
     Py_ssize_t lut_n_dw        # dwords (32/int_fb fields) per row: cols_padded · int_fb / 32
     float lut_descale          # float32(1/sqrt(group_size))
-    # tile kernel (AMX, cq_amx_kernel.h): set by prepare
+    # tile kernel (AMX, csrc/cq_amx.h): set by prepare
     int amx_ok                 # 1: tables exist (group_size 64, 128 or 256; reference.cq.amx_applies)
     int8_t amx_pieces[48]      # codewords C = c2·2^16 + c1·2^8 + c0: c2 [0:16], c1 [16:32], c0 [32:48]
     float amx_descale          # float32(2^-E / sqrt(group_size))

@@ -40,7 +40,7 @@ Three inner loops:
   with any token that is not such a vector: then the float kernels run), rotates
   the codes exactly (z = H·k, |z| ≤ 127·g, int16) and the kernels sum
   Σ C[i_j]·z_j in int32, C_k = cb_k·2^E as two int16 halves hi·B + lo looked up
-  with vpermw (cq_int_kernel.h).  A single int16 codebook (16 bits) would be an
+  with vpermw (csrc/cq_int_avx512_tmpl.h).  A single int16 codebook (16 bits) would be an
   approximation that moves the fixtures' deploy logits by a mean 0.011 (over the
   0.01 bar, measured by rounding the codebooks); the two halves keep ≥ 25 bits,
   so the result equals the float kernels' to float32 rounding (≤ 1e-6 relative
@@ -65,7 +65,7 @@ Three inner loops:
   ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512lut, avx512vnni,
   avxvnni, avx512bw, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
 * Table lookups for 2-bit fields (2 bits and ternary) and 4-bit ones on A8 inputs, AVX-512
-  (cq_lut_kernel.h, row loops in cq_lut_rows.h; kernel ``avx512lut``, what 'auto'
+  (csrc/cq_lut.h, row loops in csrc/cq_lut_rows_tmpl.h; kernel ``avx512lut``, what 'auto'
   takes on AVX-512 CPUs; the other matrices then run on avx512vnni, else avx512bw:
   ``lut_base_kernel``).  Per token every pair of rotated codes gets a 16-entry table
   of its codewords' products, fma(cb[b], z[2p+1], cb[a]·z[2p]) (T-MAC style), rounded
@@ -73,7 +73,7 @@ Three inner loops:
   vpermw on the packed nibbles looks up 16 rows × 4 fields (two pairs' tables side by
   side), and vpdpwssd against ones (vpmaddwd + vpaddd without VNNI: ``lut_dot``) adds
   them into exact int32 group sums.  With AVX-512 VBMI the matvec splits each entry
-  into its low and high bytes (cq_lut_bytes.h): one vpermb looks up 16 rows × 4
+  into its low and high bytes (csrc/cq_lut_bytes_tmpl.h): one vpermb looks up 16 rows × 4
   nibbles from four nibbles' tables side by side, vpdpbusd against ones adds them, and
   Σ q = 256·Σ hi + Σ lo is the same exact sum with 11 instructions per 16 rows × 8
   nibbles instead of 16 (faster on every matvec shape; benchmarks/history/cq.md);
@@ -98,7 +98,7 @@ Three inner loops:
   rounding (~1e-4 of a row's value, where the two-product kernel is exact to float32)
   is amplified by the A8 roundings downstream of every body matrix, so the engine
   gives 4-bit matrices the layout only for the head (see _model.pyx's _view).
-* Integer with 256-bit vectors (cq_int_avx2.h), for x86-64 CPUs without AVX-512:
+* Integer with 256-bit vectors (csrc/cq_int_avx2_tmpl.h), for x86-64 CPUs without AVX-512:
   ``avx2int`` (AVX2+FMA: vpmaddwd + vpaddd) and ``avxvnni`` (VEX vpdpwssd; cpuid
   leaf 7 subleaf 1 EAX bit 4; compiled where the compiler knows AVX-VNNI).  The
   same numbers as the AVX-512 kernels, bit for bit (tested): the same codes in the
@@ -115,7 +115,7 @@ Three inner loops:
   (benchmarks/history/cq.md), so 'auto' does not take them (``AUTO_INT256``,
   ``pick_int_kernel``); forced by name they run.  avxvnni is compiled and its
   selection tested, but no CPU it was measured on has AVX-VNNI.
-* Integer on aarch64, the same numerics bit for bit (cq_neon_kernel.h; the
+* Integer on aarch64, the same numerics bit for bit (csrc/cq_neon_tmpl.h; the
   reference's ``matmul_int`` is their executable specification and every integer
   kernel is tested against it): ``neon`` on every ARMv8-A core (byte-plane
   lookups with vqtbl1q, the int16 halves by a zip, vmlal_s16), ``neon_dotprod``
@@ -156,805 +156,12 @@ from needle_cy._parallel cimport nc_team_size
 
 cnp.import_array()
 
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #include <stddef.h>
-    #include <string.h>
-    #include <math.h>
-
-    /* AVX2 kernels, compiled with a target attribute so that even a portable
-       build (no -march) has them; used only when the CPU reports AVX2+FMA. */
-    #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) \\
-        && !defined(NC_CQ_NO_SIMD)  /* -DNC_CQ_NO_SIMD: build the portable loops only */
-    #include <immintrin.h>
-    #define NC_CQ_X86 1
-    #define NC_CQ_TARGET __attribute__((target("avx2,fma")))
-    #define NC_CQ_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
-
-    static int nc_cq_cpu_has_avx2(void) {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-
-    /* Eight 32-bit lanes of packed fields.  Never reads at or past `end`. */
-    NC_CQ_INLINE __m256i nc_cq_load_chunk(const uint8_t* p, const uint8_t* end, const int fb) {
-        __m256i v;
-        if (end - p >= 32) {
-            v = _mm256_loadu_si256((const __m256i*)p);
-        } else {
-            uint8_t buf[32];
-            memset(buf, 0, sizeof buf);
-            memcpy(buf, p, (size_t)(end - p));
-            v = _mm256_loadu_si256((const __m256i*)buf);
-        }
-        if (fb == 3) {
-            /* 24 bytes = 8 runs of 3 bytes (8 fields each): run l → lane l. */
-            v = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 1, 2, 2, 3, 4, 5, 5));
-            v = _mm256_shuffle_epi8(v, _mm256_setr_epi8(
-                0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
-                0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1));
-        }
-        return v;
-    }
-
-    /* Codewords of the low field of every lane. */
-    NC_CQ_INLINE __m256 nc_cq_decode(__m256i v, __m256 tlo, __m256 thi, const int fb) {
-        /* ≤ 2 bits: the in-lane vpermilps (reads index bits 0–1) is cheaper than vpermps */
-        if (fb <= 2) return _mm256_permutevar_ps(tlo, v);
-        __m256 lo = _mm256_permutevar8x32_ps(tlo, v);
-        if (fb == 4) {
-            __m256 hi = _mm256_permutevar8x32_ps(thi, v);
-            return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
-        }
-        return lo;
-    }
-
-    /* 4 bits: codewords of 32 indices held one per byte (idx), by byte-plane lookups.
-       T[b] holds byte b of the 16 float32 codewords (in both 128-bit halves); four
-       vpshufb give the four bytes of each codeword and two rounds of unpacks
-       reassemble them.  out[q] lane l (l < 4) is index byte 4q + l, lane l ≥ 4 is
-       index byte 16 + 4q + (l − 4). */
-    NC_CQ_INLINE void nc_cq_decode4_bytes(__m256i idx, const __m256i T[4], __m256 out[4]) {
-        const __m256i b0 = _mm256_shuffle_epi8(T[0], idx), b1 = _mm256_shuffle_epi8(T[1], idx);
-        const __m256i b2 = _mm256_shuffle_epi8(T[2], idx), b3 = _mm256_shuffle_epi8(T[3], idx);
-        const __m256i p01l = _mm256_unpacklo_epi8(b0, b1), p01h = _mm256_unpackhi_epi8(b0, b1);
-        const __m256i p23l = _mm256_unpacklo_epi8(b2, b3), p23h = _mm256_unpackhi_epi8(b2, b3);
-        out[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(p01l, p23l));
-        out[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(p01l, p23l));
-        out[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(p01h, p23h));
-        out[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(p01h, p23h));
-    }
-
-    NC_CQ_INLINE void nc_cq_byte_planes(const float* table, __m256i T[4]) {
-        /* table + 16 holds the 64 plane bytes: plane b = bytes [16b, 16b + 16) */
-        const uint8_t* planes = (const uint8_t*)(table + 16);
-        for (int b = 0; b < 4; b++)
-            T[b] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(planes + 16 * b)));
-    }
-
-    NC_CQ_INLINE float nc_cq_hsum(__m256 v) {
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        return _mm_cvtss_f32(s);
-    }
-
-    /* Lane l of a chunk covers fields l·F ... l·F + F − 1, all inside group (l·F)/g of the chunk. */
-    NC_CQ_INLINE __m256i nc_cq_lane_groups(const int F, int g) {
-        return _mm256_setr_epi32(0, F / g, 2 * F / g, 3 * F / g, 4 * F / g, 5 * F / g, 6 * F / g, 7 * F / g);
-    }
-
-    /* Group norm of each lane of chunk c (g is a power of two: g_shift = log2 g). */
-    NC_CQ_INLINE __m256 nc_cq_norm_lanes(const float* nrow, ptrdiff_t c, const int C, int g,
-                                         int g_shift, __m256i lane_groups) {
-        if (g >= C) return _mm256_broadcast_ss(nrow + ((c * C) >> g_shift));
-        return _mm256_permutevar8x32_ps(_mm256_loadu_ps(nrow + ((c * C) >> g_shift)), lane_groups);
-    }
-
-    /* One row · one rotated activation (matvec). */
-    NC_CQ_INLINE float nc_cq_row_dot_fb(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                        const float* xp, ptrdiff_t n_chunks, int g,
-                                        const float* table, const int fb) {
-        const int F = (fb == 3) ? 8 : 32 / fb;
-        const int C = 8 * F;
-        const int CB = (fb == 3) ? 24 : 32;
-        const __m256 tlo = _mm256_loadu_ps(table), thi = _mm256_loadu_ps(table + 8);
-        const int g_shift = __builtin_ctz((unsigned)g);
-        const __m256i lane_groups = nc_cq_lane_groups(F, g);
-        __m256 total = _mm256_setzero_ps();
-        if (fb == 4) {
-            /* even fields (low nibbles) then odd fields (high nibbles), 32 of each */
-            __m256i T[4];
-            nc_cq_byte_planes(table, T);
-            const __m256i low4 = _mm256_set1_epi8(0x0f);
-            for (ptrdiff_t c = 0; c < n_chunks; c++) {
-                const __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
-                const float* xc = xp + c * C;
-                __m256 d[4];
-                nc_cq_decode4_bytes(_mm256_and_si256(v, low4), T, d);
-                __m256 a0 = _mm256_mul_ps(d[0], _mm256_loadu_ps(xc));
-                __m256 a1 = _mm256_mul_ps(d[1], _mm256_loadu_ps(xc + 8));
-                __m256 a2 = _mm256_mul_ps(d[2], _mm256_loadu_ps(xc + 16));
-                __m256 a3 = _mm256_mul_ps(d[3], _mm256_loadu_ps(xc + 24));
-                nc_cq_decode4_bytes(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), T, d);
-                a0 = _mm256_fmadd_ps(d[0], _mm256_loadu_ps(xc + 32), a0);
-                a1 = _mm256_fmadd_ps(d[1], _mm256_loadu_ps(xc + 40), a1);
-                a2 = _mm256_fmadd_ps(d[2], _mm256_loadu_ps(xc + 48), a2);
-                a3 = _mm256_fmadd_ps(d[3], _mm256_loadu_ps(xc + 56), a3);
-                __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
-                total = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                                        nv, total);
-            }
-            return nc_cq_hsum(total);
-        }
-        if (fb <= 2) {
-            /* Byte-offset loads instead of some shifts: loading the chunk at byte offset k
-               puts field (8/fb)·k of every lane into its low bits, so only the fields
-               inside a byte need shifting (12 shifts per 16 steps instead of 15; shifts and
-               vpermilps compete for the same two vector pipes).  The bytes a load takes from
-               past the chunk only reach lane bits that are never shifted down. */
-            const int J = 8 / fb;  /* fields per byte */
-            for (ptrdiff_t c = 0; c < n_chunks; c++) {
-                const uint8_t* p = row + c * CB;
-                uint8_t buf[40];
-                if (end - p < 35) {
-                    memset(buf, 0, sizeof buf);
-                    memcpy(buf, p, (size_t)(end - p < 32 ? end - p : 32));
-                    p = buf;
-                }
-                const float* xc = xp + c * C;
-                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-                for (int k = 0; k < 4; k++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i*)(p + k));
-                    const float* xk = xc + 8 * J * k;
-                    for (int j = 0; j < J; j += 4) {
-                        a0 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xk + 8 * j), a0);
-                        v = _mm256_srli_epi32(v, fb);
-                        a1 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xk + 8 * j + 8), a1);
-                        v = _mm256_srli_epi32(v, fb);
-                        a2 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xk + 8 * j + 16), a2);
-                        v = _mm256_srli_epi32(v, fb);
-                        a3 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xk + 8 * j + 24), a3);
-                        v = _mm256_srli_epi32(v, fb);
-                    }
-                }
-                __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
-                total = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                                        nv, total);
-            }
-            return nc_cq_hsum(total);
-        }
-        for (ptrdiff_t c = 0; c < n_chunks; c++) {
-            __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
-            const float* xc = xp + c * C;
-            /* four accumulators: the FMA latency chain would otherwise bound the loop */
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-            for (int s = 0; s < F; s += 4) {
-                a0 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xc + 8 * s), a0);
-                v = _mm256_srli_epi32(v, fb);
-                a1 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xc + 8 * s + 8), a1);
-                v = _mm256_srli_epi32(v, fb);
-                a2 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xc + 8 * s + 16), a2);
-                v = _mm256_srli_epi32(v, fb);
-                a3 = _mm256_fmadd_ps(nc_cq_decode(v, tlo, thi, fb), _mm256_loadu_ps(xc + 8 * s + 24), a3);
-                v = _mm256_srli_epi32(v, fb);
-            }
-            __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
-            total = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                                    nv, total);
-        }
-        return nc_cq_hsum(total);
-    }
-
-    /* One row · NT rotated activations (matmul), ADDED to y[t·y_stride]: each step is
-       decoded once and scaled by the lane norms, then used by NT independent
-       accumulators.  The matmul's path for wide slices at 1–2 bits (see
-       _matmul_rows_simd): there decoding is cheap, and reading the packed row
-       beats streaming a decoded float32 copy through L1 next to the tokens. */
-    NC_CQ_INLINE void nc_cq_row_tokens_fb(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                          const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
-                                          int g, const float* table, float* y, ptrdiff_t y_stride,
-                                          const int fb, const int NT) {
-        const int F = (fb == 3) ? 8 : 32 / fb;
-        const int C = 8 * F;
-        const int CB = (fb == 3) ? 24 : 32;
-        const __m256 tlo = _mm256_loadu_ps(table), thi = _mm256_loadu_ps(table + 8);
-        const int g_shift = __builtin_ctz((unsigned)g);
-        const __m256i lane_groups = nc_cq_lane_groups(F, g);
-        __m256 acc[8];
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
-        if (fb == 4) {
-            __m256i T[4];
-            nc_cq_byte_planes(table, T);
-            const __m256i low4 = _mm256_set1_epi8(0x0f);
-            for (ptrdiff_t c = 0; c < n_chunks; c++) {
-                const __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
-                const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
-                const float* xc = xp + c * C;
-                __m256 w[8];
-                nc_cq_decode4_bytes(_mm256_and_si256(v, low4), T, w);
-                nc_cq_decode4_bytes(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), T, w + 4);
-                for (int s = 0; s < 8; s++) {
-                    const __m256 ws = _mm256_mul_ps(w[s], nv);
-                    for (int t = 0; t < NT; t++)
-                        acc[t] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
-                }
-            }
-            for (int t = 0; t < NT; t++) y[t * y_stride] += nc_cq_hsum(acc[t]);
-            return;
-        }
-        for (ptrdiff_t c = 0; c < n_chunks; c++) {
-            __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
-            const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
-            const float* xc = xp + c * C;
-            if (g >= C) {
-                /* one norm for the whole chunk: scale the register codebook once
-                   instead of every decoded step */
-                const __m256 tl = _mm256_mul_ps(tlo, nv), th = _mm256_mul_ps(thi, nv);
-                for (int s = 0; s < F; s++) {
-                    const __m256 w = nc_cq_decode(v, tl, th, fb);
-                    for (int t = 0; t < NT; t++)
-                        acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
-                    v = _mm256_srli_epi32(v, fb);
-                }
-            } else {
-                for (int s = 0; s < F; s++) {
-                    const __m256 w = _mm256_mul_ps(nc_cq_decode(v, tlo, thi, fb), nv);
-                    for (int t = 0; t < NT; t++)
-                        acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + t * xp_stride + 8 * s), acc[t]);
-                    v = _mm256_srli_epi32(v, fb);
-                }
-            }
-        }
-        for (int t = 0; t < NT; t++) y[t * y_stride] += nc_cq_hsum(acc[t]);
-    }
-
-    /* The matmul's weights, decoded: chunks c0 … c0 + nc − 1 of one row into float32
-       in the lane order of the rotated activation (xp), every codeword times its
-       group norm.  These are exactly the scaled steps the per-row loop of earlier
-       versions multiplied with; decoding them once per row and block of up to
-       64 tokens (instead of once per 8 tokens) takes the shuffles out of the
-       token loop.  c is the absolute chunk index (norms and packed bytes are
-       addressed from the row start), so a slice need not start at a group. */
-    NC_CQ_INLINE void nc_cq_decode_scaled_fb(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                             ptrdiff_t c0, ptrdiff_t nc, int g, const float* table,
-                                             float* out, const int fb) {
-        const int F = (fb == 3) ? 8 : 32 / fb;
-        const int C = 8 * F;
-        const int CB = (fb == 3) ? 24 : 32;
-        const __m256 tlo = _mm256_loadu_ps(table), thi = _mm256_loadu_ps(table + 8);
-        const int g_shift = __builtin_ctz((unsigned)g);
-        const __m256i lane_groups = nc_cq_lane_groups(F, g);
-        if (fb == 4) {
-            __m256i T[4];
-            nc_cq_byte_planes(table, T);
-            const __m256i low4 = _mm256_set1_epi8(0x0f);
-            for (ptrdiff_t c = c0; c < c0 + nc; c++) {
-                const __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
-                const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
-                float* oc = out + (c - c0) * C;
-                __m256 w[8];
-                nc_cq_decode4_bytes(_mm256_and_si256(v, low4), T, w);
-                nc_cq_decode4_bytes(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), T, w + 4);
-                for (int s = 0; s < 8; s++) _mm256_storeu_ps(oc + 8 * s, _mm256_mul_ps(w[s], nv));
-            }
-            return;
-        }
-        for (ptrdiff_t c = c0; c < c0 + nc; c++) {
-            __m256i v = nc_cq_load_chunk(row + c * CB, end, fb);
-            const __m256 nv = nc_cq_norm_lanes(nrow, c, C, g, g_shift, lane_groups);
-            float* oc = out + (c - c0) * C;
-            if (g >= C) {
-                /* one norm for the whole chunk: scale the register codebook once */
-                const __m256 tl = _mm256_mul_ps(tlo, nv), th = _mm256_mul_ps(thi, nv);
-                for (int s = 0; s < F; s++) {
-                    _mm256_storeu_ps(oc + 8 * s, nc_cq_decode(v, tl, th, fb));
-                    v = _mm256_srli_epi32(v, fb);
-                }
-            } else {
-                for (int s = 0; s < F; s++) {
-                    _mm256_storeu_ps(oc + 8 * s, _mm256_mul_ps(nc_cq_decode(v, tlo, thi, fb), nv));
-                    v = _mm256_srli_epi32(v, fb);
-                }
-            }
-        }
-    }
-
-    /* tile[t·ts] += Σ_k wd[k] · x[t·xs + k] for one decoded row and TT ≤ 8 tokens, k over
-       n_vec steps of 8: one weight load feeds TT FMAs.  Each lane accumulates its
-       products in the same order as the single-row loop of earlier versions, then
-       one horizontal sum, so a matmul gives the same bits as before.  (1 row × 8
-       tokens measured faster on an AVX2 core than 2×4, 2×6, 3×3 or 4×3 register
-       tiles, close to the two-FMA-per-cycle peak.) */
-    NC_CQ_INLINE void nc_cq_dot_row(const float* wd, const float* x, ptrdiff_t xs, ptrdiff_t n_vec,
-                                    float* tile, ptrdiff_t ts, const int TT) {
-        __m256 acc[8];
-        for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
-        for (ptrdiff_t k = 0; k < 8 * n_vec; k += 8) {
-            const __m256 wv = _mm256_loadu_ps(wd + k);
-            for (int t = 0; t < TT; t++)
-                acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * xs + k), acc[t]);
-        }
-        for (int t = 0; t < TT; t++) tile[t * ts] += nc_cq_hsum(acc[t]);
-    }
-
-    NC_CQ_INLINE void nc_cq_dot_rows(const float* wd, ptrdiff_t ws, int nr, const float* x, ptrdiff_t xs,
-                                     ptrdiff_t n_vec, float* tile, ptrdiff_t ts, const int TT) {
-        for (int r = 0; r < nr; r++)
-            nc_cq_dot_row(wd + r * ws, x, xs, n_vec, tile + r, ts, TT);
-    }
-
-    /* tile[t·ts + r] += decoded row r · token t for nr rows (row stride ws) and nt tokens
-       (row stride xs), eight tokens at a time: their slice of x stays in L1 while
-       every decoded row passes over it. */
-    static NC_CQ_TARGET void nc_cq_dot_tiles(const float* wd, ptrdiff_t ws, int nr, const float* x,
-                                             ptrdiff_t xs, int nt, ptrdiff_t n_vec, float* tile,
-                                             ptrdiff_t ts) {
-        int t = 0;
-        for (; t + 8 <= nt; t += 8)
-            nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 8);
-        switch (nt - t) {  /* the remaining tokens, as a compile-time count each */
-        case 7: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 7); break;
-        case 6: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 6); break;
-        case 5: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 5); break;
-        case 4: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 4); break;
-        case 3: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 3); break;
-        case 2: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 2); break;
-        case 1: nc_cq_dot_rows(wd, ws, nr, x + t * xs, xs, n_vec, tile + t * ts, ts, 1); break;
-        default: break;
-        }
-    }
-
-    #define NC_CQ_SPECIALISE(FB)                                                               \\
-    static NC_CQ_TARGET void nc_cq_rows_dot_##FB(const uint8_t* packed, ptrdiff_t row_bytes,    \\
-            const uint8_t* end, const float* norms, ptrdiff_t norm_stride, const float* xp,    \\
-            ptrdiff_t n_chunks, int g, const float* table, ptrdiff_t r0, ptrdiff_t r1, float* y) { \\
-        for (ptrdiff_t r = r0; r < r1; r++)                                                    \\
-            y[r] = nc_cq_row_dot_fb(packed + r * row_bytes, end, norms + r * norm_stride,      \\
-                                    xp, n_chunks, g, table, FB);                               \\
-    }                                                                                          \\
-    static NC_CQ_TARGET void nc_cq_decode_scaled_##FB(const uint8_t* row, const uint8_t* end,  \\
-            const float* nrow, ptrdiff_t c0, ptrdiff_t nc, int g, const float* table, float* out) { \\
-        nc_cq_decode_scaled_fb(row, end, nrow, c0, nc, g, table, out, FB);                     \\
-    }                                                                                          \\
-    static NC_CQ_TARGET void nc_cq_row_tokens_##FB(const uint8_t* row, const uint8_t* end,     \\
-            const float* nrow, const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks, int g, \\
-            const float* table, int nt, float* y, ptrdiff_t y_stride) {                        \\
-        for (; nt >= 8; nt -= 8, xp += 8 * xp_stride, y += 8 * y_stride)                      \\
-            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 8); \\
-        if (nt >= 4) {                                                                         \\
-            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 4); \\
-            nt -= 4; xp += 4 * xp_stride; y += 4 * y_stride;                                   \\
-        }                                                                                      \\
-        if (nt >= 2) {                                                                         \\
-            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 2); \\
-            nt -= 2; xp += 2 * xp_stride; y += 2 * y_stride;                                   \\
-        }                                                                                      \\
-        if (nt) /* one accumulator, as every token of a block: the same sum whatever */        \\
-                /* the count (a thread's share of a chunk's tokens decides the count) */       \\
-            nc_cq_row_tokens_fb(row, end, nrow, xp, xp_stride, n_chunks, g, table, y, y_stride, FB, 1); \\
-    }
-    NC_CQ_SPECIALISE(1)
-    NC_CQ_SPECIALISE(2)
-    NC_CQ_SPECIALISE(3)
-    NC_CQ_SPECIALISE(4)
-
-    /* y[r] for rows r0 ≤ r < r1 (one call per block of rows: the row loop is inlined) */
-    static void nc_cq_avx2_rows_dot(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
-                                    const float* norms, ptrdiff_t norm_stride, const float* xp,
-                                    ptrdiff_t n_chunks, int fb, int g, const float* table,
-                                    ptrdiff_t r0, ptrdiff_t r1, float* y) {
-        switch (fb) {
-        case 1: nc_cq_rows_dot_1(packed, row_bytes, end, norms, norm_stride, xp, n_chunks, g, table, r0, r1, y); break;
-        case 2: nc_cq_rows_dot_2(packed, row_bytes, end, norms, norm_stride, xp, n_chunks, g, table, r0, r1, y); break;
-        case 3: nc_cq_rows_dot_3(packed, row_bytes, end, norms, norm_stride, xp, n_chunks, g, table, r0, r1, y); break;
-        default: nc_cq_rows_dot_4(packed, row_bytes, end, norms, norm_stride, xp, n_chunks, g, table, r0, r1, y); break;
-        }
-    }
-
-    static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                      const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
-                                      int fb, int g, const float* table, int nt,
-                                      float* y, ptrdiff_t y_stride) {
-        switch (fb) {
-        case 1: nc_cq_row_tokens_1(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
-        case 2: nc_cq_row_tokens_2(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
-        case 3: nc_cq_row_tokens_3(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
-        default: nc_cq_row_tokens_4(row, end, nrow, xp, xp_stride, n_chunks, g, table, nt, y, y_stride); break;
-        }
-    }
-    static void nc_cq_avx2_decode_scaled(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                         ptrdiff_t c0, ptrdiff_t nc, int fb, int g, const float* table,
-                                         float* out) {
-        switch (fb) {
-        case 1: nc_cq_decode_scaled_1(row, end, nrow, c0, nc, g, table, out); break;
-        case 2: nc_cq_decode_scaled_2(row, end, nrow, c0, nc, g, table, out); break;
-        case 3: nc_cq_decode_scaled_3(row, end, nrow, c0, nc, g, table, out); break;
-        default: nc_cq_decode_scaled_4(row, end, nrow, c0, nc, g, table, out); break;
-        }
-    }
-    /* In-place Walsh–Hadamard transform of n = 2^k ≥ 8 floats, times scale.  Blocks of
-       up to 128 floats are transformed in registers (NV vectors): stages h = 1, 2, 4
-       inside each register (x·sign + swapped(x) gives a + b and a − b exactly, as the
-       scalar butterflies do), stages 8 … 64 between registers; longer transforms
-       finish with butterfly passes over memory. */
-    NC_CQ_INLINE void nc_cq_fwht_block(float* v, const int NV, int scale_now, __m256 k) {
-        const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
-        const __m256 s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
-        const __m256 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
-        __m256 r[32];  /* NV ≤ 16 are used; the slack quiets a false -Warray-bounds */
-        #pragma GCC unroll 16
-        for (int i = 0; i < NV; i++) {
-            __m256 a = _mm256_loadu_ps(v + 8 * i);
-            a = _mm256_fmadd_ps(a, s1, _mm256_permute_ps(a, 0xB1));
-            a = _mm256_fmadd_ps(a, s2, _mm256_permute_ps(a, 0x4E));
-            r[i] = _mm256_fmadd_ps(a, s4, _mm256_permute2f128_ps(a, a, 1));
-        }
-        #pragma GCC unroll 4
-        for (int h = 1; h < NV; h *= 2)
-            #pragma GCC unroll 16
-            for (int i = 0; i < NV; i += 2 * h)
-                #pragma GCC unroll 16
-                for (int j = i; j < i + h; j++) {
-                    const __m256 a = r[j], b = r[j + h];
-                    r[j] = _mm256_add_ps(a, b);
-                    r[j + h] = _mm256_sub_ps(a, b);
-                }
-        #pragma GCC unroll 16
-        for (int i = 0; i < NV; i++)
-            _mm256_storeu_ps(v + 8 * i, scale_now ? _mm256_mul_ps(r[i], k) : r[i]);
-    }
-
-    static NC_CQ_TARGET void nc_cq_fwht_avx2(float* v, ptrdiff_t n, float scale) {
-        const __m256 k = _mm256_set1_ps(scale);
-        const ptrdiff_t B = n < 128 ? n : 128;
-        const int scale_now = (n == B);
-        for (ptrdiff_t i = 0; i < n; i += B) {
-            switch (B) {
-            case 8: nc_cq_fwht_block(v + i, 1, scale_now, k); break;
-            case 16: nc_cq_fwht_block(v + i, 2, scale_now, k); break;
-            case 32: nc_cq_fwht_block(v + i, 4, scale_now, k); break;
-            case 64: nc_cq_fwht_block(v + i, 8, scale_now, k); break;
-            default: nc_cq_fwht_block(v + i, 16, scale_now, k); break;
-            }
-        }
-        for (ptrdiff_t h = 128; h < n; h *= 2) {
-            const int last = (2 * h == n);
-            for (ptrdiff_t i = 0; i < n; i += 2 * h) {
-                for (ptrdiff_t j = i; j < i + h; j += 8) {
-                    __m256 a = _mm256_loadu_ps(v + j), b = _mm256_loadu_ps(v + j + h);
-                    __m256 p = _mm256_add_ps(a, b), m = _mm256_sub_ps(a, b);
-                    if (last) { p = _mm256_mul_ps(p, k); m = _mm256_mul_ps(m, k); }
-                    _mm256_storeu_ps(v + j, p);
-                    _mm256_storeu_ps(v + j + h, m);
-                }
-            }
-        }
-    }
-
-    /* xp[c·C + k] = xt[c·C + perm[k]]: the rotated activation in lane order. */
-    static NC_CQ_TARGET void nc_cq_gather_chunks(const float* xt, float* xp, const int* perm,
-                                                 ptrdiff_t C, ptrdiff_t n_chunks) {
-        for (ptrdiff_t c = 0; c < n_chunks; c++) {
-            const float* src = xt + c * C;
-            float* dst = xp + c * C;
-            for (ptrdiff_t k = 0; k < C; k += 8)
-                _mm256_storeu_ps(dst + k, _mm256_i32gather_ps(
-                    src, _mm256_loadu_si256((const __m256i*)(perm + k)), 4));
-        }
-    }
-
-    /* Integer kernels on A8 codes (cq_int_kernel.h), one instantiation per instruction set. */
-    static int nc_cq_cpu_has_avx512bw(void) {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-            && __builtin_cpu_supports("avx512vl");
-    }
-    static int nc_cq_cpu_has_avx512vnni(void) {
-        return nc_cq_cpu_has_avx512bw() && __builtin_cpu_supports("avx512vnni");
-    }
-    #define NC_INT_SUF avx512vnni
-    #define NC_INT_TGT "avx512f,avx512bw,avx512vl,avx512vnni"
-    #define NC_INT_DPW(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
-    #include "cq_int_kernel.h"
-    #undef NC_INT_SUF
-    #undef NC_INT_TGT
-    #undef NC_INT_DPW
-    #define NC_INT_SUF avx512bw
-    #define NC_INT_TGT "avx512f,avx512bw,avx512vl"
-    #define NC_INT_DPW(acc, a, b) _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
-    #include "cq_int_kernel.h"
-    #undef NC_INT_SUF
-    #undef NC_INT_TGT
-    #undef NC_INT_DPW
-    /* 256-bit integer kernels (cq_int_avx2.h) for CPUs without AVX-512: AVX2, and
-       AVX-VNNI where the compiler knows it (GCC 11, clang 12, Apple clang 13). */
-    #if (defined(__clang__) && ((defined(__apple_build_version__) && __clang_major__ >= 13) \
-                                || (!defined(__apple_build_version__) && __clang_major__ >= 12))) \
-        || (!defined(__clang__) && __GNUC__ >= 11)
-    #define NC_CQ_HAVE_AVXVNNI 1
-    #else
-    #define NC_CQ_HAVE_AVXVNNI 0
-    #endif
-    #include <cpuid.h>
-    /* AVX-VNNI: cpuid leaf 7 subleaf 1, EAX bit 4 (with AVX2+FMA, whose check covers the OS ymm state) */
-    static int nc_cq_cpu_has_avxvnni(void) {
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        if (!NC_CQ_HAVE_AVXVNNI || !nc_cq_cpu_has_avx2() || __get_cpuid_max(0, 0) < 7) return 0;
-        __cpuid_count(7, 1, a, b, c, d);
-        return (int)((a >> 4) & 1u);
-    }
-    #define NC_I2_SUF avx2int
-    #define NC_I2_TGT "avx2,fma"
-    #define NC_I2_DPW(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
-    #include "cq_int_avx2.h"
-    #undef NC_I2_SUF
-    #undef NC_I2_TGT
-    #undef NC_I2_DPW
-    #if NC_CQ_HAVE_AVXVNNI
-    #define NC_I2_SUF avxvnni
-    #define NC_I2_TGT "avx2,fma,avxvnni"
-    #define NC_I2_DPW(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
-    #include "cq_int_avx2.h"
-    #undef NC_I2_SUF
-    #undef NC_I2_TGT
-    #undef NC_I2_DPW
-    #else  /* never chosen: nc_cq_cpu_has_avxvnni() is 0 */
-    #define nc_cqi2_rows_avxvnni nc_cqi2_rows_avx2int
-    #define nc_cqi2_mm_rows_avxvnni nc_cqi2_mm_rows_avx2int
-    #endif
-    /* kernel 7 (avx512lut): 2-bit lookups (cq_lut_kernel.h) for the matrices that have the
-       layout, the best AVX-512 kernel (nc_cq_lut_base: 2 avx512vnni, else 1 avx512bw) for
-       every other matrix and for the A8 codes */
-    #define NC_CQ_HAVE_LUT 1
-    #include "cq_lut_kernel.h"
-    /* AMX int8 tiles for the A8 matmul (prefill), Linux only (the tile state needs the
-       kernel's per-process permission), compilers that know the tile intrinsics */
-    #if defined(__linux__) && !defined(NC_CQ_NO_AMX) && \
-        ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
-    #define NC_CQ_HAVE_AMX 1
-    #include "cq_amx_kernel.h"
-    #endif
-    static int nc_cq_lut_base(void) { return nc_cq_cpu_has_avx512vnni() ? 2 : 1; }
-    static int nc_cq_lut_base_id = 0;
-    #define NC_CQ_BASE(kernel) ((kernel) == 7 ? (nc_cq_lut_base_id ? nc_cq_lut_base_id \
-                                                 : (nc_cq_lut_base_id = nc_cq_lut_base())) : (kernel))
-    /* kernels 3 (avx2int) and 4 (avxvnni); a8 codes and packing are the same for both */
-    #define NC_CQ_INT2_KERNEL(kernel) ((kernel) == 3 || (kernel) == 4)
-    #define NC_CQ_INT2_ROWS(kernel, ...) do { if ((kernel) == 4) nc_cqi2_rows_avxvnni(__VA_ARGS__); \
-                                             else nc_cqi2_rows_avx2int(__VA_ARGS__); } while (0)
-    #define NC_CQ_INT2_MM_ROWS(kernel, ...) do { if ((kernel) == 4) nc_cqi2_mm_rows_avxvnni(__VA_ARGS__); \
-                                                else nc_cqi2_mm_rows_avx2int(__VA_ARGS__); } while (0)
-    static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
-                               const float* norms, ptrdiff_t norm_stride, const int16_t* z,
-                               ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
-                               float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
-        kernel = NC_CQ_BASE(kernel);
-        if (NC_CQ_INT2_KERNEL(kernel)) {
-            NC_CQ_INT2_ROWS(kernel, packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
-                            table, base, scale, r0, r1, y);
-            return;
-        }
-        if (kernel == 2)
-            nc_cqi_rows_avx512vnni(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
-                                   table, base, scale, r0, r1, y);
-        else
-            nc_cqi_rows_avx512bw(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
-                                 table, base, scale, r0, r1, y);
-    }
-    static int nc_cq_int_a8_codes(int kernel, const float* x, ptrdiff_t n, float* kf, float* s) {
-        kernel = NC_CQ_BASE(kernel);
-        if (NC_CQ_INT2_KERNEL(kernel)) return nc_cqi2_a8_codes_avx2int(x, n, kf, s);
-        return kernel == 2 ? nc_cqi_a8_codes_avx512vnni(x, n, kf, s) : nc_cqi_a8_codes_avx512bw(x, n, kf, s);
-    }
-    static void nc_cq_int_pack_codes(int kernel, const float* kf, ptrdiff_t n_chunks, int fb, int16_t* z) {
-        kernel = NC_CQ_BASE(kernel);
-        if (NC_CQ_INT2_KERNEL(kernel)) nc_cqi2_pack_codes_avx2int(kf, n_chunks, fb, z);
-        else if (kernel == 2) nc_cqi_pack_codes_avx512vnni(kf, n_chunks, fb, z);
-        else nc_cqi_pack_codes_avx512bw(kf, n_chunks, fb, z);
-    }
-    static void nc_cq_int_mm_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
-                                  const float* norms, ptrdiff_t norm_stride, const int16_t* z,
-                                  ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
-                                  const int16_t* table, float base, const float* s, float descale,
-                                  ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
-        kernel = NC_CQ_BASE(kernel);
-        if (NC_CQ_INT2_KERNEL(kernel)) {
-            NC_CQ_INT2_MM_ROWS(kernel, packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
-                               n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
-            return;
-        }
-        if (kernel == 2)
-            nc_cqi_mm_rows_avx512vnni(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
-                                      n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
-        else
-            nc_cqi_mm_rows_avx512bw(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
-                                    n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
-    }
-
-    #else
-    static int nc_cq_cpu_has_avx512bw(void) { return 0; }
-    static int nc_cq_cpu_has_avx512vnni(void) { return 0; }
-    static int nc_cq_cpu_has_avxvnni(void) { return 0; }
-    #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(NC_CQ_NO_SIMD)
-    /* Integer kernels on A8 codes for aarch64 (cq_neon_kernel.h): NEON is part of every
-       ARMv8-A core; the dot product extension (sdot) is detected at run time. */
-    #include <arm_neon.h>
-    #define NC_CQ_NEON 1
-    #if defined(__linux__)
-    #include <sys/auxv.h>
-    #ifndef HWCAP_ASIMDDP
-    #define HWCAP_ASIMDDP (1 << 20)
-    #endif
-    static int nc_cq_cpu_has_neon_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
-    #else
-    static int nc_cq_cpu_has_neon_dotprod(void) { return 0; }  /* no detection here yet */
-    #endif
-    static int nc_cq_cpu_has_neon(void) { return 1; }
-    #define NC_NEON_SUF neon_dotprod
-    #define NC_NEON_TGT "arch=armv8.2-a+dotprod"  /* (GCC 12 arm_neon.h wraps vdotq_s32 in this target) */
-    #define NC_NEON_DOT 1
-    #include "cq_neon_kernel.h"
-    #undef NC_NEON_SUF
-    #undef NC_NEON_TGT
-    #undef NC_NEON_DOT
-    #define NC_NEON_SUF neon
-    #define NC_NEON_TGT "+simd"
-    #define NC_NEON_DOT 0
-    #include "cq_neon_kernel.h"
-    #undef NC_NEON_SUF
-    #undef NC_NEON_TGT
-    #undef NC_NEON_DOT
-    /* kernel: 6 neon_dotprod, 5 neon */
-    static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
-                               const float* norms, ptrdiff_t norm_stride, const int16_t* z,
-                               ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
-                               float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {
-        if (kernel == 6)
-            nc_cqn_rows_neon_dotprod(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
-                                     table, base, scale, r0, r1, y);
-        else
-            nc_cqn_rows_neon(packed, row_bytes, end, norms, norm_stride, z, n_chunks, fb, g,
-                             table, base, scale, r0, r1, y);
-    }
-    static int nc_cq_int_a8_codes(int kernel, const float* x, ptrdiff_t n, float* kf, float* s) {
-        return nc_cqn_a8_codes_neon(x, n, kf, s);   /* (no dot products in it) */
-    }
-    static void nc_cq_int_pack_codes(int kernel, const float* kf, ptrdiff_t n_chunks, int fb, int16_t* z) {
-        if (kernel == 6) nc_cqn_pack_codes_neon_dotprod(kf, n_chunks, fb, z);
-        else nc_cqn_pack_codes_neon(kf, n_chunks, fb, z);
-    }
-    static void nc_cq_int_mm_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
-                                  const float* norms, ptrdiff_t norm_stride, const int16_t* z,
-                                  ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
-                                  const int16_t* table, float base, const float* s, float descale,
-                                  ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {
-        if (kernel == 6)
-            nc_cqn_mm_rows_neon_dotprod(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
-                                        n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
-        else
-            nc_cqn_mm_rows_neon(packed, row_bytes, end, norms, norm_stride, z, z_stride, n_tokens,
-                                n_chunks, fb, g, table, base, s, descale, r0, r1, Y, y_stride);
-    }
-    #else
-    static void nc_cq_int_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
-                               const float* norms, ptrdiff_t norm_stride, const int16_t* z,
-                               ptrdiff_t n_chunks, int fb, int g, const int16_t* table, float base,
-                               float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {}
-    static int nc_cq_int_a8_codes(int kernel, const float* x, ptrdiff_t n, float* kf, float* s) { return 0; }
-    static void nc_cq_int_pack_codes(int kernel, const float* kf, ptrdiff_t n_chunks, int fb, int16_t* z) {}
-    static void nc_cq_int_mm_rows(int kernel, const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
-                                  const float* norms, ptrdiff_t norm_stride, const int16_t* z,
-                                  ptrdiff_t z_stride, ptrdiff_t n_tokens, ptrdiff_t n_chunks, int fb, int g,
-                                  const int16_t* table, float base, const float* s, float descale,
-                                  ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {}
-    #endif
-    static int nc_cq_cpu_has_avx2(void) { return 0; }
-    static void nc_cq_avx2_row_tokens(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                      const float* xp, ptrdiff_t xp_stride, ptrdiff_t n_chunks,
-                                      int fb, int g, const float* table, int nt,
-                                      float* y, ptrdiff_t y_stride) {}
-    static void nc_cq_avx2_decode_scaled(const uint8_t* row, const uint8_t* end, const float* nrow,
-                                         ptrdiff_t c0, ptrdiff_t nc, int fb, int g, const float* table,
-                                         float* out) {}
-    static void nc_cq_dot_tiles(const float* wd, ptrdiff_t ws, int nr, const float* x,
-                                ptrdiff_t xs, int nt, ptrdiff_t n_vec, float* tile, ptrdiff_t ts) {}
-    static void nc_cq_fwht_avx2(float* v, ptrdiff_t n, float scale) {}
-    static void nc_cq_avx2_rows_dot(const uint8_t* packed, ptrdiff_t row_bytes, const uint8_t* end,
-                                    const float* norms, ptrdiff_t norm_stride, const float* xp,
-                                    ptrdiff_t n_chunks, int fb, int g, const float* table,
-                                    ptrdiff_t r0, ptrdiff_t r1, float* y) {}
-    static void nc_cq_gather_chunks(const float* xt, float* xp, const int* perm,
-                                    ptrdiff_t C, ptrdiff_t n_chunks) {}
-    #endif
-
-    #if !defined(NC_CQ_NEON)
-    static int nc_cq_cpu_has_neon(void) { return 0; }
-    static int nc_cq_cpu_has_neon_dotprod(void) { return 0; }
-    #endif
-
-    #if !defined(NC_CQ_HAVE_LUT)   /* no AVX-512: kernel 7 is never chosen, the layout never made */
-    #define NC_CQ_HAVE_LUT 0
-    static int nc_cq_lut_base(void) { return 0; }
-    static int nc_cql_dot = 0;
-    static int nc_cq_cpu_has_avx512vbmi(void) { return 0; }
-    static inline int nc_cql_dot_mode(void) { return 0; }
-    static void nc_cql_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_t rows, ptrdiff_t n_dw,
-                                const float* norms, ptrdiff_t norm_stride, ptrdiff_t n_groups,
-                                uint32_t* bits, float* pnorms) {}
-    static void nc_cql_tables(const float* kf, ptrdiff_t n, const float* codebook, int fb, float* tab) {}
-    static void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                            int g, int fb, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {}
-    static void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                               int g, int fb, const float* kf, ptrdiff_t kf_stride, const float* codebook,
-                               ptrdiff_t n_tokens, const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
-                               float* Y, ptrdiff_t y_stride, float* scratch, ptrdiff_t scratch_floats) {}
-    static ptrdiff_t nc_cql_tile_tokens(ptrdiff_t n_dw, ptrdiff_t scratch_floats) { return 0; }
-    static void nc_cql_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_t n_dw, const float* codebook,
-                                   int fb, int nt, float* tab) {}
-    static void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
-                                 int g, int fb, const float* tab, int nt, const float* s, float descale,
-                                 ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {}
-    #endif
-
-    #if !defined(NC_CQ_HAVE_AMX)   /* no tile kernel in this build: never enabled */
-    #define NC_CQ_HAVE_AMX 0
-    static int nc_cqa_cpu_supported(void) { return 0; }
-    static void nc_cqa_pack_token(const float* kf, ptrdiff_t Pa, int8_t* zh, int8_t* zl) {}
-    static ptrdiff_t nc_cqa_scratch_floats(ptrdiff_t n_groups) { return 0; }
-    static void nc_cqa_mm_rows(const uint8_t* packed, ptrdiff_t row_bytes, const float* norms,
-                               ptrdiff_t norm_stride, ptrdiff_t n_groups, int g, int fb, const int8_t* pieces,
-                               const int8_t* zh, const int8_t* zl, ptrdiff_t Pa, ptrdiff_t nt, const float* s,
-                               float descale, ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride,
-                               float* scratch) {}
-    #endif
-    /* Whether A8 matmuls of AMX_MIN_TOKENS or more tokens run on the tiles (set by _cq at
-       import from the CPU and NEEDLE_CY_CQ_AMX; set_amx). */
-    static int nc_cqa_enabled = 0;
-
-    /* Run-time switch for tests and comparisons (1 = use AVX2 where possible). */
-    static int nc_cq_simd_enabled = -1;
-    static int nc_cq_use_simd(int view_simd) {
-        if (nc_cq_simd_enabled < 0) nc_cq_simd_enabled = nc_cq_cpu_has_avx2();
-        return view_simd && nc_cq_simd_enabled;
-    }
-    /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni,
-       3 avx2int, 4 avxvnni, 5 neon, 6 neon_dotprod, 7 avx512lut (2-bit lookups, else 2 or 1). */
-    static int nc_cq_int_kernel = -1;
-    /* The choice from CPU features (a pure function: the tests try feature sets this CPU lacks).
-       With int256: AVX-VNNI where AVX-512 VNNI is not, AVX2 where AVX-512 BW is not. */
-    static int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma, int int256) {
-        if (avx512bw) return 7;   /* the 2-bit lookups; every other matrix on avx512vnni or avx512bw */
-        if (int256 && avxvnni && avx2fma) return 4;
-        if (int256 && avx2fma) return 3;
-        return 0;
-    }
-    /* Whether 'auto' takes the 256-bit integer kernels: not yet.  Measured on a
-       portable (AVX2) build, avx2int is slower than the float AVX2 kernels in decode
-       and prefill, most at 2 bits (benchmarks/history/cq.md): without vpermw its
-       lookups cost as many shuffles as the float decode saves, and each MAC is two
-       int16 products plus an add.  avxvnni fuses the add; no CPU it was measured on
-       has it.  Forced by name they run (NEEDLE_CY_CQ_KERNEL, set_kernel). */
-    #ifndef NC_CQ_AUTO_INT256
-    #define NC_CQ_AUTO_INT256 0
-    #endif
-    static int nc_cq_best_int_kernel(void) {
-        if (nc_cq_cpu_has_neon()) return nc_cq_cpu_has_neon_dotprod() ? 6 : 5;
-        return nc_cq_pick_int_kernel(nc_cq_cpu_has_avx512bw(), nc_cq_cpu_has_avx512vnni(),
-                                     nc_cq_cpu_has_avxvnni(), nc_cq_cpu_has_avx2(), NC_CQ_AUTO_INT256);
-    }
-    static int nc_cq_active_int_kernel(void) {
-        if (nc_cq_int_kernel < 0) nc_cq_int_kernel = nc_cq_best_int_kernel();
-        return nc_cq_int_kernel;
-    }
-    """
+# The kernels in C (needle_cy/csrc/): cq_dispatch.h includes every kernel header and
+# holds the run-time choice of kernel; the declarations below are what _cq calls.
+cdef extern from "csrc/cq_dispatch.h":
     int nc_cq_cpu_has_avx2() nogil
     int nc_cq_simd_enabled
     int nc_cq_use_simd(int view_simd) noexcept nogil
-    void nc_cq_fwht_avx2(float* v, Py_ssize_t n, float scale) noexcept nogil
     void nc_cq_gather_chunks(const float* xt, float* xp, const int* perm,
                              Py_ssize_t C, Py_ssize_t n_chunks) noexcept nogil
     void nc_cq_avx2_rows_dot(const uint8_t* packed, Py_ssize_t row_bytes, const uint8_t* end,
@@ -1024,6 +231,9 @@ cdef extern from *:
                            Py_ssize_t r0, Py_ssize_t r1, float* Y, Py_ssize_t y_stride) noexcept nogil
 
 
+cdef extern from "csrc/wht.h":
+    void nc_wht(float* v, Py_ssize_t n, float scale, int simd) noexcept nogil
+
 TERNARY_BITS = 5
 # Below this many multiply–adds per thread an OpenMP fork costs more than it saves.
 cdef Py_ssize_t MIN_MACS_PER_THREAD = 65536
@@ -1050,24 +260,9 @@ cdef Py_ssize_t WORK_HEADER = 16     # floats before the rotated tokens in a wor
 # ---------------------------------------------------------------------------
 
 cdef void cq_fwht_scaled(float* v, Py_ssize_t n, float scale) noexcept nogil:
-    """In-place Walsh–Hadamard transform (Sylvester order) of length n, times scale."""
-    cdef Py_ssize_t h = 1, i, j
-    cdef float a, b
-    if n >= 8 and nc_cq_use_simd(1):
-        nc_cq_fwht_avx2(v, n, scale)
-        return
-    while h < n:
-        i = 0
-        while i < n:
-            for j in range(i, i + h):
-                a = v[j]
-                b = v[j + h]
-                v[j] = a + b
-                v[j + h] = a - b
-            i += 2 * h
-        h *= 2
-    for j in range(n):
-        v[j] *= scale
+    """In-place Walsh–Hadamard transform (Sylvester order) of length n, times scale
+    (csrc/wht.h: the AVX2 path where this module's kernel switch allows it)."""
+    nc_wht(v, n, scale, nc_cq_use_simd(1))
 
 
 cdef inline float _hadamard_scale(int g) noexcept nogil:
@@ -1245,7 +440,7 @@ cdef inline bint _lut_path(const CQView* w) noexcept nogil:
 
 
 cdef inline bint _amx_path(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
-    """Whether an integer rotation of n_tokens for w takes the tile form (cq_amx_kernel.h):
+    """Whether an integer rotation of n_tokens for w takes the tile form (csrc/cq_amx.h):
     the tiles enabled (an AVX-512 integer kernel active) or the portable loop of the
     same numerics forced (set_amx('portable')), tables made, AMX_MIN_TOKENS or more,
     and no lookup layout running w.  The 2-bit lookups stay: whole-model prefill on the
@@ -1274,7 +469,7 @@ cdef inline int _int_form(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
 #   int16 codes [T, P] at WORK_HEADER, then the A8 scales [T] (a block of 16-float
 #   multiples), then P floats of scratch for one token's float codes.  Word 0 = 2
 #   (lookup form): the rotated codes as floats [T, P] at WORK_HEADER, one token's
-#   tables (cq_lut_kernel.h's header and int16 entries, made when T = 1: the matvec's,
+#   tables (csrc/cq_lut.h's header and int16 entries, made when T = 1: the matvec's,
 #   shared by every matrix that shares the rotation; a matmul makes each tile's own),
 #   then the scales and the scratch as above.
 cdef inline int16_t* _int_codes(float* work) noexcept nogil:
@@ -1339,7 +534,7 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
     (or a NaN/inf) refuses the whole chunk, and the caller rotates the floats as
     usual.  The codes are rotated exactly (an unscaled FWHT of small integers in
     float32) and stored as int16 in the integer kernels' lane order (AVX-512:
-    nc_cqi_a8_codes and nc_cqi_pack_codes in cq_int_kernel.h).  Several tokens are
+    nc_cqi_a8_codes and nc_cqi_pack_codes in csrc/cq_int_avx512_tmpl.h).  Several tokens are
     split between up to `threads` threads, each with its own float scratch (on one
     thread the rotation kept the other waiting, a visible share of a 2-thread prefill);
     a refused token marks its scale -1.  In the lookup form (_lut_path) each token's
@@ -1603,13 +798,7 @@ cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
             y[r] = _row_dot_scalar(w, r, xt)
 
 
-cdef extern from *:
-    """
-    /* every 64-byte line of [p, p + n) into L2 (prefetcht1) */
-    static inline void nc_prefetch_bytes_l2(const char* p, Py_ssize_t n) {
-        for (Py_ssize_t i = 0; i < n; i += 64) __builtin_prefetch(p + i, 0, 2);
-    }
-    """
+cdef extern from "csrc/prefetch_stream.h":
     void _prefetch_bytes "nc_prefetch_bytes_l2"(const char* p, Py_ssize_t n) noexcept nogil
 
 
@@ -2174,7 +1363,7 @@ cdef class CQWeight:
                                  and nc_cq_cpu_has_avx512bw() and v.rows >= LUT_MIN_ROWS))
 
     def enable_lut(self, arena=None):
-        """Make the lookup layout of the avx512lut kernel (cq_lut_kernel.h) if this
+        """Make the lookup layout of the avx512lut kernel (csrc/cq_lut.h) if this
         matrix can take it (lut_applies: 2- or 4-bit fields, a group size of 16 … 256)
         and the CPU has AVX-512 F/BW/VL.  A copy as large as the packed rows (3-bit
         ones as nibbles) plus the norms again, made once; the engine asks for it in deploy
@@ -2388,13 +1577,13 @@ def lut_base_kernel():
     return _INT_NAMES.get(nc_cq_lut_base())
 
 
-_LUT_DOTS = ("bw", "vnni", "vbmi")     # nc_cql_dot's values 0, 1, 2 (cq_lut_kernel.h)
+_LUT_DOTS = ("bw", "vnni", "vbmi")     # nc_cql_dot's values 0, 1, 2 (csrc/cq_lut.h)
 
 
 def lut_dot(name=None):
     """Which row loops of the lookups run: 'vbmi' (byte tables, vpermb + vpdpbusd;
-    cq_lut_bytes.h), 'vnni' (int16 tables, vpermw + vpdpwssd) or 'bw' (vpermw +
-    vpmaddwd + vpaddd; cq_lut_rows.h), all three the same bits; by default the first
+    csrc/cq_lut_bytes_tmpl.h), 'vnni' (int16 tables, vpermw + vpdpwssd) or 'bw' (vpermw +
+    vpmaddwd + vpaddd; csrc/cq_lut_rows_tmpl.h), all three the same bits; by default the first
     this CPU has.  name: force one for a test or a comparison ('vnni' only where the CPU
     has AVX-512 VNNI, 'vbmi' where it also has VBMI).  Returns the previous one (None
     without the lookup kernel)."""

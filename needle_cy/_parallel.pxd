@@ -3,28 +3,14 @@
 # thread alone: the size is 1 and a barrier does nothing, so code written for a
 # team runs serially, unchanged.
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    /* An orphaned barrier: it binds to the innermost enclosing parallel region at run
-       time (a team of one outside any), so every thread of the team must reach it. */
-    static inline void nc_team_barrier(void) {
-    #pragma omp barrier
-    }
-    static inline int nc_team_size(void) { return omp_get_num_threads(); }
-    #else
-    static inline void nc_team_barrier(void) {}
-    static inline int nc_team_size(void) { return 1; }
-    #endif
-    """
+cdef extern from "csrc/omp_team.h":
     void nc_team_barrier() noexcept nogil
     int nc_team_size() noexcept nogil
 
 
 # A thread's prefetch stream: the byte ranges it reads next, asked for into its L2 while
 # it waits at a meeting (prefetch_stream.h; the plan changes timing only).
-cdef extern from "prefetch_stream.h":
+cdef extern from "csrc/prefetch_stream.h":
     ctypedef struct nc_pf_stream:
         int n
         long long ahead
@@ -39,7 +25,7 @@ cdef extern from "prefetch_stream.h":
 # The engine's own team barrier (parallel_barrier.h: bounded spin on a generation
 # counter, then a futex; no system call when nobody sleeps).  One nc_barrier per
 # region, initialised by one thread for the team's size before any thread waits.
-cdef extern from "parallel_barrier.h":
+cdef extern from "csrc/parallel_barrier.h":
     ctypedef struct nc_barrier:
         int total
         int spins

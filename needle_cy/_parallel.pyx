@@ -14,17 +14,7 @@ from needle_cy._parallel cimport (nc_barrier, nc_barrier_init, nc_barrier_wait, 
                                   nc_team_size, nc_pf_stream, nc_pf_clear, nc_pf_add, nc_pf_rewind, nc_pf_done,
                                   nc_pf_next, NC_PF_RANGES)
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int nc_openmp_enabled(void) { return 1; }
-    static int nc_omp_max_threads(void) { return omp_get_max_threads(); }
-    #else
-    static int nc_openmp_enabled(void) { return 0; }
-    static int nc_omp_max_threads(void) { return 1; }
-    #endif
-    """
+cdef extern from "csrc/omp_team.h":
     int nc_openmp_enabled() nogil
     int nc_omp_max_threads() nogil
 

@@ -28,7 +28,7 @@ import time
 cimport cython
 from libc.stdint cimport int64_t, uint64_t
 
-cdef extern from "roofline_probes.h":
+cdef extern from "csrc/roofline_probes.h":
     const char* nc_rf_fma_isa()
     const char* nc_rf_int8_isa()
     const char* nc_rf_int16_isa()

@@ -1,4 +1,4 @@
-"""The AMX tile matmul (needle_cy/cq_amx_kernel.h) and its numerics.
+"""The AMX tile matmul (needle_cy/csrc/cq_amx.h) and its numerics.
 
 A8 matmuls of _cq.AMX_MIN tokens or more run on int8 tiles where the CPU has AMX
 (reference.cq.matmul_amx specifies them bit for bit); the same numerics run in a

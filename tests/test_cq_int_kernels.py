@@ -1,5 +1,5 @@
-"""The integer CQ kernels (A8 inputs, needle_cy/cq_int_kernel.h on x86-64,
-needle_cy/cq_neon_kernel.h on aarch64) against the NumPy reference.
+"""The integer CQ kernels (A8 inputs, needle_cy/csrc/cq_int_avx512_tmpl.h on x86-64,
+needle_cy/csrc/cq_neon_tmpl.h on aarch64) against the NumPy reference.
 
 Every integer kernel this CPU has (each forced with set_kernel; the others skip
 with the instruction set they need: avxvnni needs AVX-VNNI, which AVX-512 CPUs
@@ -401,7 +401,7 @@ def test_neon_dotprod_detection_and_override():
 
 
 # ---------------------------------------------------------------------------
-# avx512lut: the table lookups of 2-bit matrices (cq_lut_kernel.h)
+# avx512lut: the table lookups of 2-bit matrices (csrc/cq_lut.h)
 # ---------------------------------------------------------------------------
 
 def _need_lut():

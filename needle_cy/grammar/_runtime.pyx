@@ -27,14 +27,7 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-cdef extern from *:
-    """
-    typedef unsigned __int128 ng_u128;
-    static inline unsigned long long ng_mulmod(unsigned long long a, unsigned long long b,
-                                               unsigned long long m) {
-        return (unsigned long long)(((ng_u128)a * b) % m);
-    }
-    """
+cdef extern from "csrc/mulmod.h":
     unsigned long long ng_mulmod(unsigned long long a, unsigned long long b, unsigned long long m) nogil
 
 # frame kinds and phases (needle_cy.grammar.limits holds the same numbers for Python; a test compares them)

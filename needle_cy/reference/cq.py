@@ -238,7 +238,7 @@ def matvec(W, x):
 
 
 # ---------------------------------------------------------------------------
-# the integer kernels' numerics (A8 inputs; _cq's cq_int_kernel.h / cq_neon_kernel.h)
+# the integer kernels' numerics (A8 inputs; _cq's csrc/cq_int_avx512_tmpl.h / csrc/cq_neon_tmpl.h)
 # ---------------------------------------------------------------------------
 
 def int_tables(W):
@@ -351,7 +351,7 @@ def matmul_int(W, X):
 
 
 # ---------------------------------------------------------------------------
-# the tile kernel's numerics (AMX int8 tiles; _cq's cq_amx_kernel.h)
+# the tile kernel's numerics (AMX int8 tiles; _cq's csrc/cq_amx.h)
 # ---------------------------------------------------------------------------
 
 AMX_CODE_MAX = 127 * 65536 - 32896   # |C| of a codeword such that its top signed byte stays ≤ 127
@@ -441,7 +441,7 @@ def matmul_amx(W, X):
     return (acc * scale[:, None]).astype(np.float32)
 
 # ---------------------------------------------------------------------------
-# the lookup kernel's numerics (2- and 4-bit fields, A8 inputs; _cq's cq_lut_kernel.h)
+# the lookup kernel's numerics (2- and 4-bit fields, A8 inputs; _cq's csrc/cq_lut.h)
 # ---------------------------------------------------------------------------
 
 def lut_applies(bits, group_size):

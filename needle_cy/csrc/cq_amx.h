@@ -1,6 +1,6 @@
 /* CQ matmul on AMX int8 tiles (x86 with AMX-TILE + AMX-INT8, Linux), deploy numerics.
 
-   Included by _cq.pyx on x86-64 Linux builds.  What it computes is specified bit for
+   Included by cq_dispatch.h; compiled on x86-64 Linux builds.  What it computes is specified bit for
    bit by needle_cy.reference.cq.matmul_amx: per token the rotated A8 codes z (exact
    integers, |z| ≤ 127·g) as two signed bytes z = 256·zh + zl, per codeword
    C = rint(cb·2^E) = c2·2^16 + c1·2^8 + c0 three signed bytes, and per (token, row,
@@ -25,6 +25,17 @@
    block from the packed fields (an index byte per field, a dword gather per tile row,
    one `vpshufb` per piece) into the caller's scratch, once per row block and token
    block of up to NC_AMX_MAX_TILES × 16 tokens. */
+
+#ifndef NEEDLE_CY_CQ_AMX_H
+#define NEEDLE_CY_CQ_AMX_H
+
+#include "cpu_features.h"
+
+/* Linux only (the tile state needs the kernel's per-process permission), compilers
+   that know the tile intrinsics; elsewhere cq_dispatch.h's stubs stand in. */
+#if defined(NC_CQ_X86) && defined(__linux__) && !defined(NC_CQ_NO_AMX) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define NC_CQ_HAVE_AMX 1
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -206,3 +217,7 @@ static __attribute__((target(NC_AMX_TGT))) void nc_cqa_mm_rows(
     }
     _tile_release();
 }
+
+#endif  /* NC_CQ_HAVE_AMX */
+
+#endif  /* NEEDLE_CY_CQ_AMX_H */

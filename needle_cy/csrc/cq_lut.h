@@ -6,7 +6,7 @@
    and a dword holds 8 fields instead of 16 (dwords per group g·fb/32).  The lookups,
    the layout and the sums are the same code.
 
-   Included once by _cq.pyx (kernel 7, "avx512lut").  See the module docstring of
+   Included once, by cq_dispatch.h (kernel 7, "avx512lut"; x86 builds only).  See the module docstring of
    _cq.pyx for where it runs; needle_cy.reference.cq.matmul_lut is its executable
    specification, and every function here is tested against it bit for bit.
 
@@ -47,6 +47,14 @@
    caller): a 16-float header (float 0: 2^-k), then per dword d and step k the 32
    int16 entries [q_{8d+k}[0:16], q_{8d+4+k}[0:16]]. */
 
+#ifndef NEEDLE_CY_CQ_LUT_H
+#define NEEDLE_CY_CQ_LUT_H
+
+#include "cpu_features.h"
+
+#if defined(NC_CQ_X86)
+#define NC_CQ_HAVE_LUT 1
+
 #define NC_CQL_TGT "avx512f,avx512bw,avx512vl,prfchw"
 #define NC_CQL_AI static inline __attribute__((always_inline, target(NC_CQL_TGT)))
 #define NC_CQL_FN static __attribute__((target(NC_CQL_TGT)))
@@ -60,22 +68,19 @@
 #endif
 
 /* Which row loops run, and so which table layout the tables take (read once, or set
-   by _cq.lut_dot for a test): NC_CQL_VBMI (cq_lut_bytes.h, byte tables) where the CPU
-   has AVX-512 VBMI and VNNI, else NC_CQL_VNNI (vpdpwssd), else NC_CQL_BW (vpmaddwd +
-   vpaddd); the last two read int16 tables (cq_lut_rows.h).  The same bits all three. */
+   by _cq.lut_dot for a test): NC_CQL_VBMI (cq_lut_bytes_tmpl.h, byte tables) where the CPU
+   has AVX-512 VBMI and VNNI (cpu_features.h), else NC_CQL_VNNI (vpdpwssd), else NC_CQL_BW (vpmaddwd +
+   vpaddd); the last two read int16 tables (cq_lut_rows_tmpl.h).  The same bits all three. */
 #define NC_CQL_BW 0
 #define NC_CQL_VNNI 1
 #define NC_CQL_VBMI 2
-static int nc_cq_cpu_has_avx512vbmi(void) {
-    return nc_cq_cpu_has_avx512vnni() && __builtin_cpu_supports("avx512vbmi");
-}
 static int nc_cql_dot = -1;
 static inline int nc_cql_dot_mode(void) {
     if (nc_cql_dot < 0)
         nc_cql_dot = nc_cq_cpu_has_avx512vbmi() ? NC_CQL_VBMI : (nc_cq_cpu_has_avx512vnni() ? NC_CQL_VNNI : NC_CQL_BW);
     return nc_cql_dot;
 }
-/* the matmul's row loops: the int16 tables always (VBMI's take VNNI's, see cq_lut_bytes.h) */
+/* the matmul's row loops: the int16 tables always (VBMI's take VNNI's, see cq_lut_bytes_tmpl.h) */
 static inline int nc_cql_mm_dot(void) { return nc_cql_dot_mode() == NC_CQL_VBMI ? NC_CQL_VNNI : nc_cql_dot_mode(); }
 
 /* The lookup layout of a matrix of 2-bit fields (portable C; bits and pnorms zeroed
@@ -138,7 +143,7 @@ NC_CQL_FN float nc_cql_token_scale(const float* kf, ptrdiff_t n, const float* co
 
 /* The int16 entries of the nibbles [0, n·fb/4) of a token at table scale S (kf[0:n], n
    a multiple of 32/fb: whole dwords), in the layout above (bytes = 0) or split into
-   low and high bytes for the VBMI row loops (bytes = 1, cq_lut_bytes.h): nibble p is
+   low and high bytes for the VBMI row loops (bytes = 1, cq_lut_bytes_tmpl.h): nibble p is
    pair p (fields 2p, 2p+1) at fb 2, field p at fb 4. */
 NC_CQL_AI void nc_cql_entries_at(const float* kf, ptrdiff_t n, const float* codebook, int fb, float S,
                                  int16_t* out, int bytes) {
@@ -203,23 +208,23 @@ static inline __mmask16 nc_cql_lanes(ptrdiff_t r, ptrdiff_t r0, ptrdiff_t r1) {
         _mm512_mask_storeu_ps(y + 16 * rb, nc_cql_lanes(16 * rb, r0, r1), _mm512_mul_ps(acc, sc));  \
     }
 
-/* the row loops, once per instruction set (cq_lut_rows.h) */
+/* the row loops, once per instruction set (cq_lut_rows_tmpl.h) */
 #define NC_CQL_SUF vnni
 #define NC_CQL_RTGT "avx512f,avx512bw,avx512vl,avx512vnni,prfchw"
 #define NC_CQL_DOT(acc, x) _mm512_dpwssd_epi32(acc, x, ones)
-#include "cq_lut_rows.h"
+#include "cq_lut_rows_tmpl.h"
 #undef NC_CQL_SUF
 #undef NC_CQL_RTGT
 #undef NC_CQL_DOT
 #define NC_CQL_SUF bw
 #define NC_CQL_RTGT NC_CQL_TGT
 #define NC_CQL_DOT(acc, x) _mm512_add_epi32(acc, _mm512_madd_epi16(x, ones))
-#include "cq_lut_rows.h"
+#include "cq_lut_rows_tmpl.h"
 #undef NC_CQL_SUF
 #undef NC_CQL_RTGT
 #undef NC_CQL_DOT
 
-#include "cq_lut_bytes.h"
+#include "cq_lut_bytes_tmpl.h"
 
 /* y[r] for r0 ≤ r < r1 (one token; tab its tables, scale = s·descale). */
 static void nc_cql_rows(const uint32_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
@@ -303,3 +308,7 @@ NC_CQL_FN void nc_cql_mm_rows(const uint32_t* bits, const float* pnorms, ptrdiff
 #undef NC_CQL_FN
 #undef NC_CQL_AI
 #undef NC_CQL_TGT
+
+#endif  /* NC_CQ_X86 */
+
+#endif  /* NEEDLE_CY_CQ_LUT_H */

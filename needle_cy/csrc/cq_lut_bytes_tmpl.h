@@ -1,9 +1,10 @@
-/* The row loops of the lookup kernel (cq_lut_kernel.h) on byte tables: AVX-512 VBMI +
+/* The row loops of the lookup kernel (cq_lut.h) on byte tables: AVX-512 VBMI +
    VNNI (Ice Lake, Sapphire Rapids and later Intel cores; AMD from Zen 4).  Included once by
-   cq_lut_kernel.h; what they compute is the same exact integer group sums as
-   cq_lut_rows.h's, so the same bits.
+   cq_lut.h, inside its x86 section and after its NC_CQL_* macros and helpers (no
+   defines of its own); what they compute is the same exact integer group sums as
+   cq_lut_rows_tmpl.h's, so the same bits.
 
-   Why.  cq_lut_rows.h spends four instructions per vpermw of 32 words (16 rows × 2
+   Why.  cq_lut_rows_tmpl.h spends four instructions per vpermw of 32 words (16 rows × 2
    nibbles): a shift and a ternary op to make the indices, the lookup, the vpdpwssd.
    Here an int16 entry q is split into its low byte (q & 255, unsigned) and its high
    byte (q >> 8, signed): q = 256·hi + lo, so a group's Σ q is 256·Σ hi + Σ lo, both
@@ -15,7 +16,7 @@
    its high bytes (4 vpermb), and vpdpbusd against ones adds each row's four bytes into
    its int32 lane.  11 instructions per 16 rows × 8 nibbles instead of 16: faster than
    the vpdpwssd loops on every matvec shape, most from cache (benchmarks/history/cq.md).
-   The matmul keeps the int16 tables and cq_lut_rows.h's tiles, where the index vectors
+   The matmul keeps the int16 tables and cq_lut_rows_tmpl.h's tiles, where the index vectors
    are shared by 4 tokens anyway: byte tiles were slower in a whole-model prefill.
 
    Table layout (nc_cql_entries_at with bytes = 1; the same 256 bytes a dword as the

@@ -1,6 +1,6 @@
 /* Integer CQ matvec and matmul on A8 activations: one instantiation per instruction set.
 
-   Included by _cq.pyx once per x86 variant, with
+   Included by cq_avx512.h once per x86 variant, with
      NC_INT_SUF   name suffix (avx512vnni, avx512bw)
      NC_INT_TGT   target attribute string
      NC_INT_DPW   acc += Σ pairs of int16 products (vpdpwssd, or vpmaddwd + vpaddd)

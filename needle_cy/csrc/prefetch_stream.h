@@ -20,6 +20,7 @@
 #ifndef NEEDLE_CY_PREFETCH_STREAM_H
 #define NEEDLE_CY_PREFETCH_STREAM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define NC_PF_RANGES 2048
@@ -111,6 +112,18 @@ static inline int nc_pf_pump(nc_pf_stream* s) {
     __builtin_prefetch(line, 0, 2);
 #endif
     return 1;
+}
+
+/* Plain prefetch loops, for a caller that asks for a whole range at once instead of
+   through a stream (_cq.cq_prefetch_rows: a block of a matrix's rows; _model: a
+   thread's share of the next weights).  Both ask for L2 (prefetcht1), as the pump does. */
+/* every 64-byte line of [p, p + n) into L2 (prefetcht1) */
+static inline void nc_prefetch_bytes_l2(const char* p, ptrdiff_t n) {
+    for (ptrdiff_t i = 0; i < n; i += 64) __builtin_prefetch(p + i, 0, 2);
+}
+/* every 16th float of [p, p + n): one per 64-byte line */
+static inline void nc_prefetch_floats(const float* p, ptrdiff_t n) {
+    for (ptrdiff_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 2);
 }
 
 #endif

@@ -1,15 +1,15 @@
-/* Integer CQ matvec and matmul on A8 activations for aarch64 NEON (cq_int_kernel.h's x86
+/* Integer CQ matvec and matmul on A8 activations for aarch64 NEON (cq_int_avx512_tmpl.h's x86
    kernels, with the same numerics).
 
-   Included by _cq.pyx once per variant, with
+   Included by cq_neon.h once per variant, with
      NC_NEON_SUF   name suffix (neon, neon_dotprod)
      NC_NEON_TGT   target attribute string ("+dotprod", or "" for the baseline)
      NC_NEON_DOT   1: int8 byte planes and vdotq_s32 (sdot); 0: int16 halves and vmlal_s16
    The build target stays -march=armv8-a (Raspberry Pi 3/4 have no dotprod), so the
    dotprod variant is compiled with a function target attribute and chosen at run
-   time (getauxval, see _cq.pyx).
+   time (getauxval, see cpu_features.h).
 
-   What both compute is exactly the x86 kernels' arithmetic (cq_int_kernel.h):
+   What both compute is exactly the x86 kernels' arithmetic (cq_int_avx512_tmpl.h):
    chunks of 32 packed bytes (256/fb fields), lane l (0 ≤ l < 16) of a chunk holding
    the fields of bytes 2l and 2l + 1 (16/fb consecutive fields, one group); per lane
    and per flush (a group, or a chunk where a chunk spans several groups) the int32
@@ -62,7 +62,7 @@ NC_NEON_AI uint8x16_t NC_NEON_FN(nc_cqn_load)(const uint8_t* p, const uint8_t* e
     return vld1q_u8(buf);
 }
 
-/* The lane-sum tree of cq_int_kernel.h's nc_cqi_hsum8 for one set of 16 totals. */
+/* The lane-sum tree of cq_int_avx512_tmpl.h's nc_cqi_hsum8 for one set of 16 totals. */
 NC_NEON_AI float NC_NEON_FN(nc_cqn_hsum16)(const float32x4_t t[4]) {
     const float32x4_t q = vaddq_f32(vaddq_f32(t[0], t[2]), vaddq_f32(t[1], t[3]));
     const float a = vgetq_lane_f32(q, 0) + vgetq_lane_f32(q, 2);

@@ -1,11 +1,11 @@
 /* Integer CQ matvec and matmul on A8 activations with 256-bit vectors (AVX2, AVX-VNNI).
 
-   Included by _cq.pyx once per variant, with
+   Included by cq_avx2int.h once per variant, with
      NC_I2_SUF   name suffix (avx2int, avxvnni)
      NC_I2_TGT   target attribute string
      NC_I2_DPW   acc += Σ pairs of int16 products (vpmaddwd + vpaddd, or VEX vpdpwssd)
 
-   The same numbers as cq_int_kernel.h, bit for bit (the tests compare them): the
+   The same numbers as cq_int_avx512_tmpl.h, bit for bit (the tests compare them): the
    same rotated codes z in the same order (z[c·C + 32·s + w] = code of field s of
    byte w of chunk c), the same integer codebook halves hi·B + lo, the same 16
    "lanes" per chunk (lane l sums bytes 2l, 2l+1 of every step in int32), the same
@@ -29,7 +29,7 @@
    Both halves of a chunk need 4 accumulators per token; 16 ymm registers hold
    them for few tokens, so the lanes are summed one half (8 lanes) at a time: for
    each conversion block, half 0 over its chunks, flush, then half 1 (the float
-   totals of a tile live in L1, as in cq_int_kernel.h). */
+   totals of a tile live in L1, as in cq_int_avx512_tmpl.h). */
 
 #ifndef NC_I2_PF_ROWS
 #define NC_I2_PF_ROWS 8   /* matvec prefetch distance in rows (as NC_INT_PF_ROWS) */
@@ -72,7 +72,7 @@ NC_I2_AI void NC_I2_FN(nc_cqi2_decode)(__m256i bytes, __m256i plane_lo, __m256i 
     *w1 = _mm256_unpackhi_epi8(l, h);
 }
 
-/* Σ of 16 lanes (lo: lanes 0..7, hi: 8..15) by cq_int_kernel.h's tree:
+/* Σ of 16 lanes (lo: lanes 0..7, hi: 8..15) by cq_int_avx512_tmpl.h's tree:
    q_j = (v_j + v_{j+8}) + (v_{j+4} + v_{j+12}), then (q_0 + q_2) + (q_1 + q_3). */
 NC_I2_AI float NC_I2_FN(nc_cqi2_hsum16)(__m256 lo, __m256 hi) {
     const __m256 a = _mm256_add_ps(lo, hi);
@@ -82,7 +82,7 @@ NC_I2_AI float NC_I2_FN(nc_cqi2_hsum16)(__m256 lo, __m256 hi) {
 }
 
 /* The float part of a flush for 8 lanes: total += (hi·B + lo)·ν lane by lane, as
-   cq_int_kernel.h (acc0: lanes 0..3, acc1: lanes 4..7, each [hi | lo]). */
+   cq_int_avx512_tmpl.h (acc0: lanes 0..3, acc1: lanes 4..7, each [hi | lo]). */
 NC_I2_AI __m256 NC_I2_FN(nc_cqi2_flush)(__m256i acc0, __m256i acc1, __m256 base, __m256 nv, __m256 total) {
     const __m256 f0 = _mm256_cvtepi32_ps(acc0), f1 = _mm256_cvtepi32_ps(acc1);
     const __m256 hi = _mm256_permute2f128_ps(f0, f1, 0x20), lo = _mm256_permute2f128_ps(f0, f1, 0x31);
@@ -212,7 +212,7 @@ static __attribute__((target(NC_I2_TGT))) void NC_I2_FN(nc_cqi2_rows)(
     }
 }
 
-/* ---- the A8 codes of one token: nc_cqi_a8_codes of cq_int_kernel.h, 8 lanes at a time ----
+/* ---- the A8 codes of one token: nc_cqi_a8_codes of cq_int_avx512_tmpl.h, 8 lanes at a time ----
    (the same operations element by element, so the same acceptance, s and codes) */
 NC_I2_AI int NC_I2_FN(nc_cqi2_a8_codes_inl)(const float* x, ptrdiff_t n, float* kf, float* s_out) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -251,7 +251,7 @@ static __attribute__((target(NC_I2_TGT))) int NC_I2_FN(nc_cqi2_a8_codes)(const f
     return NC_I2_FN(nc_cqi2_a8_codes_inl)(x, n, kf, s_out);
 }
 
-/* The rotated codes as int16 in the lane order above (the same as cq_int_kernel.h's):
+/* The rotated codes as int16 in the lane order above (the same as cq_int_avx512_tmpl.h's):
    z[c·C + 32·s + w] = kf[c·C + S·w + s].  At 4 bits (S = 2) a chunk is two
    de-interleaves of 64 words; at 1–2 bits a gather by index. */
 NC_I2_AI void NC_I2_FN(nc_cqi2_pack_codes_fb)(const float* kf, ptrdiff_t n_chunks, int16_t* z, const int fb) {

@@ -1,10 +1,10 @@
-/* The row loops of the lookup kernel (cq_lut_kernel.h): one instantiation per
-   instruction set, included by cq_lut_kernel.h with
+/* The row loops of the lookup kernel (cq_lut.h): one instantiation per
+   instruction set, included by cq_lut.h with
      NC_CQL_SUF   name suffix (vnni, bw)
      NC_CQL_RTGT  target attribute string
      NC_CQL_DOT(acc, x)  acc += the sums of adjacent int16 pairs of x (vpdpwssd with
                   ones, or vpmaddwd + vpaddd).
-   What they compute is cq_lut_kernel.h's: every sum is an exact integer, so both
+   What they compute is cq_lut.h's: every sum is an exact integer, so both
    instantiations give the same bits. */
 
 #define NC_CQL_CAT2(a, b) a##_##b
