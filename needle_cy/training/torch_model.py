@@ -211,8 +211,8 @@ BAND_CHUNK = 128
 def _banded_attention(q, k, v, mask, band, scale):
     """Sliding-window attention ``[B, H, T, dv]`` in query chunks of ``BAND_CHUNK``, each
     against the ``band - 1`` keys before it and its own: the same sums as one call with the
-    whole ``[T, T]`` mask, whose fused kernel computes every masked block anyway (on one
-    Zen 3 core, forward and backward at T = 1,024, window 256: 2.7x faster; T = 384: 1.25x)."""
+    whole ``[T, T]`` mask, whose fused kernel computes every masked block anyway
+    (benchmarks/history/train_step.md)."""
     T = q.shape[2]
     outs = []
     for c0 in range(0, T, BAND_CHUNK):
