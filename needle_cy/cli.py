@@ -464,6 +464,14 @@ def describe_json(archive):
 
 
 def cmd_inspect(args):
+    if args.config:
+        from .config import format_settings
+        print(format_settings())
+        if args.model is None:
+            return 0
+    if args.model is None:
+        raise SystemExit("needle-cy inspect: name a model (a .cact file, a folder or a Hugging Face id), "
+                         "or pass --config")
     from .archive import Archive, describe
     from .hub import resolve_model
     path = resolve_model(args.model, args.model_file)
@@ -635,9 +643,17 @@ def build_parser():
     common(p)
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("inspect", help="describe a .cact archive")
-    model_flags(p, positional=True)
+    p = sub.add_parser("inspect", help="describe a .cact archive, or (--config) the settings")
+    p.add_argument("model", nargs="?", default=None,
+                   help="a .cact archive, a folder holding one, or a Hugging Face model id "
+                        "(org/name[@revision])")
+    p.add_argument("--model-file", default=None,
+                   help="which .cact file of a folder or Hugging Face model (default: the only "
+                        "one, else model.cact)")
     p.add_argument("--json", action="store_true", help="the description as JSON")
+    p.add_argument("--config", action="store_true",
+                   help="every NEEDLE_CY_* environment variable: its value here or default, when it "
+                        "is read, whom it is for (needle_cy.config)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("bench", help="latency of a few turns, split by phase")
