@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 # GOMP_SPINCOUNT (iterations), LLVM's libomp KMP_BLOCKTIME (ms); an explicit
 # OMP_WAIT_POLICY from the user wins.  Both must be set before the first OpenMP
 # extension loads, hence here.
+from .config import OPENMP_DEFAULTS
+
 if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "20000")
-    os.environ.setdefault("KMP_BLOCKTIME", "1")
+    os.environ.update({name: value for name, value in OPENMP_DEFAULTS if name not in os.environ})
 
 from .errors import (
     CactFormatError,

@@ -570,10 +570,11 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"needle-cy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def model_flags(p, positional=False):
+    def model_flags(p, positional=False, optional=False):
         if positional:
-            p.add_argument("model", help="a .cact archive, a folder holding one, or a Hugging Face "
-                                         "model id (org/name[@revision])")
+            p.add_argument("model", nargs="?" if optional else None, default=None,
+                           help="a .cact archive, a folder holding one, or a Hugging Face "
+                                "model id (org/name[@revision])")
         else:
             p.add_argument("--model", default=None,
                            help="a .cact archive, a folder holding one, or a Hugging Face model id "
@@ -644,12 +645,7 @@ def build_parser():
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("inspect", help="describe a .cact archive, or (--config) the settings")
-    p.add_argument("model", nargs="?", default=None,
-                   help="a .cact archive, a folder holding one, or a Hugging Face model id "
-                        "(org/name[@revision])")
-    p.add_argument("--model-file", default=None,
-                   help="which .cact file of a folder or Hugging Face model (default: the only "
-                        "one, else model.cact)")
+    model_flags(p, positional=True, optional=True)
     p.add_argument("--json", action="store_true", help="the description as JSON")
     p.add_argument("--config", action="store_true",
                    help="every NEEDLE_CY_* environment variable: its value here or default, when it "

@@ -61,9 +61,8 @@ SETTINGS = (
             "1: build without OpenMP (one thread)"),
 )
 
-# Variables of the OpenMP runtime that needle_cy sets, when the user has not, at import:
-# a decode step's threads meet hundreds of times per token, so they spin briefly instead
-# of sleeping at each barrier.
+# Variables of the OpenMP runtime that needle_cy/__init__.py sets, when the user has not,
+# before the first OpenMP extension loads (the reason is given there).
 OPENMP_DEFAULTS = (("GOMP_SPINCOUNT", "20000"), ("KMP_BLOCKTIME", "1"))
 
 
@@ -83,5 +82,6 @@ def format_settings() -> str:
         lines.append(f"  {'':<{width}}  {s.meaning}")
     lines.append("OpenMP defaults set at import when OMP_WAIT_POLICY is unset:")
     for name, default in OPENMP_DEFAULTS:
-        lines.append(f"  {name}={current(name) if current(name) is not None else default}")
+        value = current(name)
+        lines.append(f"  {name}={value if value is not None else default}")
     return "\n".join(lines)
