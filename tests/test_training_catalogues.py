@@ -233,3 +233,28 @@ def test_mix_version_two_draws_catalogue_conversations_and_version_one_is_unchan
         mix.Mixer(seed=0, tools=tools, version=9)
     with pytest.raises(ValueError, match="catalogue_share"):
         mix.Mixer(seed=0, tools=tools, home_share=0.8, catalogue_share=0.5)
+
+
+def test_mix_version_three_renames_most_catalogues_and_keeps_every_call_valid():
+    """Version 3 renames 60 % of the corpus and hand-written catalogues (version 2: 25 %),
+    and every call still names a tool of its list with arguments valid for it."""
+    tools = [{"name": "get_joke", "description": "Tells a random joke about a topic.", "source": "probe",
+              "domain": "fun", "parameters": {"type": "object", "properties": {
+                  "topic": {"type": "string", "description": "What the joke is about."}},
+                  "required": ["topic"]}}]
+
+    def renamed_share(version):
+        m = mix.Mixer(seed=6, tools=tools, version=version)
+        drawn = [m.example() for _ in range(300)]
+        own = [ex for ex in drawn if ex["source"] in ("mix", "catalogue")]
+        for ex in drawn:
+            names = {t["name"] for t in ex["tools"]}
+            for turn in ex.get("history", []) + [ex]:
+                assert all(call["name"] in names for call in turn["answers"])
+        return sum(bool(ex.get("renamed")) for ex in own) / len(own), collections.Counter(
+            ex["source"] for ex in drawn)
+
+    v2, _ = renamed_share(2)
+    v3, sources = renamed_share(3)
+    assert 0.1 < v2 < 0.35 and 0.45 < v3 < 0.75, (v2, v3)
+    assert 0.15 < sources["home"] / 300 < 0.35

@@ -440,3 +440,25 @@ def test_merge_tokens_concatenates_and_compresses(tmp_path):
     assert all([int(x) for x in row[row > 0]] in seqs for row in ids)
     with pytest.raises(ValueError, match="target_mask"):
         train.merge_tokens([a, token_file(tmp_path / "c.npz", [[2, 1]], mask=False)], tmp_path / "x.npz")
+
+
+def test_a_token_file_switched_in_mid_run_starts_at_its_first_batch(tmp_path):
+    """control.json's ``tokens_from_step`` makes run step N read the file's batch 0 (a run
+    that switches data at step N would otherwise skip the file's first N batches)."""
+    import numpy as np
+    from needle_cy.training import train
+
+    rows = [list(range(3 + i, 3 + i + 10)) for i in range(40)]
+    ids = np.asarray([t for r in rows for t in r], np.int32)
+    offsets = np.asarray([0] + [10 * (i + 1) for i in range(40)], np.int64)
+    np.savez(tmp_path / "tokens_s.npz", ids=ids, offsets=offsets, prompt_lens=np.full(40, 4, np.int32))
+    hyper = dict(train.HYPER, buckets=[16], tokens_per_batch=16)
+    plain = train.Batches(str(tmp_path), hyper, "tokens_s.npz")
+    assert train.read_tokens_start(str(tmp_path)) == 0
+    (tmp_path / "control.json").write_text(json.dumps({"tokens": "tokens_s.npz", "tokens_from_step": 700}))
+    assert train.read_tokens_file(str(tmp_path)) == "tokens_s.npz"
+    assert train.read_tokens_start(str(tmp_path)) == 700
+    switched = train.Batches(str(tmp_path), hyper, "tokens_s.npz", train.read_tokens_start(str(tmp_path)))
+    for k in range(5):
+        np.testing.assert_array_equal(switched.batch(700 + k)[0], plain.batch(k)[0])
+    assert not np.array_equal(switched.batch(700)[0], plain.batch(700)[0])   # what it would read unset

@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-from .train import Batches, _log, load_run, lr_at, read_control, read_tokens_file
+from .train import Batches, _log, load_run, lr_at, read_control, read_tokens_file, read_tokens_start
 
 STATE = "torch_state.pt"
 WEIGHTS = "weights_fp16.pt"     # the latest weights alone, float16 (see Trainer.save_weights)
@@ -199,7 +199,7 @@ class Trainer:
         if opt_state is not None:
             self.optimizer.load_state_dict(opt_state)
         self.tokens_file = read_tokens_file(run_dir)
-        self.batches = Batches(run_dir, self.hyper, self.tokens_file)
+        self.batches = Batches(run_dir, self.hyper, self.tokens_file, read_tokens_start(run_dir))
         self._forward = self.model
         if compile:
             self._forward = torch.compile(self.model)
@@ -265,7 +265,8 @@ class Trainer:
         end, sched_end, decay, ratio = stop_at()
         n_params = sum(p.numel() for p in self.model.parameters())
         _log(self.run_dir, {"event": "start", "trainer": "torch", "step": st["step"], "end": end,
-                            "params": n_params, "tokens_file": self.tokens_file, "qat": self.qat,
+                            "params": n_params, "tokens_file": self.tokens_file,
+                            "tokens_from_step": self.batches.first_step, "qat": self.qat,
                             "precision": self.precision, "device": str(self.device),
                             "threads": _torch().get_num_threads(), "time": time.strftime("%Y-%m-%d %H:%M:%S")})
         t_last = last_save = time.time()

@@ -193,7 +193,7 @@ def _mask_turns(sp, p, t, header, im_start, im_end):
     return p, m
 
 
-MIX_VERSIONS = {"mix": 1, "mix2": 2}      # data version name -> needle_cy.training.mix version
+MIX_VERSIONS = {"mix": 1, "mix2": 2, "mix3": 3}      # data version name -> needle_cy.training.mix version
 
 
 def add_data(run_dir, name, examples, seed, version):
@@ -201,8 +201,8 @@ def add_data(run_dir, name, examples, seed, version):
     ``data_{name}.jsonl`` and ``tokens_{name}.npz``.  A run trains on it from the next
     ``fit`` when control.json says ``"tokens": "tokens_{name}.npz"``.  ``version``
     "mix" is the schema-general mix (``needle_cy.training.mix``), "mix2" its version 2
-    (the hand-written consumer catalogues added, ``needle_cy.training.catalogues``), else a
-    smart-home data version (``needle_cy.training.data``)."""
+    (the hand-written consumer catalogues added, ``needle_cy.training.catalogues``), "mix3"
+    its version 3 (most catalogues renamed), else a smart-home data version (``needle_cy.training.data``)."""
     from . import mix
 
     t0 = time.time()
@@ -395,8 +395,9 @@ class Batches:
     """Length-bucketed batches in a seeded order per epoch; batch k of the whole run
     is a pure function of (seed, k), so a resumed run sees the same stream."""
 
-    def __init__(self, run_dir, hyper, tokens="tokens.npz"):
+    def __init__(self, run_dir, hyper, tokens="tokens.npz", first_step=0):
         z = np.load(os.path.join(run_dir, tokens))
+        self.first_step = first_step
         self.ids, self.offsets, self.prompt_lens = z["ids"], z["offsets"], z["prompt_lens"]
         # per-token targets (every assistant turn) when the data has them, else the
         # target is what follows the prompt
@@ -430,6 +431,8 @@ class Batches:
         return plan
 
     def batch(self, k):
+        """Batch for run step ``k``: the file's batch ``k - first_step``."""
+        k = max(0, k - self.first_step)
         # epochs are planned lazily; batches per epoch is fixed for a given seed
         if self._plan is None:
             self._epoch, self._plan = 0, self._plan_epoch(0)
@@ -490,11 +493,24 @@ def _optimizer(hyper):
 def read_tokens_file(run_dir):
     """The token file a ``fit`` trains on: control.json's ``"tokens"`` (read when fit
     starts), else tokens.npz.  Batch k is drawn from that file's seeded epoch plan."""
+    return str(_control(run_dir).get("tokens", "tokens.npz"))
+
+
+def read_tokens_start(run_dir):
+    """The run step at which the token file's batch 0 is read: control.json's
+    ``"tokens_from_step"``, else 0.  A run that switches files mid-way sets it to the
+    step of the switch, so it starts the new file at its first batch instead of at the
+    batch of the run's step (skipping that many)."""
+    return int(_control(run_dir).get("tokens_from_step", 0))
+
+
+def _control(run_dir):
     try:
         with open(os.path.join(run_dir, "control.json")) as handle:
-            return str(json.load(handle).get("tokens", "tokens.npz"))
+            got = json.load(handle)
+        return got if isinstance(got, dict) else {}
     except (ValueError, OSError):
-        return "tokens.npz"
+        return {}
 
 
 def read_control(run_dir, hyper):
@@ -544,7 +560,7 @@ def fit(run_dir, steps=None, until_step=None, qat=False):
     model = SimpleAttentionNetwork(config)
     optimizer = _optimizer(hyper)
     tokens_file = read_tokens_file(run_dir)
-    batches = Batches(run_dir, hyper, tokens_file)
+    batches = Batches(run_dir, hyper, tokens_file, read_tokens_start(run_dir))
 
     state = load_state(run_dir)
     if state is None:
@@ -777,7 +793,7 @@ def main(argv=None):
     a.add_argument("name")
     a.add_argument("--examples", type=int, default=60000)
     a.add_argument("--seed", type=int, default=1)
-    a.add_argument("--version", default="2", help="a smart-home data version (1-7), 'mix' or 'mix2'")
+    a.add_argument("--version", default="2", help="a smart-home data version (1-7), 'mix', 'mix2' or 'mix3'")
     t = sub.add_parser("tokenizer", help="retrain the run's tokenizer (before its token files)")
     t.add_argument("run_dir")
     t.add_argument("--vocab", type=int, default=4096)

@@ -7,18 +7,19 @@
 #
 # A run folder that holds torch_state.pt (parameters, optimizer, step) resumes from it.
 # Otherwise the folder is made from the files here: run.json and the tokenizer, the
-# training data drawn again with its seed (deterministic, ~3 min), and the model from
+# training data drawn again with its seed (deterministic, ~4 min), and the model from
 # weights_fp16.pt (its step and token counts; the optimizer's moments start afresh).
-# Steps 0-949 read mix seed 201; from step 950 the run reads mix2 seed 202.
+# Steps 0-719 read mix seed 201, steps 720-2199 mix2 seed 202; from step 2200 the run
+# reads mix3 seed 203 from its first batch (control.json's tokens_from_step).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 RUN=${RUN:-$HOME/needle_runs/a1}
 THREADS=${THREADS:-1}
-if [ ! -f "$RUN/tokens_mix2s202.npz" ]; then
+if [ ! -f "$RUN/tokens_mix3s203.npz" ]; then
     mkdir -p "$RUN"
     cp "$here/run.json" "$here/tokenizer.model" "$here/tokenizer.vocab" "$here/tokenizer.record" "$RUN/"
-    python -m needle_cy.training.train add-data "$RUN" mix2s202 --version mix2 --examples 40000 --seed 202
-    echo '{"tokens": "tokens_mix2s202.npz"}' > "$RUN/control.json"
+    python -m needle_cy.training.train add-data "$RUN" mix3s203 --version mix3 --examples 40000 --seed 203
+    echo '{"tokens": "tokens_mix3s203.npz", "tokens_from_step": 2200}' > "$RUN/control.json"
 fi
 init=()
 [ -f "$RUN/torch_state.pt" ] || init=(--init "$here/weights_fp16.pt")
