@@ -50,11 +50,12 @@ def _rng(seed):
 # outside text (request, tool result, tool description, system facts) with the answers
 # unchanged: the agent encodes such text as text, and the model must read past it.
 # Version 3 renames most catalogues (``rename_share`` 0.6, the corpus's and the
-# hand-written ones alike) and draws fewer smart-home conversations: a model trained on
-# version 2 had learned its training tools' names and values rather than reading them (on
-# fresh requests over held-out tools its name tokens cost twice and the first value token
-# 3.6x the cross-entropy they cost over training tools, training/runs/a1/README.md), and a
-# random name can only be copied from the list.
+# hand-written ones alike) and draws fewer smart-home conversations (learned: a model on
+# version 2 pays almost nothing on their targets).  On version 2 the model chose and
+# filled corpus tools poorly whether it had trained on them or not (the first name token
+# of an answer cost 1.22 nats over training tools, 1.30 over held-out ones,
+# ``needle_cy.training.probe``): a random name is not in the request, so the choice must
+# come from reading the descriptions, as it must for tools named unlike people's words.
 VERSIONS = {1: {"home_share": 0.35, "catalogue_share": 0.0, "marker_share": 0.0, "rename_share": 0.25},
             2: {"home_share": 0.3, "catalogue_share": 0.35, "marker_share": 0.04, "rename_share": 0.25},
             3: {"home_share": 0.25, "catalogue_share": 0.35, "marker_share": 0.04, "rename_share": 0.6}}
