@@ -258,3 +258,18 @@ def test_mix_version_three_renames_most_catalogues_and_keeps_every_call_valid():
     v3, sources = renamed_share(3)
     assert 0.1 < v2 < 0.35 and 0.45 < v3 < 0.75, (v2, v3)
     assert 0.15 < sources["home"] / 300 < 0.35
+
+
+def test_mix_version_three_asks_three_to_six_requests_per_corpus_catalogue():
+    tools = [{"name": "get_joke", "description": "Tells a random joke about a topic.", "source": "probe",
+              "domain": "fun", "parameters": {"type": "object", "properties": {
+                  "topic": {"type": "string", "description": "What the joke is about."}},
+                  "required": ["topic"]}}]
+
+    def turns(version):
+        m = mix.Mixer(seed=8, tools=tools, version=version, home_share=0.0, catalogue_share=0.0)
+        return collections.Counter(m.example().get("packed", 1) for _ in range(150))
+
+    v2, v3 = turns(2), turns(3)
+    assert set(v2) <= {1, 2, 3, 4} and v2[1] > 0
+    assert set(v3) <= {3, 4, 5, 6} and v3[6] > 0
