@@ -41,7 +41,7 @@ from .negation import negated_calls
 from .prompt import (BOS_ID, IM_END, TOOL_CALL, TOOL_CALL_END, Conversation, OutsideText, compact_json,
                      encode_template, render_tools_json, with_date_fact)
 from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
-                        rank_bm25, select_prefix)
+                        clause_picks, rank_bm25, request_clauses, select_prefix)
 from .toolspec import ToolSpec, home_tools, normalize_tool, normalize_tools
 
 __all__ = ["Needle", "ConversationSnapshot", "extract", "DEFAULT_MODEL_PATH"]
@@ -164,6 +164,14 @@ class Needle:
     max_calls_per_turn: the grammar allows at most this many calls in one turn.
     tool_token_budget / max_retrieved_tools / retrieval: tool selection (``bm25``,
         ``embedding`` or ``auto``), see ``needle_cy.retrieval``.
+    tools_per_clause: the prompt holds only the best this many tools of the request and
+        of each of its clauses (``retrieval.clause_picks``; at most ``max_retrieved_tools``),
+        however short the catalogue: a model that chooses poorly among several tools
+        does better among fewer (docs/api.md, tool retrieval).  When no tool shares a word with the
+        request, the selection is as with ``None``.  A later turn whose best tools are not in the prompt moves the
+        conversation onto a prompt that adds them (its turns prefilled again after the new
+        tool list).  ``None`` (default; the embedded model chooses well among its own
+        tools): the best ``max_retrieved_tools``, and every tool when they fit.
     query_expansion: with BM25 retrieval, words requests use for tools their schemas do
         not hold ("dim", "mute"): ``"default"`` (the shipped table, learned from the
         default model's training data), a path to such a table, a ``QueryExpansion``, or
@@ -195,6 +203,7 @@ class Needle:
     def __init__(self, model: ModelSource = None, tools: Any = None, system: Optional[str] = None,
                  max_calls_per_turn: int = 4, tool_token_budget: Optional[int] = None,
                  max_retrieved_tools: Optional[int] = 5, retrieval: str = "auto",
+                 tools_per_clause: Optional[int] = None,
                  reasoning_limit: int = 256, constrained: bool = True, threads: Optional[int] = None,
                  backend: str = "cython", max_new_tokens: int = 512, string_token_cap: int = 64,
                  tool_index_path: Union[str, "os.PathLike[str]", None] = None,
@@ -213,6 +222,8 @@ class Needle:
             raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn!r}")
         if max_retrieved_tools is not None and int(max_retrieved_tools) < 1:
             raise ValueError(f"max_retrieved_tools must be >= 1 or None, got {max_retrieved_tools!r}")
+        if tools_per_clause is not None and int(tools_per_clause) < 1:
+            raise ValueError(f"tools_per_clause must be >= 1 or None, got {tools_per_clause!r}")
         max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
         reasoning_limit = _int_at_least("reasoning_limit", reasoning_limit, 0)
         string_token_cap = _int_at_least("string_token_cap", string_token_cap, 0)
@@ -233,6 +244,7 @@ class Needle:
         self.max_calls_per_turn = int(max_calls_per_turn)
         self.tool_token_budget = tool_token_budget
         self.max_retrieved_tools = max_retrieved_tools
+        self.tools_per_clause = None if tools_per_clause is None else int(tools_per_clause)
         self.retrieval = retrieval
         if isinstance(query_expansion, str) and query_expansion == "default":
             query_expansion = default_query_expansion()
@@ -313,11 +325,29 @@ class Needle:
             return self._ranker.rank(query, [s.compact_json() for s in self.specs])
         return rank_bm25(query, self.specs, expansion=self.query_expansion)
 
+    def _clause_picks(self, query: str) -> List[int]:
+        """``retrieval.clause_picks`` with this agent's ranker ([]: nothing matched)."""
+        method = self.retrieval
+        if method == "auto":
+            method = "embedding" if self.has_embedding_head else "bm25"
+        k = self.tools_per_clause
+        if method == "bm25":
+            return clause_picks(query, self.specs, k, expansion=self.query_expansion)
+        clauses = request_clauses(query)
+        picks = []
+        for text in [query] + (clauses if len(clauses) > 1 else []):
+            picks += [i for i in self.rank_tools(text)[:k] if i not in picks]
+        return picks
+
     def select_tools(self, query: str) -> List[ToolSpec]:
         """The tools the prompt will hold for a conversation starting with ``query``."""
         n = len(self.specs)
         counts = self._token_counts() if self.tool_token_budget is not None else [0] * n
         cap = self.max_retrieved_tools
+        picks = self._clause_picks(query) if self.tools_per_clause is not None else []
+        if picks:
+            chosen = select_prefix(picks, counts, cap, self.tool_token_budget) or picks[:1]
+            return [self.specs[i] for i in sorted(chosen)]     # rendered in catalogue order
         fits_all = (cap is None or n <= cap) and (
             self.tool_token_budget is None or sum(counts) <= self.tool_token_budget)
         if fits_all:
@@ -461,9 +491,16 @@ class Needle:
             else:
                 entry = self._active
                 prefix_s = 0.0
+                if self.tools_per_clause is not None and not is_results:
+                    wider = self._widened(entry, str(text))
+                    if wider is not None:
+                        snapshot = model.snapshot()      # the conversation as it was, for a rollback
+                        prefix_s = yield from self._move_conversation(entry, wider)
+                        entry = self._active = wider
             conv = entry.conversation
             conv_len = len(conv.ids)
-            snapshot = model.snapshot()
+            if snapshot is None:
+                snapshot = model.snapshot()
             if is_results:
                 new_ids = conv.tool_result_ids(text)
             else:
@@ -586,6 +623,36 @@ class Needle:
         except NeedleError:
             pass   # the model refuses (window already wrapped): keep its current policy
 
+    def _widened(self, entry, text):
+        """The prefix a later turn needs when its best tools are not all in ``entry``'s:
+        ``entry``'s tools plus those (catalogue order, the turn's own kept first within
+        ``max_retrieved_tools``), else None."""
+        wanted = [s.name for s in self.select_tools(text)]
+        if all(name in entry.names for name in wanted):
+            return None
+        keep = wanted + [name for name in entry.names if name not in wanted]
+        if self.max_retrieved_tools is not None:
+            keep = keep[:max(self.max_retrieved_tools, len(wanted))]
+        keep = set(keep)
+        return self._prefix_for([s for s in self.specs if s.name in keep])
+
+    def _move_conversation(self, old, new):
+        """Continue ``old``'s conversation on ``new``'s prefix: the prefix restored, the
+        turns so far prefilled after it.  A generator (cancellation); returns the seconds."""
+        t0 = time.perf_counter()
+        history = list(old.conversation.ids[len(old.conversation.prefix_ids):])
+        new.conversation.reset()
+        yield from self._restore_prefix(new)
+        for i in range(0, len(history), _PREFILL_CHUNK):
+            if self._cancel.is_set():
+                raise Cancelled("prefill")
+            self.model.prefill(history[i:i + _PREFILL_CHUNK])
+        conv = new.conversation
+        conv.ids.extend(history)
+        conv.n_user_turns = old.conversation.n_user_turns
+        conv.last_turn_had_calls = old.conversation.last_turn_had_calls
+        return time.perf_counter() - t0
+
     def _rollback(self, snapshot, entry, conv_len, prev_active, prev_turns):
         self._active, self.turns = prev_active, prev_turns
         if snapshot is not None:
@@ -676,7 +743,9 @@ class Needle:
         none), held as the template holds an answer without reasoning.  A stored
         conversation resumes this way, and ``needle_cy.eval`` scores a turn after a given
         history.  The first turn selects the tools, as a decoded one does; the calls must
-        be a call list the selected tools allow (else ``ValueError``)."""
+        be a call list of the agent's tools (else ``ValueError``); a called tool the
+        prompt does not hold joins it (a later turn's moves the conversation onto a
+        prompt that holds it)."""
         _check_turn_input(text)
         if not isinstance(calls, (list, tuple)) or not all(
                 isinstance(c, dict) and set(c) <= {"name", "arguments"} and "name" in c for c in calls):
@@ -695,7 +764,17 @@ class Needle:
                 text = _results_json(list(text))
             elif not is_results and not text.strip():
                 raise ValueError("the request is blank: give the text of a request")
-            entry = self._active or self._prefix_for(self.select_tools(str(text)))
+            called = {c["name"] for c in calls if c["name"] in self.tools}
+            if self._active is None:
+                names = {s.name for s in self.select_tools(str(text))} | called
+                entry = self._prefix_for([s for s in self.specs if s.name in names])
+            else:
+                entry = self._active
+                if not called <= set(entry.names):      # a stored turn calls a tool the prompt lacks
+                    names = set(entry.names) | called
+                    wider = self._prefix_for([s for s in self.specs if s.name in names])
+                    next(self._move_conversation(entry, wider), None)   # never yields
+                    entry = self._active = wider
             body = compact_json(calls).encode("utf-8")
             state = entry.grammar.start()
             if not (state.feed(body) and state.is_complete()):

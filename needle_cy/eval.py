@@ -405,9 +405,10 @@ def turn_input(case):
 def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
               backend=None, ground_values=True, prefix_checkpoint_mb=None,
               query_expansion="default", max_retrieved_tools=None, ground_notes=True,
-              negation_gate=True, components=False):
+              negation_gate=True, components=False, tools_per_clause=None):
     """Score every case (``score_case`` records).  ``components``: also decode each case
-    with calls with a call required (``forced_name``)."""
+    with calls with a call required (``forced_name``).  ``tools_per_clause``: None the
+    agent's default, 0 off (the agent's ``None``), else the agent's value."""
     from needle_cy.agent import Needle
 
     agents = {}
@@ -425,6 +426,8 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
                 kwargs["prefix_checkpoint_mb"] = prefix_checkpoint_mb
             if max_retrieved_tools is not None:
                 kwargs["max_retrieved_tools"] = max_retrieved_tools
+            if tools_per_clause is not None:
+                kwargs["tools_per_clause"] = tools_per_clause or None
             if threads:
                 kwargs["threads"] = threads
             if backend:
@@ -481,6 +484,9 @@ def main(argv=None):
                              "prefills its whole prefix, the cold latency)")
     parser.add_argument("--max-retrieved-tools", type=int,
                         help="tools the agent keeps in the prompt (default: the agent's, 5)")
+    parser.add_argument("--tools-per-clause", type=int,
+                        help="the prompt holds the best N tools of the request and of each "
+                             "of its clauses (default: the agent's, off; 0: off)")
     parser.add_argument("--no-query-expansion", action="store_true",
                         help="BM25 retrieval on the request's own words (no learned expansion)")
     parser.add_argument("--no-negation-gate", action="store_true",
@@ -519,13 +525,14 @@ def main(argv=None):
                         max_retrieved_tools=args.max_retrieved_tools,
                         negation_gate=not args.no_negation_gate,
                         ground_notes=not (args.no_grounding or args.no_note_grounding),
-                        components=args.components)
+                        components=args.components, tools_per_clause=args.tools_per_clause)
     summary = summarize(records)
     summary["grounding"] = not args.no_grounding
     summary["note_grounding"] = not (args.no_grounding or args.no_note_grounding)
     summary["prefix_checkpoint_mb"] = args.prefix_checkpoint_mb
     summary["query_expansion"] = not args.no_query_expansion
     summary["max_retrieved_tools"] = args.max_retrieved_tools
+    summary["tools_per_clause"] = args.tools_per_clause
     summary["model"] = args.model or "default"
     summary["data"] = args.data
     if args.out:

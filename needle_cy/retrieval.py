@@ -35,6 +35,12 @@ Rankers:
   fingerprint of the model and of each tool's JSON, so a changed schema re-embeds only
   that tool.
 * ``auto`` — ``embedding`` when the model has an embedding head, else ``bm25``.
+
+How many: ``clause_picks`` keeps only the best tool (or few) of each clause of the
+request, so a one-intent request shows one tool and a three-intent request three.
+Small models choose worse among more tools, and a near miss shown beside the right tool
+is the commonest wrong call; the agent's ``tools_per_clause`` uses it
+(docs/api.md, tool retrieval, has the measurements).
 """
 from __future__ import annotations
 
@@ -50,7 +56,7 @@ import numpy as np
 
 from .errors import QueryExpansionError
 
-__all__ = ["bm25_tokens", "BM25", "bm25_index", "rank_bm25", "select_prefix", "EmbeddingRanker",
+__all__ = ["bm25_tokens", "BM25", "bm25_index", "rank_bm25", "clause_picks", "select_prefix", "EmbeddingRanker",
            "file_fingerprint", "QueryExpansion", "default_query_expansion"]
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
@@ -250,6 +256,26 @@ def rank_bm25(query: str, specs, index=None, expansion=None) -> list:
             if best is not None and scores[best] > 0 and best not in first:
                 first.append(best)
     return first + [i for i in whole if i not in first]
+
+
+def clause_picks(query: str, specs, per_clause: int = 1, index=None, expansion=None) -> list:
+    """The best ``per_clause`` tools of each clause of the request (of the whole request
+    when it has one clause), those that score above zero, each tool once: what a request
+    asks for, without the near misses a wider selection adds.  [] when no tool shares a
+    word with the request (the caller then shows more and lets the model read)."""
+    index = index or bm25_index(specs)
+
+    def best(text):
+        words = query_terms(text)
+        scores = index.scores(expansion.weighted_terms(words, index.idf) if expansion is not None else words)
+        return [i for i in _order(scores)[:per_clause] if scores[i] > 0]
+
+    picks = []
+    clauses = request_clauses(query)
+    if len(clauses) > 1:
+        for clause in clauses:
+            picks += [i for i in best(clause) if i not in picks]
+    return picks or best(query)
 
 
 def select_prefix(order, token_counts, max_tools=None, token_budget=None) -> list:
