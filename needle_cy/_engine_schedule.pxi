@@ -216,6 +216,12 @@ cdef inline Py_ssize_t head_product(const StepPlan* p) noexcept nogil:
     return PR_LAYER * p.L + PR_SITE * p.S
 
 
+cdef inline const RowShare* whole_rows(const StepPlan* p) noexcept nogil:
+    """Every row of every product: the plan of a team of one, for a product one thread
+    runs alone (the Φ of a step, the site units, an unshared list on thread 0)."""
+    return p.teams[1].thread[0].rows
+
+
 # ------------------------------------------------------------------ planning
 
 cdef void _plan_list(const CQView** ws, int count, int tid, int nt, RowShare* out) noexcept nogil:
@@ -415,7 +421,7 @@ cdef void _plan_stream(StepPlan* p, nc_pf_stream* s, int tid, int nt) noexcept n
     alone: mlp_team_min)."""
     cdef const TeamPlan* team = &p.teams[nt]
     cdef const ThreadPlan* me = &team.thread[tid]
-    cdef const RowShare* whole = p.teams[1].thread[0].rows     # every row: a product on one thread
+    cdef const RowShare* whole = whole_rows(p)
     cdef int ph = 0, unit = 0, mt = me.mlp_part, mn = me.mlp_parts
     cdef Py_ssize_t l, i, base, N = p.N, ba2 = p.ba * p.ba, bb2 = p.bb * p.bb
     cdef const LayerC* lc
@@ -439,8 +445,10 @@ cdef void _plan_stream(StepPlan* p, nc_pf_stream* s, int tid, int nt) noexcept n
         elif team.sites_late and tid == team.aside:
             unit = _pf_add_site_units(p, s, unit, p.site_upto[2 * l], ph)
         ph += 1
-        if lc.qkvg_shared or tid == 0:       # (unshared: thread 0 runs the four alone)
-            _pf_add_qkvg(s, lc, (me.rows if lc.qkvg_shared else whole) + base + PR_QKVG, ph)
+        if lc.qkvg_shared:
+            _pf_add_qkvg(s, lc, me.rows + base + PR_QKVG, ph)
+        elif tid == 0:          # (unshared: thread 0 runs the four alone)
+            _pf_add_qkvg(s, lc, whole + base + PR_QKVG, ph)
         ph += 1
         _pf_add_rows(s, &lc.out_proj, me.rows[base + PR_OUT], ph)
         ph += 1
@@ -477,7 +485,7 @@ cdef int _pf_add_site_units(const StepPlan* p, nc_pf_stream* s, int unit, int up
     thread's prefetch stream; returns upto."""
     cdef const SiteC* sc
     cdef Py_ssize_t base
-    cdef const RowShare* whole = p.teams[1].thread[0].rows
+    cdef const RowShare* whole = whole_rows(p)
     while unit < upto:
         if unit % 4 in (1, 2):
             sc = &p.sites[p.site_order[unit // 4]]

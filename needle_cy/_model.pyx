@@ -22,8 +22,27 @@ tokens against the state, top to bottom in one function, llama2.c style:
 
 ``prefill`` feeds its ids in chunks (batched CQ *matmul* kernels for every
 projection), ``step`` is a chunk of one (CQ *matvec*), ``forward`` runs chunks
-on a throw-away state.  Every buffer is allocated once per engine (scratch)
-or per state (KV cache, histories, pools): nothing is allocated per token.
+on a throw-away state.
+
+Three units
+-----------
+The engine is the forward math, its buffers and its thread schedule, kept apart so
+that each can be read and changed without the others:
+
+* this file: the weights' C views (``_bind``), the interface, and the forward math
+  (``_run_chunk``, ``_chunk_blocks``, ``_step_blocks`` and the per-token operations
+  they call), which reads the buffers and the plan and decides neither;
+* ``_engine_buffers.pxi``: ``EngineScratch``, the pointers into the scratch that
+  ``make_scratch`` allocates once per engine (sized for a full chunk and the most
+  threads), and ``EngineState``, the state ``new_state`` allocates (KV cache,
+  histories, pools): nothing is allocated per token;
+* ``_engine_schedule.pxi``: ``StepPlan``, who computes what, planned once per engine
+  for every team size 1..threads (each thread's rows of every product, how a chunk's
+  product lists are cut, who runs the Monarch MLP, the probe pools and the engram
+  sites), with the ``NEEDLE_CY_*`` knobs that tune it read once, and the decode step's
+  prefetch streams, planned again only when ``run_threads`` changes.  A plan changes
+  which thread computes a value and when, never the value.
+
 Threads: in a chunk the CQ products split rows across ``threads`` OpenMP threads
 (the products that share a rotated input, q/k/v/gate and the three Φ, as one list
 of rows, or by tokens where the list is too short), and the per-token work
@@ -33,7 +52,8 @@ parallel region (``_step_blocks``): the threads meet at a barrier between
 dependent operations, each product is cut into one contiguous share of rows per
 thread, the KV heads of the attention and the rows of the Monarch MLP's Kronecker
 factors are split, the probe pools run on the last thread beside thread 0's start
-of the next block, and the small per-token operations run on thread 0.  Every
+of the next block, and the small per-token operations run on thread 0 (all of it
+as the plan of the team says).  Every
 value is computed as on one thread, so the results are the same bits at any
 thread count (tested).
 
@@ -325,10 +345,28 @@ cdef class CythonEngine:
         return (tuple(self.plan.site_order[i] for i in range(S)),
                 tuple(self.plan.site_upto[w] for w in range(2 * L)))
 
+    def plan_rows(self, nt):
+        """The schedule's rows of every product for a team of nt threads (plan_steps):
+        int32 [nt, products, 2], (r0, r1) of thread tid's rows of product p, r0 == r1
+        where it has none.  Products are numbered per layer (Φ pre, post, res, q, k, v,
+        gate, out), then per engram site (key, value), then the head."""
+        if not 1 <= nt <= self.threads:
+            raise ValueError(f"plan_rows: a team of 1..{self.threads} threads (the engine's threads), got {nt!r}")
+        cdef const TeamPlan* team = &self.plan.teams[<int>nt]
+        cdef Py_ssize_t P = self.plan.n_products, tid, p
+        out = np.zeros((nt, P, 2), np.int32)
+        for tid in range(nt):
+            for p in range(P):
+                out[tid, p, 0] = team.thread[tid].rows[p].r0
+                out[tid, p, 1] = team.thread[tid].rows[p].r1
+        return out
+
     @property
     def run_threads(self):
         """Threads the next prefill/step/forward uses: 1..``threads`` (the thread
-        policy in ``needle_cy.threads`` moves it between calls)."""
+        policy in ``needle_cy.threads`` moves it between calls).  Every team size is
+        planned with the engine; setting a new one plans the decode step's prefetch
+        streams for it (plan_streams)."""
         return self._run_threads
 
     @run_threads.setter
@@ -1178,7 +1216,7 @@ cdef class CythonEngine:
         cdef int n_rng = 0, unit = 0
         cdef const TeamPlan* team = &self.plan.teams[nt]
         cdef const ThreadPlan* me = &team.thread[tid]
-        cdef const RowShare* whole = self.plan.teams[1].thread[0].rows   # every row: a product on one thread
+        cdef const RowShare* whole = whole_rows(&self.plan)
         # the (head, probe) pools of a cell: all of them beside thread 0's serial start of
         # the next block, which is long enough since the Φ run there (they had been cut
         # in four parts beside four serial steps, with a meeting between each)
@@ -1367,7 +1405,7 @@ cdef class CythonEngine:
         cdef Py_ssize_t s = self.plan.site_order[unit // 4]
         cdef SiteC* sc = &self.sites[s]
         cdef int kind = unit % 4
-        cdef const RowShare* whole = self.plan.teams[1].thread[0].rows
+        cdef const RowShare* whole = whole_rows(&self.plan)
         if kind == 0:
             self._engram_input(sc, 1, pos0, row)
         elif kind == 3:
@@ -1439,7 +1477,7 @@ cdef class CythonEngine:
         if nthr == 1:
             # one call for the list: the lookup kernel makes each token tile's tables once
             wdec = cq_decode_scratch()
-            self._group_rows(ws, ys, ystr, count, T, self.plan.teams[1].thread[0].rows + first, wdec)
+            self._group_rows(ws, ys, ystr, count, T, whole_rows(&self.plan) + first, wdec)
             cq_free_decode_scratch(wdec)
             return
         with parallel(num_threads=nthr):
