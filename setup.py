@@ -29,9 +29,10 @@ from setuptools import Extension, setup
 
 HERE = Path(__file__).parent
 
-# Every extension: module name -> its source and the csrc headers it compiles.  A plain
-# literal, so that tests/test_build_layout.py can read it without running this script
-# and check each list against the #include and cdef extern lines it stands for.
+# Every extension: module name -> its source and the csrc headers and .pxi files it
+# compiles.  A plain literal, so that tests/test_build_layout.py can read it without
+# running this script and check each list against the #include, include and cdef extern
+# lines it stands for.
 # (_parallel.pxd includes the OpenMP team shim, the barrier and the prefetch streams, so
 # every module that cimports it compiles them; cq_dispatch.h includes every CQ kernel.)
 EXTENSIONS = {
@@ -61,6 +62,8 @@ EXTENSIONS = {
     "needle_cy._model": {
         "sources": ["needle_cy/_model.pyx"],
         "depends": [
+            "needle_cy/_engine_buffers.pxi",
+            "needle_cy/_engine_schedule.pxi",
             "needle_cy/csrc/model_avx2.h",
             "needle_cy/csrc/omp_team.h",
             "needle_cy/csrc/parallel_barrier.h",

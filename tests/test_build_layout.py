@@ -1,5 +1,5 @@
 """Where the C lives: every C source under needle_cy/csrc/, none in Python strings, and
-setup.py's extension table naming each header an extension compiles.
+setup.py's extension table naming each header and .pxi file an extension compiles.
 
 These read files only (no build, no import of the extensions): the layout is what a
 reader and the build rely on, and a header left out of `depends` only shows later, as
@@ -20,6 +20,7 @@ EXTERN_RE = re.compile(r'^\s*cdef\s+extern\s+from\s+"([^"]+)"', re.M)
 VERBATIM_RE = re.compile(r'^\s*cdef\s+extern\s+from\s+\*[^\n]*\n\s*("""|\'\'\')(.*?)\1', re.M | re.S)
 CIMPORT_RE = re.compile(r"^\s*from\s+(needle_cy(?:\.\w+)+|\.+\w*(?:\.\w+)*)\s+cimport\b", re.M)
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+PXI_RE = re.compile(r'^\s*include\s+"([^"]+\.pxi)"', re.M)     # Cython's textual include
 
 
 def _extensions():
@@ -32,7 +33,7 @@ def _extensions():
 
 
 def _cython_files():
-    return sorted(p for p in PKG.rglob("*") if p.suffix in (".pyx", ".pxd"))
+    return sorted(p for p in PKG.rglob("*") if p.suffix in (".pyx", ".pxd", ".pxi"))
 
 
 def _pxd_of(module, src):
@@ -62,8 +63,8 @@ def _resolve(name, where):
 
 def _headers_of(source):
     """Every package header the C of one .pyx compiles: its own .pxd, the .pxd files it
-    cimports (transitively), their `cdef extern from` headers and those headers'
-    #include lines (transitively)."""
+    cimports and the .pxi files it includes (transitively), their `cdef extern from`
+    headers and those headers' #include lines (transitively); the .pxi files too."""
     cython, seen = [source], set()
     own_pxd = source.with_suffix(".pxd")
     if own_pxd.exists():
@@ -79,11 +80,16 @@ def _headers_of(source):
             pxd = _pxd_of(module, path)
             if pxd is not None:
                 cython.append(pxd)
+        for name in PXI_RE.findall(text):
+            pxi = (path.parent / name).resolve()
+            assert pxi.exists(), f"{path.relative_to(REPO)} includes {name!r}, which is not beside it"
+            cython.append(pxi)
         for name in EXTERN_RE.findall(text):
             header = _resolve(name, path.parent)
             if header is not None:
                 headers.add(header)
     todo = list(headers)
+    headers |= {p.resolve() for p in seen if p.suffix == ".pxi"}
     while todo:
         header = todo.pop()
         for name in INCLUDE_RE.findall(header.read_text(encoding="utf-8")):
@@ -128,6 +134,12 @@ def test_depends_names_every_header_an_extension_compiles():
         assert listed <= compiled, f"setup.py: {name} depends on {sorted(listed - compiled)}, which it does not include"
 
 
+def test_every_pxi_is_included_by_some_extension():
+    used = {h for spec in _extensions().values() for src in spec["sources"] for h in _headers_of(REPO / src)}
+    unused = sorted(str(p.relative_to(REPO)) for p in PKG.rglob("*.pxi") if p.resolve() not in used)
+    assert not unused, f".pxi files no extension includes: {unused}"
+
+
 def test_every_csrc_header_is_compiled_by_some_extension():
     used = {h for spec in _extensions().values() for src in spec["sources"] for h in _headers_of(REPO / src)}
     unused = sorted(str(p.relative_to(REPO)) for p in CSRC.glob("*.h") if p.resolve() not in used)
@@ -159,3 +171,7 @@ def test_headers_ship_in_sdist_and_wheel():
     manifest = (REPO / "MANIFEST.in").read_text(encoding="utf-8")
     assert re.search(r"^recursive-include\s+needle_cy/csrc\s+\*\.h\s*$", manifest, re.M), \
         "MANIFEST.in should carry needle_cy/csrc/*.h into the sdist"
+    if any(PKG.glob("*.pxi")):
+        assert '"*.pxi"' in pyproject, "pyproject.toml package-data should list *.pxi (the .pyx files include them)"
+        assert re.search(r"^include\s+needle_cy/\*\.pxi\s*$", manifest, re.M), \
+            "MANIFEST.in should carry needle_cy/*.pxi into the sdist"

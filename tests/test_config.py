@@ -13,7 +13,7 @@ READ = re.compile(r"NEEDLE_CY_[A-Z0-9_]+")
 
 def names_read():
     files = [REPO / "setup.py"]
-    files += [p for p in (REPO / "needle_cy").rglob("*") if p.suffix in (".py", ".pyx", ".pxd", ".h")]
+    files += [p for p in (REPO / "needle_cy").rglob("*") if p.suffix in (".py", ".pyx", ".pxd", ".pxi", ".h")]
     files += list((REPO / "tests").glob("*.py"))
     found = {}
     for path in files:

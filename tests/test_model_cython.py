@@ -318,6 +318,27 @@ def test_prefill_row_shares_are_bit_identical_across_thread_counts(archive_dir, 
         np.testing.assert_array_equal(Model.load(path, backend="cython", threads=threads).forward(ids), one)
 
 
+def test_the_schedule_gives_every_row_to_one_thread(archive_dir):
+    """plan_steps plans every team size once per engine: for each team the threads'
+    shares of every product are contiguous, in thread order, and cover its rows once
+    (a team of one has them all)."""
+    path = archive(archive_dir, "rows_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
+                   qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
+    engine = Model.load(path, backend="cython", threads=3).engine
+    whole = engine.plan_rows(1)[0]
+    assert whole.shape == (8 * 2 + 2 * 1 + 1, 2)
+    assert (whole[:, 0] == 0).all() and (whole[:, 1] > 0).all()
+    assert whole[-1, 1] == engine.w.out_vocab                  # the head: the tied embedding's first rows
+    for nt in (2, 3):
+        rows = engine.plan_rows(nt)
+        for p in range(whole.shape[0]):
+            got = [tuple(r) for r in rows[:, p] if r[1] > r[0]]
+            assert got[0][0] == 0 and got[-1][1] == whole[p, 1]
+            assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
+    with pytest.raises(ValueError, match="plan_rows"):
+        engine.plan_rows(4)
+
+
 def _assert_steps_equal_across_threads(path, ids, prompt=40):
     """A prefill of ids[:prompt], then a step per later id: the logits of 2 and 3
     threads are the 1-thread logits bit for bit."""
@@ -332,7 +353,7 @@ def _assert_steps_equal_across_threads(path, ids, prompt=40):
 
 @pytest.mark.parametrize("ahead", ["0", "64", "100000000"])
 def test_prefetch_streams_do_not_change_a_decode_step(archive_dir, monkeypatch, cq_kernel, ahead):
-    """A step's waiting threads prefetch their next rows (CythonEngine._plan_prefetch,
+    """A step's waiting threads prefetch their next rows (plan_streams in _engine_schedule.pxi,
     NEEDLE_CY_PF_AHEAD bytes ahead; 0: no streams, and the old prefetch calls instead):
     timing only, so 2- and 3-thread decode gives the 1-thread logits bit for bit with
     no budget, a line, and the whole plan."""
@@ -367,7 +388,7 @@ def test_a_site_at_block_zero_steps_the_same_on_every_thread_count(archive_dir, 
 @pytest.mark.parametrize("sites", [(1,), (1, 2), (2, 3), (3,)])
 def test_engram_sites_beside_the_mlp_step_the_same(archive_dir, monkeypatch, cq_kernel, sites):
     """A 2-thread decode step runs the engram sites on its last thread while thread 0
-    runs each block's Monarch MLP and serial start (_plan_sites: a site's input, key
+    runs each block's Monarch MLP and serial start (plan_sites: a site's input, key
     product, value product and conv, all done by the block before the first layer that
     reads it; 3 threads split the MLP and keep the sites' own phases): the 1-thread logits
     bit for bit, for sites soon after one another, far apart and at the last layer."""
