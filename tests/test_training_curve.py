@@ -35,8 +35,9 @@ def test_logged_target_ce_reads_the_log_near_the_step(snap_run):
 def test_update_scores_each_new_snapshot_once(snap_run, tmp_path, monkeypatch):
     scored = []
 
-    def fake_score(model_path, sets, tools, limit=None, components=False):
+    def fake_score(model_path, sets, tools, limit=None, components=False, tools_per_clause=None):
         scored.append(model_path.name)
+        assert tools_per_clause is None
         assert model_path.exists() and model_path.stat().st_size > 0     # a real export
         return {name: 0.1 * len(scored) for name, _ in sets}
 
@@ -55,3 +56,21 @@ def test_update_scores_each_new_snapshot_once(snap_run, tmp_path, monkeypatch):
     except ImportError:
         return
     assert (out / "curve.png").stat().st_size > 1000
+
+
+def test_update_passes_the_agents_selection_to_the_scoring(snap_run, tmp_path, monkeypatch):
+    seen = []
+    def fake_score(model_path, sets, tools, limit=None, components=False, tools_per_clause=None):
+        seen.append(tools_per_clause)
+        return {}
+
+    monkeypatch.setattr(curve, "score_sets", fake_score)
+    curve.update(str(snap_run), [("heldout", "x.jsonl")], tmp_path / "c", every=3, tools_per_clause=1)
+    assert seen == [1]
+    passed = {}
+    monkeypatch.setattr(curve.evaluation, "run_cases", lambda cases, tools, **kw: passed.update(kw) or [])
+    monkeypatch.setattr(curve.evaluation, "load_cases", lambda path: [])
+    monkeypatch.setattr(curve.evaluation, "summarize", lambda records: {"accuracy": 0.0, "categories": {},
+                                                                        "schema_valid": 1.0})
+    curve.score_sets("m.cact", [("s", "x.jsonl")], [], tools_per_clause=1)
+    assert passed["tools_per_clause"] == 1

@@ -61,12 +61,15 @@ def logged_target_ce(run_dir, step, window=5):
     return round(sum(r["target_ce"] for r in rows) / len(rows), 4)
 
 
-def score_sets(model_path, sets, tools, limit=None, components=False):
-    """{column: value} for one archive on every named set."""
+def score_sets(model_path, sets, tools, limit=None, components=False, tools_per_clause=None):
+    """{column: value} for one archive on every named set (``tools_per_clause``: the
+    agent's selection, as ``needle_cy.eval`` takes it)."""
     row = {}
     for name, path in sets:
         cases = evaluation.load_cases(path)[:limit] if limit else evaluation.load_cases(path)
         kwargs = {"model": str(model_path), "threads": 1}
+        if tools_per_clause is not None:
+            kwargs["tools_per_clause"] = tools_per_clause
         if components:
             kwargs["components"] = True
         try:
@@ -146,7 +149,8 @@ def plot(csv_path, png_path, set_names, title=None):
     return True
 
 
-def update(run_dir, sets, out_dir, tools=None, bits=4, limit=None, every=1, components=False, title=None):
+def update(run_dir, sets, out_dir, tools=None, bits=4, limit=None, every=1, components=False, title=None,
+           tools_per_clause=None):
     """Score the snapshots not yet in ``out_dir/curve.csv``; returns the rows added."""
     from .torch_train import export
 
@@ -165,7 +169,7 @@ def update(run_dir, sets, out_dir, tools=None, bits=4, limit=None, every=1, comp
             export(run_dir, model_path, bits=bits, weights=str(path))
             row = {"step": step, "tokens": int(meta["tokens"]), "seconds": round(float(meta["seconds"])),
                    "target_ce": logged_target_ce(run_dir, step)}
-            row.update(score_sets(model_path, sets, tools, limit, components))
+            row.update(score_sets(model_path, sets, tools, limit, components, tools_per_clause))
         rows.append(row)
         added.append(row)
         write_rows(csv_path, rows)
@@ -185,6 +189,8 @@ def main(argv=None):
     parser.add_argument("--limit", type=int, help="only the first N cases of each set")
     parser.add_argument("--every", type=int, default=1, help="score every K-th snapshot")
     parser.add_argument("--components", action="store_true", help="also the eval's component figures")
+    parser.add_argument("--tools-per-clause", type=int,
+                        help="the agent's selection: the best N tools of each clause (0: off, the default)")
     parser.add_argument("--title", help="plot title")
     parser.add_argument("--out", required=True, help="folder of curve.csv and curve.png")
     args = parser.parse_args(argv)
@@ -198,7 +204,8 @@ def main(argv=None):
         sets.append((name, path))
     with open(args.tools) as handle:
         tools = json.load(handle)
-    update(args.run_dir, sets, args.out, tools, args.bits, args.limit, args.every, args.components, args.title)
+    update(args.run_dir, sets, args.out, tools, args.bits, args.limit, args.every, args.components, args.title,
+           args.tools_per_clause)
     return 0
 
 
