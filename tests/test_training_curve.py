@@ -59,7 +59,7 @@ def test_update_scores_each_new_snapshot_once(snap_run, tmp_path, monkeypatch):
 
 
 def test_update_passes_the_agents_selection_to_the_scoring(snap_run, tmp_path, monkeypatch):
-    seen = []
+    seen, real_score_sets = [], curve.score_sets
     def fake_score(model_path, sets, tools, limit=None, components=False, tools_per_clause=None):
         seen.append(tools_per_clause)
         return {}
@@ -72,5 +72,5 @@ def test_update_passes_the_agents_selection_to_the_scoring(snap_run, tmp_path, m
     monkeypatch.setattr(curve.evaluation, "load_cases", lambda path: [])
     monkeypatch.setattr(curve.evaluation, "summarize", lambda records: {"accuracy": 0.0, "categories": {},
                                                                         "schema_valid": 1.0})
-    curve.score_sets("m.cact", [("s", "x.jsonl")], [], tools_per_clause=1)
+    real_score_sets("m.cact", [("s", "x.jsonl")], [], tools_per_clause=1)
     assert passed["tools_per_clause"] == 1
