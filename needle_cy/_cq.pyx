@@ -378,19 +378,12 @@ cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads
     integer form the int16 codes, the A8 scales and one token's float scratch (which
     fit in the same space; 32 spare floats cover the rounding of the scales' block),
     or in the lookup form (a view with a lookup layout) the rotated codes as floats,
-    one token's tables (_lut_table_rows tokens' room), the scales and the scratch.
-    Independent of threads (kept in the signature so callers need not change)."""
+    one token's tables (16 floats per pair of codes, either lookup kernel), the scales
+    and the scratch.  Independent of threads
+    (kept in the signature so callers need not change)."""
     cdef Py_ssize_t plain = WORK_HEADER + 2 * n_tokens * w.padded_len + 32
-    cdef Py_ssize_t lut = (WORK_HEADER + (n_tokens + 1 + _lut_table_rows(w)) * w.padded_len
-                           + (n_tokens + 15) // 16 * 16 + 64)
+    cdef Py_ssize_t lut = WORK_HEADER + (n_tokens + 9) * w.padded_len + (n_tokens + 15) // 16 * 16 + 64
     return lut if w.lut_ok and lut > plain else plain
-
-
-cdef inline Py_ssize_t _lut_table_rows(const CQView* w) noexcept nogil:
-    """One token's lookup tables, in rotated tokens' room (padded_len floats): avx512lut's
-    int16 tables take 4 floats an input at 2 bits and 8 at 4 bits, avx2lut's byte tables
-    (each 16 bytes twice) 8 and 16."""
-    return 16 if w.lut_kernel == 8 else 8
 
 
 cdef inline Py_ssize_t _lut_block_rows(const CQView* w) noexcept nogil:
@@ -539,7 +532,7 @@ cdef inline float* _int_scales(const CQView* w, float* work, Py_ssize_t n_tokens
 
 cdef inline float* _int_scales_of(const CQView* w, float* work, Py_ssize_t n_tokens, int form) noexcept nogil:
     if form == 2:
-        return work + WORK_HEADER + (n_tokens + _lut_table_rows(w)) * w.padded_len + 32
+        return work + WORK_HEADER + (n_tokens + 8) * w.padded_len + 32
     if form == 3:
         return work + WORK_HEADER + (n_tokens + 16) * w.padded_len // 2
     return work + WORK_HEADER + n_tokens * w.padded_len // 2   # P is a multiple of 64

@@ -158,7 +158,7 @@ static void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_
 static void nc_cqs_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_t rows,
                             const float* norms, ptrdiff_t norm_stride, ptrdiff_t n_groups,
                             uint8_t* bits, float* pnorms) {}
-static inline ptrdiff_t nc_cqs_table_floats(ptrdiff_t n_dw) { return 16 + 128 * n_dw; }
+static inline ptrdiff_t nc_cqs_table_floats(ptrdiff_t n_dw) { return 16 + 64 * n_dw; }
 static void nc_cqs_tables(const float* kf, ptrdiff_t n, const float* codebook, int fb, float* tab) {}
 static void nc_cqs_rows(const uint8_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
                         int g, int fb, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {}

@@ -16,11 +16,14 @@
    Lookups.  vpshufb looks up 16 bytes per 128-bit lane.  An entry is split into two
    unsigned bytes of u = q + 32768 = 256·H + L (L = q & 255, H = the high byte of q
    with its top bit flipped), so a nibble has a 16-byte table of low bytes and one of
-   high bytes, each stored twice (both lanes: a vpshufb reads it straight from memory).
-   The rows are laid out in blocks of 32: for each byte of the packed row, the 32 rows'
-   bytes side by side (one ymm).  Its low nibbles (v & 15) index the tables of nibble
-   2b, its high nibbles ((v >> 4) & 15) those of nibble 2b+1: four vpshufb look up 32
-   rows × two nibbles (32 rows × 4 fields at 2 bits, × 2 fields at 4 bits).
+   high bytes.  The rows are laid out in blocks of 32: for each byte of the packed row,
+   the 32 rows' bytes side by side (one ymm).  Its low nibbles (v & 15) index the tables
+   of nibble 2b, its high nibbles ((v >> 4) & 15) those of nibble 2b+1: four vpshufb
+   look up 32 rows × two nibbles (32 rows × 4 fields at 2 bits, × 2 fields at 4 bits).
+   A table is stored once and loaded into both lanes by vbroadcasti128 (a load, no
+   shuffle µop), not stored twice for a full-width memory operand: half the bytes (a
+   2048-input token's tables are 32 KB, Zen 3's L1), and no slower on any matvec shape
+   measured (benchmarks/history/cq.md).
 
    Exact sums.  Byte j of a lookup is row j; the sums run down the rows' byte lanes in
    int16 words, each word holding an even row e (low byte) and an odd row o.  For the
@@ -29,17 +32,18 @@
    so no sum reaches 2^15) Σ L_e = A − 256·C exactly, and the same for the high bytes.
    Per row Σ q = Σ L + 256·(Σ H − 128·n) (n lookups), formed in int32 by vpunpck{l,h}wd
    and vpmaddwd against (1, 256); groups longer than 64 row bytes (4 bits, g 256) add
-   their chunks' int32 sums.  Per 32 rows × 2 nibbles: a load, 3 index ops (and,
-   shift, and), 4 vpshufb, 4 vpmaddubsw and 8 vpaddw; at a group's end about 30 more.
-   The float AVX2 kernel spends about 44 vector µops on the same 128 products at 2 bits.
+   their chunks' int32 sums.  Per 32 rows × 2 nibbles: 19 vector µops (3 index ops:
+   and, shift, and; 4 vpshufb, 4 vpmaddubsw, 8 vpaddw) besides the weight load and 4
+   table loads (128 products at 2 bits, 64 at 4); at a group's end about 30 more.  The
+   float AVX2 kernel spends about 44 on 128 products at 2 bits, about 70 at 4 bits.
    The int32 sums come out in the lane order of nc_cqs_lane_row (even rows, then odd
    ones, per half of the block); the block's norms are stored in that order, and the
    four output vectors are put back in row order once per block.
 
    NEON.  tbl (vqtbl1q_u8) is the same lookup as one 128-bit lane of vpshufb (16-byte
-   table, out-of-range indices give 0), so the same byte tables (without the second
-   copy) and the same layout in blocks of 16 rows would run on aarch64; there uaddw /
-   uaddw2 widen and add the looked-up bytes directly, without the even/odd words.
+   table, out-of-range indices give 0), so the same byte tables and the same layout in
+   blocks of 16 rows would run on aarch64; there uaddw / uaddw2 widen and add the
+   looked-up bytes directly, without the even/odd words.
 
    Layout (made once by nc_cqs_relayout when the engine enables it; the .cact mapping
    is left as it is):
@@ -47,8 +51,8 @@
      norms [row block][group][32 lanes]                  float32, lane order nc_cqs_lane_row
    rows past the last are zero (their lanes are computed and never stored).
    Tables of one token (nc_cqs_table_floats(n_dw) floats, 64-byte aligned by the
-   caller): a 16-float header (float 0: 2^-k), then per row byte b 128 bytes: the low
-   bytes of nibble 2b (twice), its high bytes (twice), then the same for nibble 2b+1. */
+   caller): a 16-float header (float 0: 2^-k), then per row byte b 64 bytes: the 16 low
+   bytes of nibble 2b, its 16 high bytes, then the same for nibble 2b+1. */
 
 #ifndef NEEDLE_CY_CQ_LUT_AVX2_H
 #define NEEDLE_CY_CQ_LUT_AVX2_H
@@ -96,8 +100,9 @@ static void nc_cqs_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_
         }
 }
 
-/* Floats of one token's tables for rows of n_dw dwords (the header, then 128 bytes per row byte). */
-static inline ptrdiff_t nc_cqs_table_floats(ptrdiff_t n_dw) { return 16 + 128 * n_dw; }
+/* Floats of one token's tables for rows of n_dw dwords (the header, then 64 bytes a row
+   byte): cq_lut.h's size. */
+static inline ptrdiff_t nc_cqs_table_floats(ptrdiff_t n_dw) { return 16 + 64 * n_dw; }
 
 /* The table scale S = 2^k of a token (kf[0:n], n even): cq_lut.h's nc_cql_token_scale
    (the same maxima, exact in any order, and the same rule). */
@@ -134,8 +139,8 @@ NC_CQS_FN float nc_cqs_token_scale(const float* kf, ptrdiff_t n, const float* co
 }
 
 /* The byte tables of nibbles [0, n_nib) of a token at table scale S (kf: its rotated
-   codes from the first nibble's first field), 64 bytes a nibble at out (nibble p at
-   out + 64·p): nibble p is pair p (fields 2p, 2p+1) at fb 2, field p at fb 4. */
+   codes from the first nibble's first field), 32 bytes a nibble (low bytes, high
+   bytes) at out + 32·p: nibble p is pair p (fields 2p, 2p+1) at fb 2, field p at fb 4. */
 NC_CQS_AI void nc_cqs_entries_at(const float* kf, ptrdiff_t n_nib, const float* codebook, int fb, float S,
                                  uint8_t* out) {
     const __m256 vs = _mm256_set1_ps(S);
@@ -171,12 +176,11 @@ NC_CQS_AI void nc_cqs_entries_at(const float* kf, ptrdiff_t n_nib, const float* 
             _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(fa, vs)), _mm256_cvtps_epi32(_mm256_mul_ps(fz, vs))),
             0xD8);
         const __m256i lh = _mm256_xor_si256(_mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, split), 0xD8), flip);
-        uint8_t* at = out + 64 * p;
+        uint8_t* at = out + 32 * p;
         /* the tables were evicted by the weights streamed since they were last made:
            ask for the lines 1 KB ahead, or each store waits for its line */
         __builtin_prefetch(at + 1024, 1, 3);
-        _mm256_storeu_si256((__m256i*)at, _mm256_permute2x128_si256(lh, lh, 0x00));
-        _mm256_storeu_si256((__m256i*)(at + 32), _mm256_permute2x128_si256(lh, lh, 0x11));
+        _mm256_storeu_si256((__m256i*)at, lh);
     }
 }
 
@@ -199,18 +203,20 @@ NC_CQS_AI void nc_cqs_chunk(const uint8_t* wb, const uint8_t* t, int nb, __m256i
     const __m256i odd = _mm256_set1_epi16(0x0100);        /* bytes (0, 1): a word's high byte */
     __m256i al = _mm256_setzero_si256(), cl = _mm256_setzero_si256();
     __m256i ah = _mm256_setzero_si256(), ch = _mm256_setzero_si256();
-    for (int b = 0; b < nb; b += 2, wb += 2 * NC_CQS_ROWS, t += 256) {
+    for (int b = 0; b < nb; b += 2, wb += 2 * NC_CQS_ROWS, t += 128) {
         _mm_prefetch((const char*)wb + NC_CQS_PF_BYTES, _MM_HINT_T0);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m256i v = _mm256_loadu_si256((const __m256i*)(wb + h * NC_CQS_ROWS));
-            const uint8_t* th = t + 128 * h;
+            const uint8_t* th = t + 64 * h;
             const __m256i i0 = _mm256_and_si256(v, nib);
             const __m256i i1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-            const __m256i l0 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)th), i0);
-            const __m256i h0 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)(th + 32)), i0);
-            const __m256i l1 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)(th + 64)), i1);
-            const __m256i h1 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)(th + 96)), i1);
+#define NC_CQS_TAB(i) _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(th + 16 * (i))))
+            const __m256i l0 = _mm256_shuffle_epi8(NC_CQS_TAB(0), i0);
+            const __m256i h0 = _mm256_shuffle_epi8(NC_CQS_TAB(1), i0);
+            const __m256i l1 = _mm256_shuffle_epi8(NC_CQS_TAB(2), i1);
+            const __m256i h1 = _mm256_shuffle_epi8(NC_CQS_TAB(3), i1);
+#undef NC_CQS_TAB
             al = _mm256_add_epi16(al, _mm256_add_epi16(l0, l1));
             ah = _mm256_add_epi16(ah, _mm256_add_epi16(h0, h1));
             cl = _mm256_add_epi16(cl, _mm256_add_epi16(_mm256_maddubs_epi16(l0, odd), _mm256_maddubs_epi16(l1, odd)));
@@ -237,7 +243,7 @@ NC_CQS_AI void nc_cqs_group(const uint8_t* wb, const uint8_t* t, int gb, const f
                     _mm256_setzero_si256()};
     for (int c = 0; c < gb; c += NC_CQS_CHUNK) {
         const int nb = gb - c < NC_CQS_CHUNK ? gb - c : NC_CQS_CHUNK;
-        nc_cqs_chunk(wb + c * NC_CQS_ROWS, t + 128 * c, nb, s);
+        nc_cqs_chunk(wb + c * NC_CQS_ROWS, t + 64 * c, nb, s);
     }
     for (int i = 0; i < 4; i++)
         acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(nv + 8 * i), _mm256_cvtepi32_ps(s[i]), acc[i]);
@@ -275,7 +281,7 @@ NC_CQS_FN void nc_cqs_rows(const uint8_t* bits, const float* pnorms, ptrdiff_t n
         const float* nb = pnorms + rb * n_groups * NC_CQS_ROWS;
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (ptrdiff_t gi = 0; gi < n_groups; gi++)
-            nc_cqs_group(wb + gi * gb * NC_CQS_ROWS, t + gi * gb * 128, gb, nb + gi * NC_CQS_ROWS, acc);
+            nc_cqs_group(wb + gi * gb * NC_CQS_ROWS, t + gi * gb * 64, gb, nb + gi * NC_CQS_ROWS, acc);
         nc_cqs_store(acc, sc, NC_CQS_ROWS * rb, r0, r1, y);
     }
 }
@@ -304,7 +310,7 @@ NC_CQS_AI void nc_cqs_mm_block(const uint8_t* wb, const float* nb, const float* 
         for (int i = 0; i < 4; i++) acc[t][i] = _mm256_setzero_ps();
     for (ptrdiff_t gi = 0; gi < n_groups; gi++)
         for (int t = 0; t < NT; t++)
-            nc_cqs_group(wb + gi * gb * NC_CQS_ROWS, (const uint8_t*)(tab + t * tab_stride + 16) + gi * gb * 128,
+            nc_cqs_group(wb + gi * gb * NC_CQS_ROWS, (const uint8_t*)(tab + t * tab_stride + 16) + gi * gb * 64,
                          gb, nb + gi * NC_CQS_ROWS, acc[t]);
     for (int t = 0; t < NT; t++)
         nc_cqs_store(acc[t], _mm256_set1_ps((s[t] * descale) * tab[t * tab_stride]), r, r0, r1, Y + t * y_stride);
@@ -331,7 +337,7 @@ NC_CQS_FN void nc_cqs_tile_rows(const uint8_t* bits, const float* pnorms, ptrdif
 }
 
 /* nc_cqs_rows without a token's tables: each group's tables made in `entries` (room
-   for one group: 128 bytes a row byte) for every block, at the token's scale S (scale
+   for one group: 64 bytes a row byte) for every block, at the token's scale S (scale
    = s·descale·2^-k): the same bits, slowly (the matmul's fallback without scratch). */
 NC_CQS_FN void nc_cqs_rows_by_group(const uint8_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
                                     int g, int fb, const float* z, const float* codebook, float S, float scale,
@@ -364,7 +370,7 @@ NC_CQS_FN void nc_cqs_mm_rows(const uint8_t* bits, const float* pnorms, ptrdiff_
     const ptrdiff_t fit = scratch ? nc_cqs_tile_tokens(n_dw, scratch_floats) : 0;
     if (fit < 1) {
         /* one group's tables (≤ 128 row bytes: 256 fields at 4 bits) */
-        __attribute__((aligned(64))) uint8_t entries[128 * 128];
+        __attribute__((aligned(64))) uint8_t entries[128 * 64];
         for (ptrdiff_t t = 0; t < n_tokens; t++) {
             const float* z = kf + t * kf_stride;
             const float S = nc_cqs_token_scale(z, 32 / fb * n_dw, codebook, fb);
