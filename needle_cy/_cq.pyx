@@ -63,7 +63,7 @@ Three inner loops:
   (figures per matrix and for the whole model: benchmarks/history/cq.md).
   ``set_kernel``/``kernel_name``/
   ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512lut, avx512vnni,
-  avxvnni, avx512bw, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
+  avxvnni, avx512bw, avx2lut, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
 * Table lookups for 2-bit fields (2 bits and ternary) and 4-bit ones on A8 inputs, AVX-512
   (csrc/cq_lut.h, row loops in csrc/cq_lut_rows_tmpl.h; kernel ``avx512lut``, what 'auto'
   takes on AVX-512 CPUs; the other matrices then run on avx512vnni, else avx512bw:
@@ -98,6 +98,18 @@ Three inner loops:
   rounding (~1e-4 of a row's value, where the two-product kernel is exact to float32)
   is amplified by the A8 roundings downstream of every body matrix, so the engine
   gives 4-bit matrices the layout only for the head (see _model.pyx's _view).
+* Table lookups with AVX2 (csrc/cq_lut_avx2.h; kernel ``avx2lut``, what 'auto' takes on
+  x86-64 CPUs with AVX2+FMA and without AVX-512 BW): the lookup kernel's numerics
+  (reference.cq.matmul_lut) bit for bit, the same int16 table entries split into a low and a
+  high byte, each a 16-byte vpshufb table.  The rows are re-laid out in 32-row blocks,
+  the 32 rows' bytes of each packed byte side by side: the low and high nibbles of one
+  byte vector index four vpshufb that look up 32 rows × 4 fields (2 at 4 bits), and the
+  bytes are summed exactly down the rows' lanes in int16 words (vpaddw, vpmaddubsw)
+  before the int32 group sums.  Its other matrices (other widths, fewer than LUT_MIN_ROWS
+  rows, the engine's 3- and 4-bit body) run on the float kernels (``lut_base_kernel('avx2lut')``;
+  ``set_avx2lut_base('avx2int')`` for the integer numerics).  Its matvec is about twice the
+  float kernel's speed at 2 and at 4 bits, and whole-model decode is faster at both widths
+  (at 4 bits only the head has the layout), prefill no slower (benchmarks/history/cq.md).
 * Integer with 256-bit vectors (csrc/cq_int_avx2_tmpl.h), for x86-64 CPUs without AVX-512:
   ``avx2int`` (AVX2+FMA: vpmaddwd + vpaddd) and ``avxvnni`` (VEX vpdpwssd; cpuid
   leaf 7 subleaf 1 EAX bit 4; compiled where the compiler knows AVX-VNNI).  The
@@ -113,7 +125,7 @@ Three inner loops:
   needs two int16 products and an add per MAC where the float one needs one FMA:
   measured slower than the float kernels in decode and prefill
   (benchmarks/history/cq.md), so 'auto' does not take them (``AUTO_INT256``,
-  ``pick_int_kernel``); forced by name they run.  avxvnni is compiled and its
+  ``pick_int_kernel``: avx2lut instead); forced by name they run.  avxvnni is compiled and its
   selection tested, but no CPU it was measured on has AVX-VNNI.
 * Integer on aarch64, the same numerics bit for bit (csrc/cq_neon_tmpl.h; the
   reference's ``matmul_int`` is their executable specification and every integer
@@ -1659,16 +1671,16 @@ def available_kernels():
     return found + ["scalar"]
 
 
-AUTO_INT256 = bool(NC_CQ_AUTO_INT256)   # whether 'auto' takes avxvnni / avx2int (see pick_int_kernel)
+AUTO_INT256 = bool(NC_CQ_AUTO_INT256)   # whether 'auto' takes avxvnni (see pick_int_kernel)
 
 
 def pick_int_kernel(avx512bw=False, avx512vnni=False, avxvnni=False, avx2=False, int256=None):
     """The integer kernel 'auto' takes on a CPU with these features (AVX-512 BW meaning
-    F/BW/VL, avx2 meaning AVX2+FMA), or None (float kernels): avx512vnni, else (with
-    int256) avxvnni, else avx512bw, else (with int256) avx2int.  int256 (default
-    AUTO_INT256, False in this build: on the AVX2 stand-in measured here the 256-bit
-    integer kernels are slower than the float ones) says whether 'auto' takes them.
-    The selection rule on its own, so that tests can try CPUs other than this one."""
+    F/BW/VL, avx2 meaning AVX2+FMA), or None (float kernels): avx512lut with AVX-512 BW,
+    else (with int256) avxvnni, else avx2lut with AVX2+FMA.  int256 (default AUTO_INT256,
+    False in this build: no AVX-VNNI CPU was measured, and avx2int is slower than the
+    float kernels) says whether 'auto' takes avxvnni; avx2int it never takes.  The
+    selection rule on its own, so that tests can try CPUs other than this one."""
     if int256 is None:
         int256 = AUTO_INT256
     k = nc_cq_pick_int_kernel(bool(avx512bw), bool(avx512vnni), bool(avxvnni), bool(avx2), bool(int256))

@@ -304,18 +304,20 @@ def test_int_kernel_selection_rule():
     def pick(**features):
         return _cq.pick_int_kernel(int256=True, **features)
     assert pick() is None                                         # no AVX2: float (scalar) kernels
-    assert pick(avx2=True) == "avx2int"                           # Zen 3, Intel client before Alder Lake
+    assert pick(avx2=True) == "avx2lut"                           # Zen 3, Intel client before Alder Lake
     assert pick(avx2=True, avxvnni=True) == "avxvnni"             # Alder Lake and later client cores
     assert pick(avxvnni=True) is None                             # (AVX-VNNI is VEX: needs AVX2 too)
     # AVX-512: the 2-bit lookups (their other matrices on avx512vnni, else avx512bw)
     assert pick(avx2=True, avx512bw=True) == "avx512lut"          # Skylake-SP
     assert pick(avx2=True, avx512bw=True, avx512vnni=True) == "avx512lut"    # Cascade Lake, Zen 4
     assert pick(avx2=True, avx512bw=True, avx512vnni=True, avxvnni=True) == "avx512lut"  # Sapphire Rapids
-    # without int256 (the default while the 256-bit kernels measure slower than the
-    # float ones) those CPUs keep the float kernels; AVX-512 CPUs are not affected
+    # without int256 (the default while the 256-bit integer kernels are unmeasured or
+    # slower than the float ones) AVX2 CPUs take the AVX2 lookups, AVX-VNNI ones too;
+    # AVX-512 CPUs are not affected
     off = dict(int256=False)
-    assert _cq.pick_int_kernel(avx2=True, **off) is None
-    assert _cq.pick_int_kernel(avx2=True, avxvnni=True, **off) is None
+    assert _cq.pick_int_kernel(avx2=True, **off) == "avx2lut"
+    assert _cq.pick_int_kernel(avx2=True, avxvnni=True, **off) == "avx2lut"
+    assert _cq.pick_int_kernel(**off) is None
     assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avxvnni=True, **off) == "avx512lut"
     assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avx512vnni=True, **off) == "avx512lut"
     assert _cq.pick_int_kernel(avx2=True) == _cq.pick_int_kernel(avx2=True, int256=_cq.AUTO_INT256)

@@ -175,7 +175,8 @@ static void nc_cqs_tile_rows(const uint8_t* bits, const float* pnorms, ptrdiff_t
 #endif
 /* What kernel 8 runs the matrices without its layout on (other widths, fewer than
    LUT_MIN_ROWS rows, the engine's 3- and 4-bit body): 0 the float AVX2 kernels, 3 the
-   256-bit integer kernel (avx2int); set by _cq (set_avx2lut_base). */
+   256-bit integer kernel (avx2int); set by _cq (set_avx2lut_base).  The float ones:
+   avx2int's matvec measured slower than theirs at every shape (benchmarks/history/cq.md). */
 #ifndef NC_CQ_AVX2LUT_BASE
 #define NC_CQ_AVX2LUT_BASE 0
 #endif
@@ -207,19 +208,23 @@ static int nc_cq_use_simd(int view_simd) {
    8 avx2lut (2-bit lookups, else nc_cq_avx2lut_base). */
 static int nc_cq_int_kernel = -1;
 /* The choice from CPU features (a pure function: the tests try feature sets this CPU lacks).
-   With int256: AVX-VNNI where AVX-512 VNNI is not, AVX2 where AVX-512 BW is not. */
+   AVX-512 BW: the AVX-512 lookups.  AVX2+FMA without it: the AVX2 lookups (their other
+   matrices on the float kernels), measured faster than the float kernels in whole-model
+   decode at 2 and 4 bits (at 4 bits only the head has the layout) and no slower in
+   prefill (benchmarks/history/cq.md); with int256, AVX-VNNI before them. */
 static int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma, int int256) {
     if (avx512bw) return 7;   /* the 2-bit lookups; every other matrix on avx512vnni or avx512bw */
     if (int256 && avxvnni && avx2fma) return 4;
-    if (int256 && avx2fma) return 3;
+    if (avx2fma) return 8;    /* the 2-bit lookups; every other matrix on the float kernels */
     return 0;
 }
-/* Whether 'auto' takes the 256-bit integer kernels: not yet.  Measured on a
+/* Whether 'auto' takes the 256-bit integer kernel avxvnni: not yet.  Measured on a
    portable (AVX2) build, avx2int is slower than the float AVX2 kernels in decode
    and prefill, most at 2 bits (benchmarks/history/cq.md): without vpermw its
    lookups cost as many shuffles as the float decode saves, and each MAC is two
-   int16 products plus an add.  avxvnni fuses the add; no CPU it was measured on
-   has it.  Forced by name they run (NEEDLE_CY_CQ_KERNEL, set_kernel). */
+   int16 products plus an add; 'auto' never takes it (avx2lut is faster than both).
+   avxvnni fuses the add; no CPU it was measured on has it.  Forced by name they run
+   (NEEDLE_CY_CQ_KERNEL, set_kernel). */
 #ifndef NC_CQ_AUTO_INT256
 #define NC_CQ_AUTO_INT256 0
 #endif

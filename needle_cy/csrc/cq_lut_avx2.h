@@ -22,8 +22,8 @@
    look up 32 rows × two nibbles (32 rows × 4 fields at 2 bits, × 2 fields at 4 bits).
    A table is stored once and loaded into both lanes by vbroadcasti128 (a load, no
    shuffle µop), not stored twice for a full-width memory operand: half the bytes (a
-   2048-input token's tables are 32 KB, Zen 3's L1), and no slower on any matvec shape
-   measured (benchmarks/history/cq.md).
+   2048-input token's tables are 32 KB, a common L1 size), and no slower on any matvec
+   shape measured (benchmarks/history/cq.md).
 
    Exact sums.  Byte j of a lookup is row j; the sums run down the rows' byte lanes in
    int16 words, each word holding an even row e (low byte) and an odd row o.  For the
