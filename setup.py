@@ -49,6 +49,7 @@ EXTENSIONS = {
             "needle_cy/csrc/cq_int_avx2_tmpl.h",
             "needle_cy/csrc/cq_int_avx512_tmpl.h",
             "needle_cy/csrc/cq_lut.h",
+            "needle_cy/csrc/cq_lut_avx2.h",
             "needle_cy/csrc/cq_lut_bytes_tmpl.h",
             "needle_cy/csrc/cq_lut_rows_tmpl.h",
             "needle_cy/csrc/cq_neon.h",

@@ -19,7 +19,8 @@ For every projection shape of the full-size Needle 3 model, at 2 and 4 bits
 * ``matmul64``: Cython ``matmul`` at 64 tokens vs dense ``X @ W.T``;
 * ``matvec_kernel``: every kernel this CPU has, forced one after the other
   (``avx2`` float; ``avx512lut`` table lookups for 2-bit fields, the next AVX-512
-  kernel for the rest; ``avx512bw``/``avx512vnni``/``avxvnni``/``avx2int``/``neon``/
+  kernel for the rest; ``avx2lut`` the same lookups with AVX2, the float kernel for the
+  rest; ``avx512bw``/``avx512vnni``/``avxvnni``/``avx2int``/``neon``/
   ``neon_dotprod`` integer on
   the A8 input), on the
   A8-quantized input the engine gives them in deploy numerics;

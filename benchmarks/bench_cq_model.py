@@ -7,10 +7,11 @@
 
 The archive is bench_model.py's random full-size model (20 layers, d 768, vocab
 16384) in deploy numerics, one thread.  For every width the kernels run one after
-the other on the same loaded model (``_cq.set_kernel``, the run-time switch that
-``NEEDLE_CY_CQ_KERNEL`` sets at import): ``avx2`` is the float kernel on every
-product, ``auto`` the best this CPU has (on AVX-512 CPUs the integer matvec for
-steps and the integer matmul for prefill chunks).
+the other, each on the model loaded while it was in force (``_cq.set_kernel``, the
+run-time switch that ``NEEDLE_CY_CQ_KERNEL`` sets at import; the engine makes the
+lookup layouts of the lookup kernel in force at load): ``avx2`` is the float kernel
+on every product, ``auto`` the best this CPU has (on AVX-512 CPUs the lookups and
+the integer kernels, on AVX2 ones the AVX2 lookups and the float kernel).
 
 * ``decode``: 16 ``step`` calls after a prompt of 64 or 600 tokens (state restored
   from a snapshot before every round, outside the timing);
@@ -40,10 +41,12 @@ RESULTS = {}   # (kind, bits, context, kernel) -> seconds (minimum)
 _models = {}
 
 
-def model(bits):
-    if bits not in _models:
-        _models[bits] = Model.load(archive_path(bits), backend="cython", threads=1)
-    return _models[bits]
+def model(bits, kernel):
+    """The model at this width, loaded under `kernel` (in force: the engine lays its
+    matrices out for the lookup kernel in force at load, so each kernel has its own)."""
+    if (bits, kernel) not in _models:
+        _models[bits, kernel] = Model.load(archive_path(bits), backend="cython", threads=1)
+    return _models[bits, kernel]
 
 
 def ids():
@@ -61,7 +64,7 @@ def kernel(request):
 @pytest.mark.parametrize("context", CONTEXTS)
 @pytest.mark.parametrize("bits", BITS)
 def test_decode(benchmark, bits, context, kernel):
-    m = model(bits)
+    m = model(bits, kernel)
     seq = ids()
     m.reset()
     m.prefill(seq[:context])
@@ -80,7 +83,7 @@ def test_decode(benchmark, bits, context, kernel):
 @pytest.mark.parametrize("kernel", KERNELS, indirect=True)
 @pytest.mark.parametrize("bits", BITS)
 def test_prefill(benchmark, bits, kernel):
-    m = model(bits)
+    m = model(bits, kernel)
     prompt = ids()[:PROMPT]
 
     def run():

@@ -135,7 +135,8 @@ def cpu_info():
 def isa_class(flags):
     """The class of CPU a run measured, from its kernel-relevant flags.  The engine runs
     different kernels by class (AVX-512: the integer and lookup CQ kernels; AVX2 without
-    AVX-512: the float AVX2 kernel), so figures of two classes do not compare."""
+    AVX-512: the AVX2 lookups and the float AVX2 kernel), so figures of two classes do
+    not compare."""
     f = set(flags)
     if {"avx512f", "avx512bw", "avx512vl"} <= f:
         extra = [name for name, flag in (("VNNI", "avx512_vnni"), ("VBMI", "avx512vbmi"), ("AMX", "amx_int8"))

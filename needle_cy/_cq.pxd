@@ -78,10 +78,12 @@ ctypedef struct CQView:
     float int_descale          # 2^-E / sqrt(group_size)
     int16_t int_table[64]      # vpermw tables: hi [0:32], lo [32:64]
     int16_t int_perm[256]      # code lane order: chunk position i <- field offset int_perm[i]
-    # lookup kernel (kernel avx512lut, csrc/cq_lut.h): set by CQWeight.enable_lut
+    # lookup kernels (avx512lut, csrc/cq_lut.h; avx2lut, csrc/cq_lut_avx2.h): set by CQWeight.enable_lut
     int lut_ok                 # 1: the lookup layout exists (int_fb 2 or 4, 16 <= group_size <= 256)
-    const uint32_t* lut_bits   # [ceil(rows/16)][lut_n_dw][16 rows]: dword d of each row's int_packed bytes
-    const float* lut_norms     # [ceil(rows/16)][n_groups][16 rows] float32
+    int lut_kernel             # the kernel whose layout it is: 7 (avx512lut) or 8 (avx2lut); 0 without one
+    const uint32_t* lut_bits   # 7: [ceil(rows/16)][lut_n_dw][16 rows]: dword d of each row's int_packed bytes;
+                               # 8: uint8 [ceil(rows/32)][4·lut_n_dw][32 rows]: byte b of each row
+    const float* lut_norms     # 7: [ceil(rows/16)][n_groups][16 rows]; 8: [ceil(rows/32)][n_groups][32 lanes] float32
     Py_ssize_t lut_n_dw        # dwords (32/int_fb fields) per row: cols_padded · int_fb / 32
     float lut_descale          # float32(1/sqrt(group_size))
     # tile kernel (AMX, csrc/cq_amx.h): set by prepare
@@ -98,6 +100,7 @@ cdef class CQWeight:
     cdef object _int_packed    # the 4-bit repack of a 3-bit matrix (None otherwise)
     cdef object _lut_bits      # owns view.lut_bits (None until enable_lut)
     cdef object _lut_norms     # owns view.lut_norms
+    cdef object _lut_old       # layouts of another lookup kernel, replaced (views copied before still read them)
 
 
 cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil

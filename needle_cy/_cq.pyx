@@ -63,7 +63,7 @@ Three inner loops:
   (figures per matrix and for the whole model: benchmarks/history/cq.md).
   ``set_kernel``/``kernel_name``/
   ``available_kernels`` and ``NEEDLE_CY_CQ_KERNEL`` (auto, avx512lut, avx512vnni,
-  avxvnni, avx512bw, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
+  avxvnni, avx512bw, avx2lut, avx2int, neon_dotprod, neon, avx2, scalar) choose and report.
 * Table lookups for 2-bit fields (2 bits and ternary) and 4-bit ones on A8 inputs, AVX-512
   (csrc/cq_lut.h, row loops in csrc/cq_lut_rows_tmpl.h; kernel ``avx512lut``, what 'auto'
   takes on AVX-512 CPUs; the other matrices then run on avx512vnni, else avx512bw:
@@ -98,6 +98,18 @@ Three inner loops:
   rounding (~1e-4 of a row's value, where the two-product kernel is exact to float32)
   is amplified by the A8 roundings downstream of every body matrix, so the engine
   gives 4-bit matrices the layout only for the head (see _model.pyx's _view).
+* Table lookups with AVX2 (csrc/cq_lut_avx2.h; kernel ``avx2lut``, what 'auto' takes on
+  x86-64 CPUs with AVX2+FMA and without AVX-512 BW): the lookup kernel's numerics
+  (reference.cq.matmul_lut) bit for bit, the same int16 table entries split into a low and a
+  high byte, each a 16-byte vpshufb table.  The rows are re-laid out in 32-row blocks,
+  the 32 rows' bytes of each packed byte side by side: the low and high nibbles of one
+  byte vector index four vpshufb that look up 32 rows × 4 fields (2 at 4 bits), and the
+  bytes are summed exactly down the rows' lanes in int16 words (vpaddw, vpmaddubsw)
+  before the int32 group sums.  Its other matrices (other widths, fewer than LUT_MIN_ROWS
+  rows, the engine's 3- and 4-bit body) run on the float kernels (``lut_base_kernel('avx2lut')``;
+  ``set_avx2lut_base('avx2int')`` for the integer numerics).  Its matvec is about twice the
+  float kernel's speed at 2 and at 4 bits, and whole-model decode is faster at both widths
+  (at 4 bits only the head has the layout), prefill no slower (benchmarks/history/cq.md).
 * Integer with 256-bit vectors (csrc/cq_int_avx2_tmpl.h), for x86-64 CPUs without AVX-512:
   ``avx2int`` (AVX2+FMA: vpmaddwd + vpaddd) and ``avxvnni`` (VEX vpdpwssd; cpuid
   leaf 7 subleaf 1 EAX bit 4; compiled where the compiler knows AVX-VNNI).  The
@@ -113,7 +125,7 @@ Three inner loops:
   needs two int16 products and an add per MAC where the float one needs one FMA:
   measured slower than the float kernels in decode and prefill
   (benchmarks/history/cq.md), so 'auto' does not take them (``AUTO_INT256``,
-  ``pick_int_kernel``); forced by name they run.  avxvnni is compiled and its
+  ``pick_int_kernel``: avx2lut instead); forced by name they run.  avxvnni is compiled and its
   selection tested, but no CPU it was measured on has AVX-VNNI.
 * Integer on aarch64, the same numerics bit for bit (csrc/cq_neon_tmpl.h; the
   reference's ``matmul_int`` is their executable specification and every integer
@@ -204,6 +216,24 @@ cdef extern from "csrc/cq_dispatch.h":
     void nc_cql_tile_tables(const float* kf, Py_ssize_t kf_stride, Py_ssize_t n_dw, const float* codebook,
                             int fb, int nt, float* tab) noexcept nogil
     void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
+                          int g, int fb, const float* tab, int nt, const float* s, float descale,
+                          Py_ssize_t r0, Py_ssize_t r1, float* Y, Py_ssize_t y_stride) noexcept nogil
+    int NC_CQ_HAVE_LUT_AVX2
+    int nc_cq_avx2lut_base
+    void nc_cqs_relayout(const uint8_t* packed, Py_ssize_t row_bytes, Py_ssize_t rows,
+                         const float* norms, Py_ssize_t norm_stride, Py_ssize_t n_groups,
+                         uint8_t* bits, float* pnorms) noexcept nogil
+    void nc_cqs_tables(const float* kf, Py_ssize_t n, const float* codebook, int fb, float* tab) noexcept nogil
+    void nc_cqs_rows(const uint8_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
+                     int g, int fb, const float* tab, float scale, Py_ssize_t r0, Py_ssize_t r1, float* y) noexcept nogil
+    void nc_cqs_mm_rows(const uint8_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
+                        int g, int fb, const float* kf, Py_ssize_t kf_stride, const float* codebook,
+                        Py_ssize_t n_tokens, const float* s, float descale, Py_ssize_t r0, Py_ssize_t r1,
+                        float* Y, Py_ssize_t y_stride, float* scratch, Py_ssize_t scratch_floats) noexcept nogil
+    Py_ssize_t nc_cqs_tile_tokens(Py_ssize_t n_dw, Py_ssize_t scratch_floats) noexcept nogil
+    void nc_cqs_tile_tables(const float* kf, Py_ssize_t kf_stride, Py_ssize_t n_dw, const float* codebook,
+                            int fb, int nt, float* tab) noexcept nogil
+    void nc_cqs_tile_rows(const uint8_t* bits, const float* pnorms, Py_ssize_t n_dw, Py_ssize_t n_groups,
                           int g, int fb, const float* tab, int nt, const float* s, float descale,
                           Py_ssize_t r0, Py_ssize_t r1, float* Y, Py_ssize_t y_stride) noexcept nogil
     int nc_cq_best_int_kernel() noexcept nogil
@@ -359,13 +389,18 @@ cdef Py_ssize_t cq_work_floats(const CQView* w, Py_ssize_t n_tokens, int threads
     rotation took), then the rotated tokens twice (plain and lane order), or in the
     integer form the int16 codes, the A8 scales and one token's float scratch (which
     fit in the same space; 32 spare floats cover the rounding of the scales' block),
-    or in the lookup form (a view with the avx512lut layout) the rotated codes as
-    floats, one token's tables (16 floats per pair of codes), the scales and the
-    scratch.  Independent of threads
+    or in the lookup form (a view with a lookup layout) the rotated codes as floats,
+    one token's tables (16 floats per pair of codes, either lookup kernel), the scales
+    and the scratch.  Independent of threads
     (kept in the signature so callers need not change)."""
     cdef Py_ssize_t plain = WORK_HEADER + 2 * n_tokens * w.padded_len + 32
     cdef Py_ssize_t lut = WORK_HEADER + (n_tokens + 9) * w.padded_len + (n_tokens + 15) // 16 * 16 + 64
     return lut if w.lut_ok and lut > plain else plain
+
+
+cdef inline Py_ssize_t _lut_block_rows(const CQView* w) noexcept nogil:
+    """Rows of a block of the lookup layout: 16 (avx512lut) or 32 (avx2lut)."""
+    return 32 if w.lut_kernel == 8 else 16
 
 
 cdef int cq_effective_threads(const CQView* w, Py_ssize_t n_tokens, int threads) noexcept nogil:
@@ -385,7 +420,7 @@ cdef bint cq_same_rotation(const CQView* a, const CQView* b) noexcept nogil:
     return (a.cols == b.cols and a.group_size == b.group_size
             and a.field_bits == b.field_bits and a.simd == b.simd
             and a.a8_input == b.a8_input and a.int_ok == b.int_ok and a.lut_ok == b.lut_ok
-            and a.amx_ok == b.amx_ok
+            and a.lut_kernel == b.lut_kernel and a.amx_ok == b.amx_ok
             and (not a.lut_ok or _same_codebook(a, b)))
 
 
@@ -410,8 +445,12 @@ cdef void cq_matmul_rotated_rows_list(const CQView** ws, int count, float* work,
     cdef int i, nt
     cdef Py_ssize_t t0, fit = 0, P = ws[0].padded_len
     cdef const float* scales
+    cdef bint byte_tables = ws[0].lut_kernel == 8
     if ws[0].lut_ok:
-        fit = nc_cql_tile_tokens(ws[0].lut_n_dw, SCRATCH_FLOATS)
+        if byte_tables:
+            fit = nc_cqs_tile_tokens(ws[0].lut_n_dw, SCRATCH_FLOATS)
+        else:
+            fit = nc_cql_tile_tokens(ws[0].lut_n_dw, SCRATCH_FLOATS)
     if (<const int*>work)[0] != 2 or n_tokens == 1 or wdec == NULL or fit < 1:
         for i in range(count):
             cq_matmul_rotated_rows(ws[i], work, n_tokens, 0, n_tokens, ys[i], ystr[i], r0[i], r1[i], wdec)
@@ -420,9 +459,18 @@ cdef void cq_matmul_rotated_rows_list(const CQView** ws, int count, float* work,
     t0 = 0
     while t0 < n_tokens:
         nt = <int>min(fit, n_tokens - t0)
-        nc_cql_tile_tables(_lut_codes(work) + t0 * P, P, ws[0].lut_n_dw, ws[0].codebook, ws[0].int_fb, nt, wdec)
+        if byte_tables:
+            nc_cqs_tile_tables(_lut_codes(work) + t0 * P, P, ws[0].lut_n_dw, ws[0].codebook, ws[0].int_fb, nt, wdec)
+        else:
+            nc_cql_tile_tables(_lut_codes(work) + t0 * P, P, ws[0].lut_n_dw, ws[0].codebook, ws[0].int_fb, nt, wdec)
         for i in range(count):
-            if r0[i] < r1[i]:
+            if r0[i] >= r1[i]:
+                continue
+            if byte_tables:
+                nc_cqs_tile_rows(<const uint8_t*>ws[i].lut_bits, ws[i].lut_norms, ws[i].lut_n_dw, ws[i].n_groups,
+                                 ws[i].group_size, ws[i].int_fb, wdec, nt, scales + t0, ws[i].lut_descale, r0[i], r1[i],
+                                 ys[i] + t0 * ystr[i], ystr[i])
+            else:
                 nc_cql_tile_rows(ws[i].lut_bits, ws[i].lut_norms, ws[i].lut_n_dw, ws[i].n_groups,
                                  ws[i].group_size, ws[i].int_fb, wdec, nt, scales + t0, ws[i].lut_descale, r0[i], r1[i],
                                  ys[i] + t0 * ystr[i], ystr[i])
@@ -430,13 +478,18 @@ cdef void cq_matmul_rotated_rows_list(const CQView** ws, int count, float* work,
 
 
 cdef inline bint _int_path(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
-    """Whether cq_rotate tries the integer form: A8 tokens, tables, a kernel on this CPU."""
-    return n_tokens >= 1 and w.a8_input and w.int_ok and nc_cq_active_int_kernel() > 0
+    """Whether cq_rotate tries the integer form: A8 tokens, tables, a kernel on this CPU
+    (under avx2lut with the float kernels as its base, only for its lookup layout)."""
+    cdef int k = nc_cq_active_int_kernel()
+    if not (n_tokens >= 1 and w.a8_input and w.int_ok and k > 0):
+        return False
+    return k != 8 or nc_cq_avx2lut_base != 0 or _lut_path(w)
 
 
 cdef inline bint _lut_path(const CQView* w) noexcept nogil:
-    """Whether an integer rotation for w takes the lookup form (kernel avx512lut, layout made)."""
-    return w.lut_ok and nc_cq_active_int_kernel() == 7
+    """Whether an integer rotation for w takes the lookup form (kernel avx512lut or
+    avx2lut, w's layout made for that kernel)."""
+    return w.lut_ok and nc_cq_active_int_kernel() == w.lut_kernel
 
 
 cdef inline bint _amx_path(const CQView* w, Py_ssize_t n_tokens) noexcept nogil:
@@ -560,7 +613,10 @@ cdef bint _rotate_int(const CQView* w, const float* X, Py_ssize_t n_tokens, Py_s
         if scales[t] < 0:
             return False
     if (<int*>work)[0] == 2 and n_tokens == 1:
-        nc_cql_tables(_lut_codes(work), P, w.codebook, w.int_fb, _lut_tables(w, work, 1))
+        if w.lut_kernel == 8:
+            nc_cqs_tables(_lut_codes(work), P, w.codebook, w.int_fb, _lut_tables(w, work, 1))
+        else:
+            nc_cql_tables(_lut_codes(work), P, w.codebook, w.int_fb, _lut_tables(w, work, 1))
     return True
 
 
@@ -678,8 +734,9 @@ cdef inline void _block_mm_share(const CQView* w, float* work, Py_ssize_t n_toke
                                  float* Y, Py_ssize_t y_stride) noexcept nogil:
     """Share i of n (whole 16-row blocks) of the lookup or tile matmul, every token (the
     lookups make each tile's tables in this thread's scratch)."""
-    cdef Py_ssize_t n_rb = (w.rows + 15) // 16
-    cdef Py_ssize_t r0 = 16 * (n_rb * i // n), r1 = min(16 * (n_rb * (i + 1) // n), w.rows)
+    cdef Py_ssize_t B = _lut_block_rows(w) if (<const int*>work)[0] == 2 else 16
+    cdef Py_ssize_t n_rb = (w.rows + B - 1) // B
+    cdef Py_ssize_t r0 = B * (n_rb * i // n), r1 = min(B * (n_rb * (i + 1) // n), w.rows)
     cdef float* scratch
     if r0 >= r1:
         return
@@ -687,10 +744,24 @@ cdef inline void _block_mm_share(const CQView* w, float* work, Py_ssize_t n_toke
         _amx_rows(w, work, n_tokens, 0, n_tokens, Y, y_stride, r0, r1, NULL)
         return
     scratch = cq_decode_scratch()
-    nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb, _lut_codes(work),
-                   w.padded_len, w.codebook, n_tokens, _int_scales(w, work, n_tokens), w.lut_descale,
-                   r0, r1, Y, y_stride, scratch, SCRATCH_FLOATS if scratch != NULL else 0)
+    _lut_mm_rows(w, work, n_tokens, 0, n_tokens, r0, r1, Y, y_stride, scratch)
     cq_free_decode_scratch(scratch)
+
+
+cdef inline void _lut_mm_rows(const CQView* w, float* work, Py_ssize_t n_tokens, Py_ssize_t t0,
+                              Py_ssize_t t1, Py_ssize_t r0, Py_ssize_t r1, float* Y, Py_ssize_t y_stride,
+                              float* scratch) noexcept nogil:
+    """Rows [r0, r1) of tokens [t0, t1) of the lookup form of n_tokens (Y: token t0's row),
+    each tile's tables in scratch (SCRATCH_FLOATS floats, or NULL), on w's lookup kernel."""
+    cdef Py_ssize_t P = w.padded_len, nt = t1 - t0
+    if w.lut_kernel == 8:
+        nc_cqs_mm_rows(<const uint8_t*>w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
+                       _lut_codes(work) + t0 * P, P, w.codebook, nt, _int_scales(w, work, n_tokens) + t0,
+                       w.lut_descale, r0, r1, Y, y_stride, scratch, SCRATCH_FLOATS if scratch != NULL else 0)
+    else:
+        nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
+                       _lut_codes(work) + t0 * P, P, w.codebook, nt, _int_scales(w, work, n_tokens) + t0,
+                       w.lut_descale, r0, r1, Y, y_stride, scratch, SCRATCH_FLOATS if scratch != NULL else 0)
 
 
 cdef void _amx_rows(const CQView* w, float* work, Py_ssize_t n_tokens, Py_ssize_t t0, Py_ssize_t t1,
@@ -780,10 +851,9 @@ cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
     if r0 >= r1:
         return
     if (<const int*>work)[0] == 2:
-        # the lookup form (2-bit rows, kernel avx512lut)
+        # the lookup form (kernel avx512lut or avx2lut)
         scale = _int_scales(w, <float*>work, 1)[0] * w.lut_descale
-        nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
-                    _lut_tables(w, <float*>work, 1), scale, r0, r1, y)
+        _lut_rows(w, _lut_tables(w, <float*>work, 1), scale, r0, r1, y)
     elif (<const int*>work)[0] == 1:
         # the integer form (cq_rotate took it for this view's rotation family)
         scale = _int_scales(w, <float*>work, 1)[0] * w.int_descale
@@ -796,6 +866,17 @@ cdef void cq_matvec_rotated_rows(const CQView* w, const float* work, float* y,
     else:
         for r in range(r0, r1):
             y[r] = _row_dot_scalar(w, r, xt)
+
+
+cdef inline void _lut_rows(const CQView* w, const float* tab, float scale, Py_ssize_t r0, Py_ssize_t r1,
+                           float* y) noexcept nogil:
+    """Rows [r0, r1) of one token from its tables (scale = s·descale), on w's lookup kernel."""
+    if w.lut_kernel == 8:
+        nc_cqs_rows(<const uint8_t*>w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
+                    tab, scale, r0, r1, y)
+    else:
+        nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
+                    tab, scale, r0, r1, y)
 
 
 cdef extern from "csrc/prefetch_stream.h":
@@ -812,13 +893,15 @@ cdef void cq_row_bytes(const CQView* w, Py_ssize_t r0, Py_ssize_t r1, const char
     n1[0] = 0
     if r0 >= r1:
         return
+    cdef Py_ssize_t B
     if w.a8_input and _lut_path(w):
-        b0 = r0 // 16
-        b1 = (r1 + 15) // 16
-        at0[0] = <const char*>(w.lut_bits + b0 * w.lut_n_dw * 16)
-        n0[0] = (b1 - b0) * w.lut_n_dw * 64
-        at1[0] = <const char*>(w.lut_norms + b0 * w.n_groups * 16)
-        n1[0] = (b1 - b0) * w.n_groups * 64
+        B = _lut_block_rows(w)         # a block: B rows of 4·lut_n_dw bytes, B norms a group
+        b0 = r0 // B
+        b1 = (r1 + B - 1) // B
+        at0[0] = <const char*>w.lut_bits + b0 * B * 4 * w.lut_n_dw
+        n0[0] = (b1 - b0) * B * 4 * w.lut_n_dw
+        at1[0] = <const char*>(w.lut_norms + b0 * w.n_groups * B)
+        n1[0] = (b1 - b0) * w.n_groups * B * 4
     elif _int_path(w, 1):
         at0[0] = <const char*>(w.int_packed + r0 * w.int_row_bytes)
         n0[0] = (r1 - r0) * w.int_row_bytes
@@ -1072,14 +1155,9 @@ cdef void cq_matmul_rotated_rows(const CQView* w, float* work, Py_ssize_t n_toke
         _amx_rows(w, work, n_tokens, t0, t1, Y, y_stride, r0, r1, wdec)
     elif (<const int*>work)[0] == 2:
         if n_tokens == 1:       # the tables cq_rotate made
-            nc_cql_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
-                        _lut_tables(w, work, 1), _int_scales(w, work, 1)[0] * w.lut_descale,
-                        r0, r1, Y)
+            _lut_rows(w, _lut_tables(w, work, 1), _int_scales(w, work, 1)[0] * w.lut_descale, r0, r1, Y)
         else:                   # each tile's tables in wdec (SCRATCH_FLOATS floats)
-            nc_cql_mm_rows(w.lut_bits, w.lut_norms, w.lut_n_dw, w.n_groups, w.group_size, w.int_fb,
-                           _lut_codes(work) + t0 * P, P, w.codebook, nt,
-                           _int_scales(w, work, n_tokens) + t0, w.lut_descale, r0, r1,
-                           Y + t0 * y_stride, y_stride, wdec, SCRATCH_FLOATS if wdec != NULL else 0)
+            _lut_mm_rows(w, work, n_tokens, t0, t1, r0, r1, Y + t0 * y_stride, y_stride, wdec)
     elif (<const int*>work)[0] == 1:
         kernel = nc_cq_active_int_kernel()
         b0 = r0
@@ -1288,8 +1366,10 @@ cdef class CQWeight:
         cdef Py_ssize_t g = v.group_size, int_fb = 4 if fb == 3 else fb, i
         v.a8_input = 0
         v.lut_ok = 0
+        v.lut_kernel = 0
         v.amx_ok = 0
         self._lut_bits = self._lut_norms = None
+        self._lut_old = []
         v.int_fb = <int>int_fb
         v.int_packed = v.packed
         v.int_packed_end = v.packed_end
@@ -1355,52 +1435,71 @@ cdef class CQWeight:
         v.amx_descale = <float>(math.ldexp(1.0, -E) / math.sqrt(v.group_size))
         v.amx_ok = 1
 
-    def _lut_possible(self):
-        """Whether enable_lut would make the layout (or made it): the one rule, for
-        enable_lut and for kernel()."""
+    def _lut_possible(self, int kernel=7):
+        """Whether enable_lut would make the layout of lookup kernel `kernel` (7
+        avx512lut, 8 avx2lut), or made it: the one rule, for enable_lut and for kernel()."""
         cdef CQView* v = &self.view
-        return bool(v.lut_ok or (lut_applies(v.bits, v.group_size) and v.int_ok and NC_CQ_HAVE_LUT
-                                 and nc_cq_cpu_has_avx512bw() and v.rows >= LUT_MIN_ROWS))
-
-    def enable_lut(self, arena=None):
-        """Make the lookup layout of the avx512lut kernel (csrc/cq_lut.h) if this
-        matrix can take it (lut_applies: 2- or 4-bit fields, a group size of 16 … 256)
-        and the CPU has AVX-512 F/BW/VL.  A copy as large as the packed rows (3-bit
-        ones as nibbles) plus the norms again, made once; the engine asks for it in deploy
-        numerics, the a8=True wrappers below too.  arena: a LutArena to place it in
-        (the engine's, on huge pages), else its own arrays.  Returns whether the
-        matrix has it (idempotent)."""
-        cdef CQView* v = &self.view
-        if v.lut_ok:
+        if v.lut_ok and v.lut_kernel == kernel:
             return True
-        if not self._lut_possible():
+        if not (lut_applies(v.bits, v.group_size) and v.int_ok and v.rows >= LUT_MIN_ROWS):
             return False
-        cdef Py_ssize_t n_rb = (v.rows + 15) // 16, n_dw = v.cols_padded * v.int_fb // 32
+        if kernel == 7:
+            return bool(NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw())
+        return kernel == 8 and bool(NC_CQ_HAVE_LUT_AVX2 and nc_cq_cpu_has_avx2())
+
+    def enable_lut(self, arena=None, kernel=None):
+        """Make the lookup layout of a lookup kernel if this matrix can take it
+        (lut_applies: 2- or 4-bit fields, a group size of 16 … 256, LUT_MIN_ROWS rows)
+        and the CPU runs the kernel: kernel 'avx512lut' (csrc/cq_lut.h, AVX-512 F/BW/VL)
+        or 'avx2lut' (csrc/cq_lut_avx2.h, AVX2+FMA); by default the one in force, else
+        the CPU's (avx512lut where it has AVX-512 F/BW/VL).  A copy as large as the
+        packed rows (3-bit ones as nibbles) plus the norms again, made once; the engine
+        asks for it in deploy numerics, the a8=True wrappers below too.  arena: a
+        LutArena to place it in (the engine's, on huge pages), else its own arrays.
+        A layout of the other kernel is replaced (and kept alive: views copied before
+        still read it).  Returns whether the matrix has it (idempotent)."""
+        cdef CQView* v = &self.view
+        cdef int k = _lut_kernel_id(kernel)
+        if v.lut_ok and v.lut_kernel == k:
+            return True
+        if not self._lut_possible(k):
+            return False
+        cdef Py_ssize_t B = 32 if k == 8 else 16, n_dw = v.cols_padded * v.int_fb // 32
+        cdef Py_ssize_t n_rb = (v.rows + B - 1) // B
         if v.int_row_bytes != 4 * n_dw:   # (whole dwords: a group is 16 fields or more)
             raise ValueError(f"enable_lut: {v.int_row_bytes} bytes a row, expected {4 * n_dw}")
-        if arena is not None:
-            bits = arena.zeros(n_rb * n_dw * 16, np.uint32)
-            pnorms = arena.zeros(n_rb * v.n_groups * 16, np.float32)
-        else:
-            bits = np.zeros(n_rb * n_dw * 16, np.uint32)
-            pnorms = np.zeros(n_rb * v.n_groups * 16, np.float32)
+        # the same bytes in both layouts: B rows of 4·n_dw bytes a block
+        bits = (arena.zeros if arena is not None else np.zeros)(n_rb * n_dw * B, np.uint32)
+        pnorms = (arena.zeros if arena is not None else np.zeros)(n_rb * v.n_groups * B, np.float32)
         cdef uint32_t[::1] bv = bits
         cdef float[::1] pv = pnorms
         with nogil:
-            nc_cql_relayout(v.int_packed, v.int_row_bytes, v.rows, n_dw, v.norms, v.norm_stride, v.n_groups,
-                            &bv[0], &pv[0])
+            if k == 8:
+                nc_cqs_relayout(v.int_packed, v.int_row_bytes, v.rows, v.norms, v.norm_stride, v.n_groups,
+                                <uint8_t*>&bv[0], &pv[0])
+            else:
+                nc_cql_relayout(v.int_packed, v.int_row_bytes, v.rows, n_dw, v.norms, v.norm_stride, v.n_groups,
+                                &bv[0], &pv[0])
+        if self._lut_bits is not None:
+            self._lut_old.append((self._lut_bits, self._lut_norms))
         self._lut_bits, self._lut_norms = bits, pnorms
         v.lut_bits = &bv[0]
         v.lut_norms = &pv[0]
         v.lut_n_dw = n_dw
         v.lut_descale = <float>(1.0 / math.sqrt(v.group_size))
+        v.lut_kernel = k
         v.lut_ok = 1
         return True
 
     @property
     def lut_layout(self):
-        """True once enable_lut made the lookup layout."""
+        """True once enable_lut made a lookup layout (lut_kernel: whose)."""
         return bool(self.view.lut_ok)
+
+    @property
+    def lut_kernel(self):
+        """The lookup kernel whose layout enable_lut made last ('avx512lut' or 'avx2lut'), or None."""
+        return _INT_NAMES[self.view.lut_kernel] if self.view.lut_ok else None
 
     @property
     def rows(self):
@@ -1432,9 +1531,13 @@ cdef class CQWeight:
         """Name of the inner loop a matvec of this matrix runs now (A8 input or float input)."""
         cdef int k = nc_cq_active_int_kernel()
         if a8 and self.view.int_ok and k > 0:
-            if k == 7 and not self._lut_possible():
-                return _INT_NAMES[nc_cq_lut_base()]   # (the wrappers make the layout when they can)
-            return _INT_NAMES[k]
+            # (the wrappers make the layout when they can)
+            if k == 7 and not self._lut_possible(7):
+                return _INT_NAMES[nc_cq_lut_base()]
+            if not (k == 8 and not self._lut_possible(8)):
+                return _INT_NAMES[k]
+            if nc_cq_avx2lut_base:      # avx2lut's other matrices: its base kernel
+                return _INT_NAMES[nc_cq_avx2lut_base]
         return "avx2" if self.simd else "scalar"
 
     def __repr__(self):
@@ -1514,27 +1617,42 @@ def simd_kernel():
 
 
 _INT_NAMES = {1: "avx512bw", 2: "avx512vnni", 3: "avx2int", 4: "avxvnni", 5: "neon", 6: "neon_dotprod",
-              7: "avx512lut"}
+              7: "avx512lut", 8: "avx2lut"}
 _INT_IDS = {name: k for k, name in _INT_NAMES.items()}
-KERNELS = ("avx512lut", "avx512vnni", "avxvnni", "avx512bw", "avx2int", "neon_dotprod", "neon", "avx2",
+KERNELS = ("avx512lut", "avx512vnni", "avxvnni", "avx512bw", "avx2lut", "avx2int", "neon_dotprod", "neon", "avx2",
            "scalar")  # best first
+LUT_KERNELS = ("avx512lut", "avx2lut")   # the table lookups (reference.cq.matmul_lut's numerics)
 
 
 def lut_applies(bits, group_size):
-    """Whether the avx512lut kernel runs matrices of this width and group size: 2-bit
-    fields (2 bits or ternary) or 4-bit ones (4 bits, 3 bits as nibbles) and a group
-    of whole dwords within the integer path's 16 … 256
+    """Whether the lookup kernels (avx512lut, avx2lut) run matrices of this width and
+    group size: 2-bit fields (2 bits or ternary) or 4-bit ones (4 bits, 3 bits as
+    nibbles) and a group of whole dwords within the integer path's 16 … 256
     (needle_cy.reference.cq.lut_applies is the same rule)."""
     return bits in (2, 3, 4, TERNARY_BITS) and 16 <= group_size <= 256
 INT_KERNELS = tuple(k for k in KERNELS if k in _INT_IDS)   # the integer ones (A8 inputs)
 
 
+def _lut_kernel_id(name=None):
+    """The id of lookup kernel `name` ('avx512lut' 7, 'avx2lut' 8); None: the one in
+    force, else this CPU's (7 where it has AVX-512 F/BW/VL, else 8)."""
+    if name is None:
+        k = nc_cq_active_int_kernel()
+        if k == 7 or k == 8:
+            return k
+        return 7 if (NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw()) else 8
+    if name not in LUT_KERNELS:
+        raise ValueError(f"expected a lookup kernel, one of {LUT_KERNELS}, got {name!r}")
+    return _INT_IDS[name]
+
+
 def available_kernels():
     """Kernels this CPU can run, best first: 'avx512lut' (2- and 4-bit matrices by table
-    lookup, the others on the next AVX-512 kernel), 'avx512vnni', 'avxvnni', 'avx512bw' and
-    'avx2int' (integer, A8 inputs; float inputs then take 'avx2'), 'neon_dotprod' and
-    'neon' (integer, aarch64; float inputs take 'scalar'), 'avx2' (float), 'scalar'
-    (portable)."""
+    lookup, the others on the next AVX-512 kernel), 'avx512vnni', 'avxvnni', 'avx512bw',
+    'avx2lut' (2- and 4-bit matrices by table lookup with AVX2, the others on its base:
+    lut_base_kernel('avx2lut')) and 'avx2int' (integer, A8 inputs; float inputs then take
+    'avx2'), 'neon_dotprod' and 'neon' (integer, aarch64; float inputs take 'scalar'),
+    'avx2' (float), 'scalar' (portable)."""
     found = []
     if NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw():
         found.append("avx512lut")
@@ -1549,32 +1667,53 @@ def available_kernels():
     if nc_cq_cpu_has_neon():
         found.append("neon")
     if nc_cq_cpu_has_avx2():
-        found += ["avx2int", "avx2"]
+        found += (["avx2lut"] if NC_CQ_HAVE_LUT_AVX2 else []) + ["avx2int", "avx2"]
     return found + ["scalar"]
 
 
-AUTO_INT256 = bool(NC_CQ_AUTO_INT256)   # whether 'auto' takes avxvnni / avx2int (see pick_int_kernel)
+AUTO_INT256 = bool(NC_CQ_AUTO_INT256)   # whether 'auto' takes avxvnni (see pick_int_kernel)
 
 
 def pick_int_kernel(avx512bw=False, avx512vnni=False, avxvnni=False, avx2=False, int256=None):
     """The integer kernel 'auto' takes on a CPU with these features (AVX-512 BW meaning
-    F/BW/VL, avx2 meaning AVX2+FMA), or None (float kernels): avx512vnni, else (with
-    int256) avxvnni, else avx512bw, else (with int256) avx2int.  int256 (default
-    AUTO_INT256, False in this build: on the AVX2 stand-in measured here the 256-bit
-    integer kernels are slower than the float ones) says whether 'auto' takes them.
-    The selection rule on its own, so that tests can try CPUs other than this one."""
+    F/BW/VL, avx2 meaning AVX2+FMA), or None (float kernels): avx512lut with AVX-512 BW,
+    else (with int256) avxvnni, else avx2lut with AVX2+FMA.  int256 (default AUTO_INT256,
+    False in this build: no AVX-VNNI CPU was measured, and avx2int is slower than the
+    float kernels) says whether 'auto' takes avxvnni; avx2int it never takes.  The
+    selection rule on its own, so that tests can try CPUs other than this one."""
     if int256 is None:
         int256 = AUTO_INT256
     k = nc_cq_pick_int_kernel(bool(avx512bw), bool(avx512vnni), bool(avxvnni), bool(avx2), bool(int256))
     return _INT_NAMES.get(k)
 
 
-def lut_base_kernel():
-    """The kernel avx512lut runs the matrices that its lookups do not (lut_applies) on:
-    'avx512vnni' where the CPU has VNNI, else 'avx512bw' (None without AVX-512)."""
+def lut_base_kernel(kernel="avx512lut"):
+    """The kernel a lookup kernel runs the matrices that its lookups do not (lut_applies,
+    LUT_MIN_ROWS) on.  avx512lut: 'avx512vnni' where the CPU has VNNI, else 'avx512bw'
+    (None without AVX-512).  avx2lut: 'avx2' (the float kernels) or 'avx2int'
+    (set_avx2lut_base; None without AVX2)."""
+    if kernel == "avx2lut":
+        if not (NC_CQ_HAVE_LUT_AVX2 and nc_cq_cpu_has_avx2()):
+            return None
+        return _INT_NAMES[nc_cq_avx2lut_base] if nc_cq_avx2lut_base else "avx2"
+    if kernel != "avx512lut":
+        raise ValueError(f"lut_base_kernel: expected 'avx512lut' or 'avx2lut', got {kernel!r}")
     if not (NC_CQ_HAVE_LUT and nc_cq_cpu_has_avx512bw()):
         return None
     return _INT_NAMES.get(nc_cq_lut_base())
+
+
+def set_avx2lut_base(name):
+    """What avx2lut runs the matrices without its layout on: 'avx2' (the float kernels,
+    the default: faster than avx2int on the AVX2 CPUs measured, benchmarks/history/cq.md)
+    or 'avx2int' (the integer numerics).  For tests and comparisons; returns the previous
+    lut_base_kernel('avx2lut')."""
+    global nc_cq_avx2lut_base
+    if name not in ("avx2", "avx2int"):
+        raise ValueError(f"set_avx2lut_base: expected 'avx2' or 'avx2int', got {name!r}")
+    previous = "avx2int" if nc_cq_avx2lut_base else "avx2"
+    nc_cq_avx2lut_base = 3 if name == "avx2int" else 0
+    return previous
 
 
 _LUT_DOTS = ("bw", "vnni", "vbmi")     # nc_cql_dot's values 0, 1, 2 (csrc/cq_lut.h)
@@ -1618,8 +1757,9 @@ def kernel_name(a8=True):
 
 
 def set_kernel(name):
-    """Force a kernel ('avx512vnni', 'avxvnni', 'avx512bw', 'avx2int', 'neon_dotprod',
-    'neon' = integer on A8 inputs, float AVX2 (x86) or scalar (aarch64) otherwise;
+    """Force a kernel ('avx512lut', 'avx512vnni', 'avxvnni', 'avx512bw', 'avx2lut', 'avx2int',
+    'neon_dotprod', 'neon' = integer or lookups on A8 inputs, float AVX2 (x86) or scalar
+    (aarch64) otherwise;
     'avx2' = float AVX2 only, 'scalar' = the portable float loops) or go back to the
     best one ('auto').  Returns the
     previous kernel_name().  For tests and comparisons; the environment variable
@@ -1737,7 +1877,8 @@ cdef inline bint _is_f32_vector(object a, Py_ssize_t n, bint writeable):
 cdef CQView _call_view(CQWeight cw, bint a8):
     """cw's view for one call of the wrappers below: a8, the inputs are A8 vectors
     (deploy numerics: the integer kernels, the lookup layout made where it applies)."""
-    if a8 and not cw.view.lut_ok:
+    cdef int k = nc_cq_active_int_kernel()
+    if a8 and (k == 7 or k == 8) and not (cw.view.lut_ok and cw.view.lut_kernel == k):
         cw.enable_lut()
     cdef CQView va = cw.view
     va.a8_input = 1 if a8 else 0
@@ -1902,7 +2043,7 @@ def multiply_shared(weights, x, threads=None, a8=False):
     cdef list cws = [prepare(W) for W in weights]
     if not cws:
         return []
-    if a8:
+    if a8 and nc_cq_active_int_kernel() in (7, 8):
         for each in cws:
             each.enable_lut()
     cdef CQWeight first = cws[0], other

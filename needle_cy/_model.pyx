@@ -110,7 +110,7 @@ from needle_cy._ops cimport (a8_inplace, a8_codes_c, kv_cq_inplace, zc_rmsnorm_c
                              conv_step_c, attend_group_c, attend_group_i8_c, sigmoid_c, mul_sigmoid_c, engram_hash_c, engram_alpha_c,
                              sinkhorn_c, monarch_mlp_c, team_cols, pool_update_c, dot_c)
 
-from needle_cy._cq import LutArena, kernel_name, prepare
+from needle_cy._cq import LUT_KERNELS, LutArena, kernel_name, prepare
 from needle_cy.cq_format import field_bits_of
 from needle_cy import _ops as ops
 from needle_cy.errors import ContextOverflowError, ModelStateError
@@ -478,9 +478,9 @@ cdef class CythonEngine:
         the tied embedding, whose products are the logits."""
         cdef CQWeight cw = prepare(W)
         self._keep.append(cw)
-        if products and self.quant and kernel_name() == "avx512lut" and (head or field_bits_of(W.bits) == 2):
-            # the lookup layout of the avx512lut kernel (one arena per engine, on huge
-            # pages); not made when another kernel was forced.  2-bit fields (2 bits,
+        if products and self.quant and kernel_name() in LUT_KERNELS and (head or field_bits_of(W.bits) == 2):
+            # the lookup layout of the lookup kernel in force (avx512lut, avx2lut: one
+            # arena per engine, on huge pages); not made when another kernel was forced.  2-bit fields (2 bits,
             # ternary) take it everywhere; 3- and 4-bit ones only for the head.  At 4
             # bits a table entry is one codeword times one code, rounded to int16: about
             # 1e-4 of a row's value, where the two-product kernel is exact to float32.

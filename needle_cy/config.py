@@ -28,7 +28,7 @@ SETTINGS = (
             "engine threads: an integer, or auto (a per-call choice by the thread tuner)"),
     Setting("NEEDLE_CY_CQ_KERNEL", "auto", "when needle_cy._cq is imported", "benchmark",
             "the CQ matvec kernel: auto (the best this CPU runs), avx512lut, avx512vnni, avxvnni, "
-            "avx512bw, avx2int, neon_dotprod, neon, avx2, scalar (one the CPU lacks: a warning, auto)"),
+            "avx512bw, avx2lut, avx2int, neon_dotprod, neon, avx2, scalar (one the CPU lacks: a warning, auto)"),
     Setting("NEEDLE_CY_CQ_AMX", "1", "when needle_cy._cq is imported", "benchmark",
             "0 or off: never use the AMX tile kernel for prefill, even where the CPU has it"),
     Setting("NEEDLE_CY_LUT_MIN_ROWS", "64", "when needle_cy._cq is imported", "benchmark",

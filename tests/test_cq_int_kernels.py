@@ -14,9 +14,11 @@ one such token sends the whole chunk to the float kernel).  Every kernel gives
 the reference's integer numerics (reference.cq.matmul_int) bit for bit, so the
 kernels of one CPU agree with each other (the 256-bit ones mirror the AVX-512
 lanes and float steps), and the run-time choice follows pick_int_kernel.  The
-exception is avx512lut's table lookups, which run the matrices of 2-bit fields
-(reference.cq.lut_applies) in their own numerics, reference.cq.matmul_lut, also bit
-for bit; its other matrices take the next AVX-512 kernel.
+exception is the table lookups (avx512lut, avx2lut), which run the matrices of 2- and
+4-bit fields (reference.cq.lut_applies) in their own numerics, reference.cq.matmul_lut,
+also bit for bit; avx512lut's other matrices take the next AVX-512 kernel, avx2lut's
+the float kernels (here avx2int, set_avx2lut_base, so that they have integer numerics
+to compare; the float base has tests of its own below).
 """
 import os
 import subprocess
@@ -30,7 +32,7 @@ from needle_cy.reference import cq as ref
 
 INT_KERNELS = list(_cq.INT_KERNELS)
 NEEDS = {"avx512lut": "AVX-512 F/BW/VL", "avx512vnni": "AVX-512 F/BW/VL + VNNI", "avx512bw": "AVX-512 F/BW/VL",
-         "avxvnni": "AVX2+FMA + AVX-VNNI", "avx2int": "AVX2+FMA",
+         "avxvnni": "AVX2+FMA + AVX-VNNI", "avx2lut": "AVX2+FMA", "avx2int": "AVX2+FMA",
          "neon_dotprod": "aarch64 NEON + the dot product extension (asimddp)", "neon": "aarch64 NEON"}
 
 
@@ -44,7 +46,10 @@ def int_kernel(request):
     min_rows = _cq.LUT_MIN_ROWS
     _cq.LUT_MIN_ROWS = 1      # every shape below through the lookups (the engine keeps them for >= 64 rows)
     amx = _cq.set_amx("off")  # these are the kernels' own numerics (the AMX tile matmul: test_cq_amx.py)
+    base = _cq.set_avx2lut_base("avx2int") if "avx2lut" in _cq.available_kernels() else None
     yield name
+    if base is not None:
+        _cq.set_avx2lut_base(base)
     _cq.set_amx(amx)
     _cq.LUT_MIN_ROWS = min_rows
     _cq.set_kernel("auto")
@@ -75,7 +80,7 @@ def rel_tol(kernel, W):
 
 def runs_lut(kernel, W):
     """Whether this kernel runs W with the table lookups (else with the integer numerics)."""
-    return kernel == "avx512lut" and ref.lut_applies(W.bits, W.group_size) and W.rows >= _cq.LUT_MIN_ROWS
+    return kernel in _cq.LUT_KERNELS and ref.lut_applies(W.bits, W.group_size) and W.rows >= _cq.LUT_MIN_ROWS
 
 
 def exact_numerics(kernel, W, X):
@@ -85,8 +90,8 @@ def exact_numerics(kernel, W, X):
 
 def kernel_of(kernel, W):
     """The name CQWeight.kernel(a8=True) reports for W under this kernel."""
-    if kernel == "avx512lut" and not runs_lut(kernel, W):
-        return _cq.lut_base_kernel()
+    if kernel in _cq.LUT_KERNELS and not runs_lut(kernel, W):
+        return _cq.lut_base_kernel(kernel)
     return kernel
 
 
@@ -299,18 +304,20 @@ def test_int_kernel_selection_rule():
     def pick(**features):
         return _cq.pick_int_kernel(int256=True, **features)
     assert pick() is None                                         # no AVX2: float (scalar) kernels
-    assert pick(avx2=True) == "avx2int"                           # Zen 3, Intel client before Alder Lake
+    assert pick(avx2=True) == "avx2lut"                           # Zen 3, Intel client before Alder Lake
     assert pick(avx2=True, avxvnni=True) == "avxvnni"             # Alder Lake and later client cores
     assert pick(avxvnni=True) is None                             # (AVX-VNNI is VEX: needs AVX2 too)
     # AVX-512: the 2-bit lookups (their other matrices on avx512vnni, else avx512bw)
     assert pick(avx2=True, avx512bw=True) == "avx512lut"          # Skylake-SP
     assert pick(avx2=True, avx512bw=True, avx512vnni=True) == "avx512lut"    # Cascade Lake, Zen 4
     assert pick(avx2=True, avx512bw=True, avx512vnni=True, avxvnni=True) == "avx512lut"  # Sapphire Rapids
-    # without int256 (the default while the 256-bit kernels measure slower than the
-    # float ones) those CPUs keep the float kernels; AVX-512 CPUs are not affected
+    # without int256 (the default while the 256-bit integer kernels are unmeasured or
+    # slower than the float ones) AVX2 CPUs take the AVX2 lookups, AVX-VNNI ones too;
+    # AVX-512 CPUs are not affected
     off = dict(int256=False)
-    assert _cq.pick_int_kernel(avx2=True, **off) is None
-    assert _cq.pick_int_kernel(avx2=True, avxvnni=True, **off) is None
+    assert _cq.pick_int_kernel(avx2=True, **off) == "avx2lut"
+    assert _cq.pick_int_kernel(avx2=True, avxvnni=True, **off) == "avx2lut"
+    assert _cq.pick_int_kernel(**off) is None
     assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avxvnni=True, **off) == "avx512lut"
     assert _cq.pick_int_kernel(avx2=True, avx512bw=True, avx512vnni=True, **off) == "avx512lut"
     assert _cq.pick_int_kernel(avx2=True) == _cq.pick_int_kernel(avx2=True, int256=_cq.AUTO_INT256)
@@ -332,11 +339,14 @@ def test_int_kernel_selection_rule():
     assert "avxvnni" not in have or "avx2" in have
     assert "avx512vnni" not in have or "avx512bw" in have
     assert ("avx512lut" in have) == ("avx512bw" in have)
+    assert ("avx2lut" in have) == ("avx2" in have)
     if "avx512lut" in have:   # the kernel of the matrices the lookups do not run
         assert _cq.lut_base_kernel() == ("avx512vnni" if "avx512vnni" in have else "avx512bw")
+    if "avx2lut" in have:
+        assert _cq.lut_base_kernel("avx2lut") == "avx2"
 
 
-@pytest.mark.parametrize("name", ["avx2int", "avxvnni"])
+@pytest.mark.parametrize("name", ["avx2int", "avxvnni", "avx2lut"])
 def test_environment_forces_a_256_bit_kernel(name):
     code = "from needle_cy import _cq; print(_cq.kernel_name(), _cq.kernel_name(a8=False))"
     env = dict(os.environ, NEEDLE_CY_CQ_KERNEL=name,
@@ -401,33 +411,44 @@ def test_neon_dotprod_detection_and_override():
 
 
 # ---------------------------------------------------------------------------
-# avx512lut: the table lookups of 2-bit matrices (csrc/cq_lut.h)
+# the table lookups of 2- and 4-bit matrices: avx512lut (csrc/cq_lut.h) and
+# avx2lut (csrc/cq_lut_avx2.h), each against reference.cq.matmul_lut
 # ---------------------------------------------------------------------------
 
-def _need_lut():
-    if "avx512lut" not in _cq.available_kernels():
-        pytest.skip(f"CPU lacks {NEEDS['avx512lut']}: the avx512lut kernel cannot run here")
+def _need_lut(name="avx512lut"):
+    if name not in _cq.available_kernels():
+        pytest.skip(f"CPU lacks {NEEDS[name]}: the {name} kernel cannot run here")
 
 
-@pytest.fixture
-def lut_kernel():
-    _need_lut()
-    previous = _cq.set_kernel("avx512lut")
+@pytest.fixture(params=list(_cq.LUT_KERNELS))
+def lut_kernel(request):
+    _need_lut(request.param)
+    previous = _cq.set_kernel(request.param)
     amx = _cq.set_amx("off")   # the lookups' own numerics, also for the matmul
-    yield
+    yield request.param
     _cq.set_amx(amx)
     _cq.set_kernel(previous if previous in _cq.available_kernels() else "auto")
 
 
-@pytest.mark.parametrize("bits", [2, 5])
+@pytest.fixture
+def avx512_lut_kernel():
+    _need_lut("avx512lut")
+    previous = _cq.set_kernel("avx512lut")
+    amx = _cq.set_amx("off")
+    yield "avx512lut"
+    _cq.set_amx(amx)
+    _cq.set_kernel(previous if previous in _cq.available_kernels() else "auto")
+
+
+@pytest.mark.parametrize("bits", [2, 5, 4])
 def test_lut_row_and_token_pieces_equal_the_whole(lut_kernel, bits):
-    """Rows cut anywhere (a 16-row block computed by both sides of the cut, each storing
-    its own lanes) and tokens cut anywhere: the whole product bit for bit."""
+    """Rows cut anywhere (a 16- or 32-row block computed by both sides of the cut, each
+    storing its own lanes) and tokens cut anywhere: the whole product bit for bit."""
     rng = np.random.default_rng(70 + bits)
-    for rows, cols, g in [(75, 768, 128), (64, 300, 32), (100, 96, 16)]:
+    for rows, cols, g in [(75, 768, 128), (64, 300, 32), (100, 96, 16), (70, 520, 256)]:
         W = random_cq(rng, rows, cols, bits, g)
         X = a8(rng.standard_normal((11, cols)) * rng.uniform(0.01, 100, size=(11, 1)))
-        assert _cq.prepare(W).kernel(a8=True) == "avx512lut"
+        assert _cq.prepare(W).kernel(a8=True) == lut_kernel
         whole = _cq.matmul(W, X, a8=True)
         np.testing.assert_array_equal(whole, ref.matmul_lut(W, X))
         for cut in (0, 5, 16, 37, rows):
@@ -450,15 +471,15 @@ def test_lut_layout_where_it_applies(lut_kernel):
     W = random_cq(rng, _cq.LUT_MIN_ROWS, 256, 2, 128)
     cw = _cq.prepare(W)
     _cq.matvec(W, x)                               # float input: no layout
-    assert not cw.lut_layout and cw.kernel(a8=True) == "avx512lut"
+    assert not cw.lut_layout and cw.kernel(a8=True) == lut_kernel
     np.testing.assert_array_equal(_cq.matvec(W, x, a8=True), ref.matmul_lut(W, x[None])[0])
-    assert cw.lut_layout and cw.enable_lut()
+    assert cw.lut_layout and cw.lut_kernel == lut_kernel and cw.enable_lut()
     for bits, g in [(4, 128), (3, 64), (5, 16)]:
         W = random_cq(rng, 80, 2 * g + 5, bits, g)
         cw = _cq.prepare(W)
         xg = a8(rng.standard_normal(2 * g + 5))
         np.testing.assert_array_equal(_cq.matvec(W, xg, a8=True), ref.matmul_lut(W, xg[None])[0])
-        assert cw.lut_layout and cw.kernel(a8=True) == "avx512lut", (bits, g)
+        assert cw.lut_layout and cw.kernel(a8=True) == lut_kernel, (bits, g)
     for rows, bits, g in [(_cq.LUT_MIN_ROWS - 1, 2, 128), (_cq.LUT_MIN_ROWS - 1, 4, 128), (80, 1, 128),
                           (80, 2, 8), (80, 4, 8)]:
         W = random_cq(rng, rows, 2 * g, bits, g)
@@ -467,8 +488,13 @@ def test_lut_layout_where_it_applies(lut_kernel):
         got = _cq.matvec(W, xg, a8=True)
         assert not cw.lut_layout, (rows, bits, g)
         if cw.int_tables:
-            assert cw.kernel(a8=True) == _cq.lut_base_kernel()
-            np.testing.assert_array_equal(got, ref.matmul_int(W, xg[None])[0])
+            base = _cq.lut_base_kernel(lut_kernel)
+            if base == "avx2":      # avx2lut's base: the float kernels, the float input's bits
+                assert cw.kernel(a8=True) == cw.kernel(a8=False)
+                np.testing.assert_array_equal(got, _cq.matvec(W, xg))
+            else:
+                assert cw.kernel(a8=True) == base
+                np.testing.assert_array_equal(got, ref.matmul_int(W, xg[None])[0])
 
 
 def test_lut_and_integer_views_share_an_input(lut_kernel):
@@ -487,7 +513,7 @@ def test_lut_and_integer_views_share_an_input(lut_kernel):
 
 
 @pytest.mark.parametrize("dot", ["vbmi", "vnni", "bw"])
-def test_lut_dot_instantiations_give_the_reference_bits(lut_kernel, dot):
+def test_lut_dot_instantiations_give_the_reference_bits(avx512_lut_kernel, dot):
     """The three row loops of the lookups (byte tables with vpermb + vpdpbusd; int16
     tables with vpdpwssd, or vpmaddwd + vpaddd without VNNI) sum exact integers: the
     same bits as matmul_lut, matvec and matmul, 2 bits, ternary and 4 bits."""
@@ -519,3 +545,115 @@ def test_lut_arena_pieces_are_aligned_and_zeroed():
         assert p.shape == (n,) and p.dtype == dt and p.ctypes.data % 64 == 0 and not p.any()
         p[:] = 1
     assert pieces[0].sum() == 5 and pieces[1].sum() == 17     # no overlap
+
+
+# ---------------------------------------------------------------------------
+# avx2lut (csrc/cq_lut_avx2.h): vpshufb on byte tables, 32-row blocks
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def avx2_lut_kernel():
+    _need_lut("avx2lut")
+    previous = _cq.set_kernel("avx2lut")
+    min_rows = _cq.LUT_MIN_ROWS
+    _cq.LUT_MIN_ROWS = 1
+    yield "avx2lut"
+    _cq.LUT_MIN_ROWS = min_rows
+    _cq.set_kernel(previous if previous in _cq.available_kernels() else "auto")
+
+
+def test_avx2lut_random_shapes_give_the_reference_bits(avx2_lut_kernel):
+    """Random shapes (rows that are not multiples of the 32-row block, columns with
+    partial groups, groups of 16 … 256 at 2, 3, 4 bits and ternary: one or two int16
+    chunks a group), matvec and matmul (token counts around the 4-token tile), 1 to 3
+    threads, and the pieces a parallel region cuts: reference.cq.matmul_lut bit for bit."""
+    rng = np.random.default_rng(2024)
+    for trial in range(36):
+        bits = (2, 3, 4, 5)[trial % 4]
+        g = (16, 32, 64, 128, 256)[trial % 5]
+        rows = int(rng.integers(1, 110))
+        cols = int(rng.integers(1, 4 * g + 1))
+        T = int(rng.integers(1, 11))
+        W = random_cq(rng, rows, cols, bits, g)
+        X = a8(rng.standard_normal((T, cols)) * rng.uniform(0.01, 100, size=(T, 1)))
+        want = ref.matmul_lut(W, X)
+        assert _cq.prepare(W).kernel(a8=True) == "avx2lut"
+        for threads in (1, 2, 3):
+            np.testing.assert_array_equal(_cq.matmul(W, X, a8=True, threads=threads), want,
+                                          err_msg=f"trial {trial}: {rows}x{cols} {bits} bits g {g} T {T}")
+            np.testing.assert_array_equal(_cq.matvec(W, X[-1], a8=True, threads=threads), want[-1])
+        cut = 16 * int(rng.integers(0, rows // 16 + 1))
+        np.testing.assert_array_equal(_cq._matmul_pieces(W, X, cut, T // 2, a8=True), want)
+        np.testing.assert_array_equal(_cq._matvec_pieces(W, X[0], int(rng.integers(0, rows + 1)), a8=True), want[0])
+
+
+def test_avx2lut_extreme_codes_give_the_reference_bits(avx2_lut_kernel):
+    """The largest rotated codes (|k| = 127 with the signs of a Hadamard row) make table
+    entries near ±32767, high bytes at both ends: the sums stay exact."""
+    rng = np.random.default_rng(12)
+    for g in (16, 128, 256):
+        for bits in (2, 4, 5):
+            W = random_cq(rng, 45, 2 * g, bits, g)
+            X = a8(np.stack([np.full(2 * g, 3.5, np.float32), np.tile(ref.hadamard_matrix(g)[5] > 0, 2) * 2.0 - 1.0,
+                             np.tile(ref.hadamard_matrix(g)[3] > 0, 2) * -3.0 + 1.0]))
+            want = ref.matmul_lut(W, X)
+            np.testing.assert_array_equal(_cq.matmul(W, X, a8=True), want, err_msg=f"g {g} bits {bits}")
+            for t in range(3):
+                np.testing.assert_array_equal(_cq.matvec(W, X[t], a8=True), want[t])
+
+
+def test_avx2lut_other_matrices_take_the_float_kernels():
+    """avx2lut's base (the default, set_avx2lut_base('avx2')): a matrix without its layout
+    (1-bit fields, fewer than LUT_MIN_ROWS rows) gives the float kernel's bits on the same
+    input; a list of products that mixes them with lookup matrices gives each its own."""
+    _need_lut("avx2lut")
+    previous = _cq.set_kernel("avx2lut")
+    try:
+        assert _cq.lut_base_kernel("avx2lut") == "avx2"
+        rng = np.random.default_rng(13)
+        big, small = random_cq(rng, 96, 384, 2, 128), random_cq(rng, 8, 384, 2, 128)
+        one = random_cq(rng, 80, 384, 1, 128)
+        X = a8(rng.standard_normal((5, 384)))
+        for W in (small, one):
+            assert _cq.prepare(W).kernel(a8=True) == "avx2"
+            np.testing.assert_array_equal(_cq.matvec(W, X[1], a8=True), _cq.matvec(W, X[1]))
+            np.testing.assert_array_equal(_cq.matmul(W, X, a8=True), _cq.matmul(W, X))
+        assert _cq.prepare(big).kernel(a8=True) == "avx2lut"
+        np.testing.assert_array_equal(_cq.matmul(big, X, a8=True), ref.matmul_lut(big, X))
+        for inputs in (X, X[2]):
+            got = _cq.multiply_shared([big, small, big], inputs, a8=True)
+            for W, y in zip([big, small, big], got):
+                np.testing.assert_array_equal(y, _cq.matvec(W, inputs, a8=True) if inputs.ndim == 1
+                                              else _cq.matmul(W, inputs, a8=True))
+        # the integer base on request: those matrices take avx2int's numerics
+        assert _cq.set_avx2lut_base("avx2int") == "avx2"
+        try:
+            assert _cq.prepare(one).kernel(a8=True) == "avx2int"
+            np.testing.assert_array_equal(_cq.matmul(one, X, a8=True), ref.matmul_int(one, X))
+        finally:
+            _cq.set_avx2lut_base("avx2")
+        with pytest.raises(ValueError, match="set_avx2lut_base"):
+            _cq.set_avx2lut_base("scalar")
+    finally:
+        _cq.set_kernel(previous if previous in _cq.available_kernels() else "auto")
+
+
+def test_lut_layouts_of_both_kernels_on_one_matrix():
+    """A matrix whose avx512lut layout is replaced by avx2lut's (or the reverse) keeps
+    the old one alive for the views copied before, and each kernel gives matmul_lut's
+    bits from its own layout (AVX-512 CPUs: both kernels)."""
+    _need_lut("avx512lut")
+    _need_lut("avx2lut")
+    rng = np.random.default_rng(14)
+    W = random_cq(rng, 100, 300, 2, 64)
+    X = a8(rng.standard_normal((6, 300)))
+    want = ref.matmul_lut(W, X)
+    previous = _cq.set_kernel("avx512lut")
+    try:
+        for name in ("avx512lut", "avx2lut", "avx512lut"):
+            _cq.set_kernel(name)
+            np.testing.assert_array_equal(_cq.matmul(W, X, a8=True), want, err_msg=name)
+            np.testing.assert_array_equal(_cq.matvec(W, X[2], a8=True), want[2], err_msg=name)
+            assert _cq.prepare(W).lut_kernel == name
+    finally:
+        _cq.set_kernel(previous if previous in _cq.available_kernels() else "auto")

@@ -423,14 +423,14 @@ def test_a_site_at_block_zero_keeps_the_sites_phases(archive_dir, monkeypatch):
 
 def test_sites_late_follows_the_environment_and_the_kernel(archive_dir, monkeypatch):
     """NEEDLE_CY_SITES_LATE: 0 never, 1 wherever the archive allows, auto (default) only
-    where the site products run by table lookup (avx512lut); a bad value is named."""
+    where the site products run by table lookup (avx512lut, avx2lut); a bad value is named."""
     from needle_cy import _cq
     from needle_cy._model import sites_late_mode
     path = archive(archive_dir, "rows_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
                    qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
     monkeypatch.delenv("NEEDLE_CY_SITES_LATE", raising=False)
     assert sites_late_mode() == "auto"
-    lut = _cq.kernel_name() == "avx512lut"
+    lut = _cq.kernel_name() in _cq.LUT_KERNELS
     assert Model.load(path, backend="cython", threads=2).engine.sites_late == lut
     path4 = archive(archive_dir, "rows4_d256", bits=4, d_model=256, num_heads=8, num_kv_heads=2,
                     qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
@@ -447,32 +447,44 @@ def test_sites_late_follows_the_environment_and_the_kernel(archive_dir, monkeypa
             sites_late_mode()
 
 
-def test_lut_kernel_in_the_model(archive_dir):
-    """Deploy numerics on an AVX-512 CPU run the 2-bit matrices of >= LUT_MIN_ROWS rows
-    by table lookup (avx512lut).  The logits are the same bits at 1, 2 and 3 threads and
-    stay within float rounding of the two-product integer kernel's: the 8-bit
-    activation roundings they feed may flip on a near tie, so the comparison is the
-    fixtures' (mean |Δ|, greedy where the margin is clear)."""
-    from needle_cy import _cq
-    if "avx512lut" not in _cq.available_kernels():
-        pytest.skip("CPU lacks AVX-512 F/BW/VL: the avx512lut kernel cannot run here")
-    path = archive(archive_dir, "rows_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
+def _need_lut_kernel(name):
+    if name not in _cq.available_kernels():
+        pytest.skip(f"CPU lacks {'AVX-512 F/BW/VL' if name == 'avx512lut' else 'AVX2+FMA'}: "
+                    f"the {name} kernel cannot run here")
+
+
+def _lut_d256(archive_dir):
+    return archive(archive_dir, "rows_d256", bits=2, d_model=256, num_heads=8, num_kv_heads=2,
                    qk_head_dim=32, v_head_dim=32, layers=2, engram_sites=(1,), global_layers=(1,))
+
+
+@pytest.mark.parametrize("lut_kernel", _cq.LUT_KERNELS)
+def test_lut_kernel_in_the_model(archive_dir, lut_kernel):
+    """Deploy numerics run the 2-bit matrices of >= LUT_MIN_ROWS rows by table lookup
+    (avx512lut on AVX-512 CPUs, avx2lut forced by name on AVX2 ones).  The logits are
+    the same bits at 1, 2 and 3 threads and stay within float rounding of the base
+    kernel's (avx512lut: the two-product integer kernel; avx2lut: the float kernels):
+    the 8-bit activation roundings they feed may flip on a near tie, so the comparison
+    is the fixtures' (mean |Δ|, greedy where the margin is clear)."""
+    from needle_cy import _cq
+    _need_lut_kernel(lut_kernel)
+    path = _lut_d256(archive_dir)
     ids = ids_for(300, 100, seed=8)
     runs = {}
-    for kernel, threads in (("avx512lut", 1), ("avx512lut", 2), ("avx512lut", 3), (_cq.lut_base_kernel(), 1)):
+    base = _cq.lut_base_kernel(lut_kernel)
+    for kernel, threads in ((lut_kernel, 1), (lut_kernel, 2), (lut_kernel, 3), (base, 1)):
         previous = _cq.set_kernel(kernel)
         try:
             m = Model.load(path, backend="cython", threads=threads)
-            assert _cq.prepare(m.weights.layers[0].q_proj).lut_layout == (kernel == "avx512lut")
+            assert _cq.prepare(m.weights.layers[0].q_proj).lut_layout == (kernel == lut_kernel)
             rows = [m.prefill(ids[:70])] + [m.step(int(t)) for t in ids[70:]]
             runs[kernel, threads] = np.stack(rows)
         finally:
             _cq.set_kernel(previous)
-    lut = runs["avx512lut", 1]
+    lut = runs[lut_kernel, 1]
     for threads in (2, 3):
-        np.testing.assert_array_equal(runs["avx512lut", threads], lut)
-    other = runs[_cq.lut_base_kernel(), 1]
+        np.testing.assert_array_equal(runs[lut_kernel, threads], lut)
+    other = runs[base, 1]
     assert not np.array_equal(lut, other)            # the lookups did run
     assert np.abs(lut - other).mean() <= 0.01 * np.abs(other).mean()
     top = np.sort(other, axis=-1)
@@ -480,31 +492,59 @@ def test_lut_kernel_in_the_model(archive_dir):
     assert np.array_equal(lut.argmax(-1)[sure], other.argmax(-1)[sure])
 
 
-def test_lut_kernel_runs_only_the_head_at_4_bits(archive_dir):
+@pytest.mark.parametrize("lut_kernel", _cq.LUT_KERNELS)
+def test_lut_kernel_runs_only_the_head_at_4_bits(archive_dir, lut_kernel):
     """At 4 bits the engine gives the lookup layout to the head alone (its outputs are
     the logits; a body product's table rounding would be amplified by the A8 roundings
-    after it).  The body's products are then those of the two-product kernel, bit for
-    bit, so the last hidden state is too, and the logits are within the tables' rounding."""
+    after it).  The body's products are then those of the base kernel, bit for bit, so
+    the last hidden state is too, and the logits are within the tables' rounding."""
     from needle_cy import _cq
-    if "avx512lut" not in _cq.available_kernels():
-        pytest.skip("CPU lacks AVX-512 F/BW/VL: the avx512lut kernel cannot run here")
+    _need_lut_kernel(lut_kernel)
     path = archive(archive_dir, "w4_kv8", bits=4)
     ids = ids_for(300, 20, seed=9)
     runs = {}
-    for kernel in ("avx512lut", _cq.lut_base_kernel()):
+    base = _cq.lut_base_kernel(lut_kernel)
+    for kernel in (lut_kernel, base):
         previous = _cq.set_kernel(kernel)
         try:
             m = Model.load(path, backend="cython", threads=2)
             layer = m.weights.layers[0]
-            assert _cq.prepare(m.weights.embedding).lut_layout == (kernel == "avx512lut")
+            assert _cq.prepare(m.weights.embedding).lut_layout == (kernel == lut_kernel)
             for W in (layer.q_proj, layer.gate_proj, layer.out_proj):
                 assert not _cq.prepare(W).lut_layout
             runs[kernel] = np.stack([m.prefill(ids[:12])] + [m.step(int(t)) for t in ids[12:]])
         finally:
             _cq.set_kernel(previous)
-    lut, other = runs["avx512lut"], runs[_cq.lut_base_kernel()]
+    lut, other = runs[lut_kernel], runs[base]
     assert not np.array_equal(lut, other)            # the head's lookups did run
     assert_close(lut, other, rtol=DEPLOY_FIRST_RTOL)  # and nothing before them moved
+
+
+def test_lut_kernels_give_the_same_logits(archive_dir):
+    """avx2lut and avx512lut compute reference.cq.matmul_lut's numbers bit for bit, so a
+    2-bit model's prefill and steps are the same bits under either (AVX-512 CPUs, where
+    both run; avx2lut's base is then set to the integer numerics of avx512lut's)."""
+    from needle_cy import _cq
+    _need_lut_kernel("avx512lut")
+    _need_lut_kernel("avx2lut")
+    path = _lut_d256(archive_dir)
+    ids = ids_for(300, 90, seed=10)
+    runs = {}
+    base = _cq.set_avx2lut_base("avx2int")
+    amx = _cq.set_amx("off")      # (the tiles would take avx512lut's 4-bit and short matrices)
+    try:
+        for kernel in _cq.LUT_KERNELS:
+            previous = _cq.set_kernel(kernel)
+            try:
+                m = Model.load(path, backend="cython", threads=2)
+                assert _cq.prepare(m.weights.layers[0].q_proj).lut_kernel == kernel
+                runs[kernel] = np.stack([m.prefill(ids[:70])] + [m.step(int(t)) for t in ids[70:]])
+            finally:
+                _cq.set_kernel(previous)
+    finally:
+        _cq.set_amx(amx)
+        _cq.set_avx2lut_base(base)
+    np.testing.assert_array_equal(runs["avx2lut"], runs["avx512lut"])
 
 
 def test_snapshot_restore_reset(archive_dir):

@@ -16,6 +16,7 @@
 #include "cq_avx512.h"
 #include "cq_avx2int.h"
 #include "cq_lut.h"
+#include "cq_lut_avx2.h"
 #include "cq_amx.h"
 #include "cq_neon.h"
 
@@ -25,8 +26,12 @@
    every other matrix and for the A8 codes */
 static int nc_cq_lut_base(void) { return nc_cq_cpu_has_avx512vnni() ? 2 : 1; }
 static int nc_cq_lut_base_id = 0;
+/* kernel 8 (avx2lut): 2- and 4-bit lookups (cq_lut_avx2.h) for the matrices that have
+   the layout; the A8 codes, and every other matrix where nc_cq_avx2lut_base is 3, on
+   avx2int (the same codes as every integer kernel) */
 #define NC_CQ_BASE(kernel) ((kernel) == 7 ? (nc_cq_lut_base_id ? nc_cq_lut_base_id \
-                                             : (nc_cq_lut_base_id = nc_cq_lut_base())) : (kernel))
+                                             : (nc_cq_lut_base_id = nc_cq_lut_base())) \
+                            : (kernel) == 8 ? 3 : (kernel))
 /* kernels 3 (avx2int) and 4 (avxvnni); a8 codes and packing are the same for both */
 #define NC_CQ_INT2_KERNEL(kernel) ((kernel) == 3 || (kernel) == 4)
 #define NC_CQ_INT2_ROWS(kernel, ...) do { if ((kernel) == 4) nc_cqi2_rows_avxvnni(__VA_ARGS__); \
@@ -148,6 +153,35 @@ static void nc_cql_tile_rows(const uint32_t* bits, const float* pnorms, ptrdiff_
                              ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {}
 #endif
 
+#if !defined(NC_CQ_HAVE_LUT_AVX2)   /* not x86: kernel 8 is never chosen, the layout never made */
+#define NC_CQ_HAVE_LUT_AVX2 0
+static void nc_cqs_relayout(const uint8_t* packed, ptrdiff_t row_bytes, ptrdiff_t rows,
+                            const float* norms, ptrdiff_t norm_stride, ptrdiff_t n_groups,
+                            uint8_t* bits, float* pnorms) {}
+static inline ptrdiff_t nc_cqs_table_floats(ptrdiff_t n_dw) { return 16 + 64 * n_dw; }
+static void nc_cqs_tables(const float* kf, ptrdiff_t n, const float* codebook, int fb, float* tab) {}
+static void nc_cqs_rows(const uint8_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
+                        int g, int fb, const float* tab, float scale, ptrdiff_t r0, ptrdiff_t r1, float* y) {}
+static void nc_cqs_mm_rows(const uint8_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
+                           int g, int fb, const float* kf, ptrdiff_t kf_stride, const float* codebook,
+                           ptrdiff_t n_tokens, const float* s, float descale, ptrdiff_t r0, ptrdiff_t r1,
+                           float* Y, ptrdiff_t y_stride, float* scratch, ptrdiff_t scratch_floats) {}
+static ptrdiff_t nc_cqs_tile_tokens(ptrdiff_t n_dw, ptrdiff_t scratch_floats) { return 0; }
+static void nc_cqs_tile_tables(const float* kf, ptrdiff_t kf_stride, ptrdiff_t n_dw, const float* codebook,
+                               int fb, int nt, float* tab) {}
+static void nc_cqs_tile_rows(const uint8_t* bits, const float* pnorms, ptrdiff_t n_dw, ptrdiff_t n_groups,
+                             int g, int fb, const float* tab, int nt, const float* s, float descale,
+                             ptrdiff_t r0, ptrdiff_t r1, float* Y, ptrdiff_t y_stride) {}
+#endif
+/* What kernel 8 runs the matrices without its layout on (other widths, fewer than
+   LUT_MIN_ROWS rows, the engine's 3- and 4-bit body): 0 the float AVX2 kernels, 3 the
+   256-bit integer kernel (avx2int); set by _cq (set_avx2lut_base).  The float ones:
+   avx2int's matvec measured slower than theirs at every shape (benchmarks/history/cq.md). */
+#ifndef NC_CQ_AVX2LUT_BASE
+#define NC_CQ_AVX2LUT_BASE 0
+#endif
+static int nc_cq_avx2lut_base = NC_CQ_AVX2LUT_BASE;
+
 #if !defined(NC_CQ_HAVE_AMX)   /* no tile kernel in this build: never enabled */
 #define NC_CQ_HAVE_AMX 0
 static int nc_cqa_cpu_supported(void) { return 0; }
@@ -170,22 +204,27 @@ static int nc_cq_use_simd(int view_simd) {
     return view_simd && nc_cq_simd_enabled;
 }
 /* Integer kernel in use for A8 inputs: 0 none (float kernels), 1 avx512bw, 2 avx512vnni,
-   3 avx2int, 4 avxvnni, 5 neon, 6 neon_dotprod, 7 avx512lut (2-bit lookups, else 2 or 1). */
+   3 avx2int, 4 avxvnni, 5 neon, 6 neon_dotprod, 7 avx512lut (2-bit lookups, else 2 or 1),
+   8 avx2lut (2-bit lookups, else nc_cq_avx2lut_base). */
 static int nc_cq_int_kernel = -1;
 /* The choice from CPU features (a pure function: the tests try feature sets this CPU lacks).
-   With int256: AVX-VNNI where AVX-512 VNNI is not, AVX2 where AVX-512 BW is not. */
+   AVX-512 BW: the AVX-512 lookups.  AVX2+FMA without it: the AVX2 lookups (their other
+   matrices on the float kernels), measured faster than the float kernels in whole-model
+   decode at 2 and 4 bits (at 4 bits only the head has the layout) and no slower in
+   prefill (benchmarks/history/cq.md); with int256, AVX-VNNI before them. */
 static int nc_cq_pick_int_kernel(int avx512bw, int avx512vnni, int avxvnni, int avx2fma, int int256) {
     if (avx512bw) return 7;   /* the 2-bit lookups; every other matrix on avx512vnni or avx512bw */
     if (int256 && avxvnni && avx2fma) return 4;
-    if (int256 && avx2fma) return 3;
+    if (avx2fma) return 8;    /* the 2-bit lookups; every other matrix on the float kernels */
     return 0;
 }
-/* Whether 'auto' takes the 256-bit integer kernels: not yet.  Measured on a
+/* Whether 'auto' takes the 256-bit integer kernel avxvnni: not yet.  Measured on a
    portable (AVX2) build, avx2int is slower than the float AVX2 kernels in decode
    and prefill, most at 2 bits (benchmarks/history/cq.md): without vpermw its
    lookups cost as many shuffles as the float decode saves, and each MAC is two
-   int16 products plus an add.  avxvnni fuses the add; no CPU it was measured on
-   has it.  Forced by name they run (NEEDLE_CY_CQ_KERNEL, set_kernel). */
+   int16 products plus an add; 'auto' never takes it (avx2lut is faster than both).
+   avxvnni fuses the add; no CPU it was measured on has it.  Forced by name they run
+   (NEEDLE_CY_CQ_KERNEL, set_kernel). */
 #ifndef NC_CQ_AUTO_INT256
 #define NC_CQ_AUTO_INT256 0
 #endif

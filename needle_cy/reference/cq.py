@@ -441,11 +441,11 @@ def matmul_amx(W, X):
     return (acc * scale[:, None]).astype(np.float32)
 
 # ---------------------------------------------------------------------------
-# the lookup kernel's numerics (2- and 4-bit fields, A8 inputs; _cq's csrc/cq_lut.h)
+# the lookup kernels' numerics (2- and 4-bit fields, A8 inputs; _cq's csrc/cq_lut.h, csrc/cq_lut_avx2.h)
 # ---------------------------------------------------------------------------
 
 def lut_applies(bits, group_size):
-    """Whether the lookup kernel (avx512lut) runs a matrix of this width and group size:
+    """Whether the lookup kernels (avx512lut, avx2lut) run a matrix of this width and group size:
     2-bit fields (2 bits or ternary) or 4-bit ones (4 bits, and 3 bits as the integer
     path's nibbles), and a group of whole dwords, 16 … 256."""
     return bits in (2, 3, 4, TERNARY_BITS) and 16 <= group_size <= 256
