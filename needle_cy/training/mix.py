@@ -19,7 +19,7 @@ then share the tool list (``packed``), each one of:
 (``needle_cy.training.data``, version 5) so the shipped catalogue keeps its accuracy.
 Version 2 (``Mixer(seed, version=2)``, data version "mix2") adds ``catalogue_share`` of
 conversations on the hand-written consumer catalogues (``needle_cy.training.catalogues``);
-version 3 ("mix3") renames 60 % of the catalogues instead of 25 % and asks 3–6 requests
+version 3 ("mix3") renames three catalogues in five instead of one in four and asks 3–6 requests
 per corpus catalogue instead of 1–4.
 The examples have ``needle_cy.training.data``'s shape (``render`` and the tokenizer read
 them), every call validated against its schema.
