@@ -346,7 +346,7 @@ class Needle:
         cap = self.max_retrieved_tools
         picks = self._clause_picks(query) if self.tools_per_clause is not None else []
         if picks:
-            chosen = select_prefix(picks, counts, cap, self.tool_token_budget) or picks[:1]
+            chosen = select_prefix(picks, counts, cap, self.tool_token_budget)
             return [self.specs[i] for i in sorted(chosen)]     # rendered in catalogue order
         fits_all = (cap is None or n <= cap) and (
             self.tool_token_budget is None or sum(counts) <= self.tool_token_budget)
