@@ -87,3 +87,10 @@ def test_add_turn_brings_in_the_tools_its_calls_name(narrow):
     assert {"lock_door", "set_light"} <= set(narrow._active.names)
     with pytest.raises(ValueError, match="not a call list"):
         narrow.add_turn("x", [{"name": "no_such_tool", "arguments": {}}])
+
+
+def test_the_token_budget_still_bounds_the_narrow_selection():
+    tight = Needle(tools=home_tools(), threads=1, tools_per_clause=2, tool_token_budget=1)
+    assert tight.select_tools("lock the front door") == []
+    roomy = Needle(tools=home_tools(), threads=1, tools_per_clause=2, tool_token_budget=100_000)
+    assert len(roomy.select_tools("lock the front door")) == 2
