@@ -164,13 +164,13 @@ class Needle:
     max_calls_per_turn: the grammar allows at most this many calls in one turn.
     tool_token_budget / max_retrieved_tools / retrieval: tool selection (``bm25``,
         ``embedding`` or ``auto``), see ``needle_cy.retrieval``.
-    tools_per_clause: the prompt holds only the best this many tools of the request and
-        of each of its clauses (``retrieval.clause_picks``; at most ``max_retrieved_tools``),
-        however short the catalogue: a model that chooses poorly among several tools
-        does better among fewer (docs/api.md, tool retrieval).  When no tool shares a word with the
-        request, the selection is as with ``None``.  A later turn whose best tools are not in the prompt moves the
-        conversation onto a prompt that adds them (its turns prefilled again after the new
-        tool list).  ``None`` (default; the embedded model chooses well among its own
+    tools_per_clause: the prompt holds only the best this many tools of each clause of
+        the request (``retrieval.clause_picks``; at most ``max_retrieved_tools``), however
+        short the catalogue: a model that chooses poorly among several tools does better
+        among fewer (docs/api.md, tool retrieval).  When no tool shares a word with the
+        request, the selection is as with ``None``.  A later turn whose best tools are not
+        in the prompt moves the conversation onto a prompt that adds them (its turns
+        prefilled again after the new tool list).  ``None`` (default; the embedded model chooses well among its own
         tools): the best ``max_retrieved_tools``, and every tool when they fit.
     query_expansion: with BM25 retrieval, words requests use for tools their schemas do
         not hold ("dim", "mute"): ``"default"`` (the shipped table, learned from the
@@ -310,11 +310,15 @@ class Needle:
             else:
                 model.reset()
 
+    def _ranking_method(self) -> str:
+        """``bm25`` or ``embedding``: ``retrieval`` with ``auto`` resolved."""
+        if self.retrieval == "auto":
+            return "embedding" if self.has_embedding_head else "bm25"
+        return self.retrieval
+
     def rank_tools(self, query: str) -> List[int]:
         """Catalogue indices in retrieval order for ``query``."""
-        method = self.retrieval
-        if method == "auto":
-            method = "embedding" if self.has_embedding_head else "bm25"
+        method = self._ranking_method()
         if method == "embedding":
             if not self.has_embedding_head:
                 raise NeedleError("retrieval='embedding' needs an archive with an embedding head; "
@@ -327,11 +331,8 @@ class Needle:
 
     def _clause_picks(self, query: str) -> List[int]:
         """``retrieval.clause_picks`` with this agent's ranker ([]: nothing matched)."""
-        method = self.retrieval
-        if method == "auto":
-            method = "embedding" if self.has_embedding_head else "bm25"
         k = self.tools_per_clause
-        if method == "bm25":
+        if self._ranking_method() == "bm25":
             return clause_picks(query, self.specs, k, expansion=self.query_expansion)
         clauses = request_clauses(query)
         picks = []
