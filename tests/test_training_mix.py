@@ -9,6 +9,7 @@ import pytest
 
 from conftest import shared_path
 from needle_cy.training import corpus, data, mix
+from needle_cy.training import tool_requests
 from needle_cy.training.tool_requests import (Param, ToolPlan, description_action,
                                               sample_pattern, third_to_imperative, validate_call)
 
@@ -27,9 +28,9 @@ def train_tools(corpus_root):
     return corpus.load("train", corpus_root)
 
 
-@pytest.fixture(scope="module")
-def conversations(corpus_root, train_tools):
-    mixer = mix.Mixer(seed=3, tools=train_tools)
+@pytest.fixture(scope="module", params=[1, 4], ids=["mix1", "mix4"])
+def conversations(request, corpus_root, train_tools):
+    mixer = mix.Mixer(seed=3, tools=train_tools, version=request.param)
     return [mixer.example() for _ in range(400)]
 
 
@@ -91,15 +92,29 @@ def test_every_answer_validates_against_the_schema_it_was_drawn_from(conversatio
     assert n_calls > 300
 
 
+TURN_KINDS = ("single", "multi", "refuse", "refuse_missing_tool", "refuse_missing_value",
+              "refuse_bad_value", "refuse_negated")
+
+
 def test_the_mix_has_every_kind(conversations):
+    # a conversation is labelled by its last turn; a value out of range is rare there
     kinds = {ex["kind"] for ex in conversations if ex.get("source") == "mix"}
-    for kind in ("single", "multi", "refuse", "refuse_missing_tool", "refuse_missing_value",
-                 "refuse_bad_value", "refuse_negated"):
-        assert kind in kinds
+    for kind in TURN_KINDS:
+        assert kind in kinds or kind == "refuse_bad_value"
     sources = [ex["source"] for ex in conversations]
     assert 0.2 < sources.count("home") / len(sources) < 0.5
     assert any(ex.get("renamed") for ex in conversations)
     assert any(ex.get("packed") for ex in conversations if ex["source"] == "mix")
+
+
+@pytest.mark.parametrize("version", [1, 4])
+def test_every_turn_kind_is_drawn(train_tools, version):
+    mixer = mix.Mixer(seed=3, tools=train_tools, version=version)
+    kinds = set()
+    for _ in range(60):
+        catalogue = mixer._catalogue([mixer._gold()])
+        kinds.update(mixer._turn(catalogue, first=False)[4] for _ in range(6))
+    assert kinds == set(TURN_KINDS)
 
 
 def test_copied_strings_are_said_verbatim(conversations):
@@ -174,6 +189,45 @@ def test_values_are_said_as_people_say_them():
     for _ in range(30):
         assert re.search(flag.schema["pattern"], sample_pattern(rng, flag.schema["pattern"]))
     assert sample_pattern(rng, "^(?!x)a$") is None            # look-around is not read
+
+
+def test_phrase_pools_are_whole_and_list_safe():
+    pools = tool_requests._phrases()
+    named = {pool for _, pool in tool_requests.POOL_OF_WORD}
+    for name in named | set(tool_requests.GENERIC_POOLS) | tool_requests.LIST_POOLS:
+        assert len(set(pools[name])) >= 25, name
+        assert all(v and v == v.strip() and '"' not in v and "\n" not in v for v in pools[name]), name
+    for name in tool_requests.LIST_POOLS:      # a said list is split at commas and "and"
+        assert not [v for v in pools[name] if "," in v or " and " in f" {v} "], name
+
+
+def test_version_4_values_are_phrases_of_the_kind_the_property_names():
+    tool = {"name": "queue_song", "description": "Queues a song and texts a friend.",
+            "parameters": {"type": "object", "required": ["song", "message", "items", "city"],
+                           "properties": {"song": {"type": "string"}, "message": {"type": "string"},
+                                          "items": {"type": "array", "items": {"type": "string"}},
+                                          "city": {"type": "string"}}}}
+    plan = ToolPlan(tool)
+    pools = tool_requests._phrases()
+    drawn = {True: [], False: []}
+    for phrase_values in (True, False):
+        rng = data._VersionedRandom(7)
+        rng.phrase_values = phrase_values
+        while len(drawn[phrase_values]) < 200:
+            got = plan.request(rng)
+            if got:
+                clause, call, _, _ = got
+                assert validate_call(tool, call["arguments"])
+                assert call["arguments"]["song"] in clause
+                drawn[phrase_values].append(call["arguments"])
+    share = lambda calls, key, pool: sum(
+        all(v in pools[pool] for v in (c[key] if isinstance(c[key], list) else [c[key]])) for c in calls) / len(calls)
+    assert share(drawn[True], "song", "song") > 0.7
+    assert share(drawn[True], "message", "message") > 0.6
+    assert share(drawn[True], "items", "grocery") > 0.7
+    assert share(drawn[True], "city", "city") > 0.45
+    assert share(drawn[False], "song", "song") < 0.1      # earlier versions: open-pool words
+    assert share(drawn[False], "items", "grocery") < 0.1
 
 
 def test_descriptions_become_imperatives():

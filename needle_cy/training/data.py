@@ -205,6 +205,7 @@ class _VersionedRandom(random.Random):
     more_phrasings = False
     vocab_values = False
     wider_requests = False
+    phrase_values = False
 
 
 def _v4(rng, p):
@@ -1270,9 +1271,13 @@ def _typos(rng, text, protected, rate):
     """Character slips in unprotected words (never in copied free strings or digits)."""
     words = text.split(" ")
     keep = set()
+    # Phrase values (mix version 4) carry punctuation ("proposal: urban heat"); their words
+    # are kept as the request's words are compared, stripped.  Earlier versions keep their
+    # comparison so that their data streams stay byte-identical.
+    edge = ".,!?:;'\"" if getattr(rng, "phrase_values", False) else ""
     for value in protected:
         for w in value.split():
-            keep.add(w.lower())
+            keep.add(w.strip(edge).lower())
     out = []
     for w in words:
         core = w.strip(".,!?:;'\"")

@@ -60,12 +60,18 @@ def _rng(seed):
 # It also asks 3–6 requests per corpus catalogue (as the hand-written catalogues do)
 # instead of 1–4: the tool list is most of a conversation's tokens, so each extra request
 # on it is a choice learned for a fraction of the tokens.
+# Version 4 fills free-text arguments with phrases of the kind the property names (song
+# titles, shopping items, messages: ``tool_requests.pool_of``) instead of open-pool word
+# salad most of the time: on version 3 the values were the weakest part of the calls the
+# model named right, cut short or run into the next words.
 VERSIONS = {1: {"home_share": 0.35, "catalogue_share": 0.0, "marker_share": 0.0, "rename_share": 0.25,
                 "turns": (1, 1, 2, 2, 3, 4)},
             2: {"home_share": 0.3, "catalogue_share": 0.35, "marker_share": 0.04, "rename_share": 0.25,
                 "turns": (1, 1, 2, 2, 3, 4)},
             3: {"home_share": 0.25, "catalogue_share": 0.35, "marker_share": 0.04, "rename_share": 0.6,
-                "turns": (3, 3, 4, 4, 5, 6)}}
+                "turns": (3, 3, 4, 4, 5, 6)},
+            4: {"home_share": 0.25, "catalogue_share": 0.35, "marker_share": 0.04, "rename_share": 0.6,
+                "turns": (3, 3, 4, 4, 5, 6), "phrase_values": True}}
 
 
 class Mixer:
@@ -90,6 +96,7 @@ class Mixer:
         self.version = version
         self.turns = list(preset["turns"])
         self.rng = _rng(seed)
+        self.rng.phrase_values = preset.get("phrase_values", False)
         # Its own stream: the conversations drawn are the same whatever the share.
         self.marker_share = preset["marker_share"] if marker_share is None else marker_share
         self.marker_rng = random.Random(seed + 15485863)
@@ -383,11 +390,13 @@ def write_jsonl(path, n, seed=0, **kwargs):
             handle.write(json.dumps(mixer.example(), ensure_ascii=False) + "\n")
 
 
-def eval_cases(n, seed, split="heldout"):
+def eval_cases(n, seed, split="heldout", version=1):
     """Single-turn cases in ``needle_cy.eval``'s format on fresh catalogues of the
     corpus's ``split`` (default: the per-tool held-out split, tools no training
-    conversation drew as gold or distractor), each with its own tools."""
-    mixer = Mixer(seed=seed, tools=corpus.load(split), home_share=0.0)
+    conversation drew as gold or distractor), each with its own tools; ``version``: the
+    mix version whose renaming and values they are drawn with."""
+    mixer = Mixer(seed=seed, tools=corpus.load(split), home_share=0.0, catalogue_share=0.0,
+                  version=version)
     category = {"single": "single", "multi": "multi"}
     out, i = [], 0
     while len(out) < n:
@@ -416,11 +425,11 @@ def main(argv=None):
     parser.add_argument("--split", default="heldout", choices=("train", "heldout"))
     parser.add_argument("--version", type=int, default=1, choices=sorted(VERSIONS),
                         help="mix version of the training conversations (2 adds the consumer catalogues, "
-                             "3 renames most catalogues)")
+                             "3 renames most catalogues, 4 draws phrase values)")
     args = parser.parse_args(argv)
     if args.eval_cases:
         with open(args.out, "w", encoding="utf-8") as handle:
-            for case in eval_cases(args.n, args.seed, args.split):
+            for case in eval_cases(args.n, args.seed, args.split, args.version):
                 handle.write(json.dumps(case, ensure_ascii=False) + "\n")
         return
     write_jsonl(args.out, args.n, seed=args.seed, version=args.version)

@@ -465,9 +465,116 @@ def _words(rng, lo, hi, capital=0.0):
     return " ".join(out)
 
 
-def _free_string(rng, kind):
+# ------------------------------------------------------- phrase values ---
+# With ``rng.phrase_values`` (mix version 4) a free string is, most of the time, a phrase
+# of the kind its property names: a song title for ``song``, a shopping item for
+# ``items``, a message for ``message``, drawn from hand-written pools
+# (``value_phrases.json``).  Word-salad values ("ability Congress able") teach copying
+# but give the copy no edges a reader can see: on held-out tools the model cut such
+# values short or ran them into the next words in half of the calls it named right.
+# People's values are phrases; a share stays open-pool words so copying any span is
+# still learned.
+PHRASES_PATH = __file__.rsplit("/", 1)[0] + "/value_phrases.json"
+_PHRASES = None
+# property-name word → pool; earlier entries win ("song_title" is a song, not a title)
+POOL_OF_WORD = [
+    ({"song", "songs", "track", "tracks", "tune"}, "song"), ({"album", "albums"}, "album"),
+    ({"band", "artist", "artists", "musician", "group"}, "band"), ({"movie", "movies", "film", "films"}, "movie"),
+    ({"show", "series", "episode", "podcast", "tv"}, "show"), ({"book", "books", "novel"}, "book"),
+    ({"playlist"}, "playlist"), ({"game", "games"}, "game"),
+    ({"dish", "recipe", "meal", "food", "cuisine"}, "dish"), ({"ingredient", "ingredients"}, "ingredient"),
+    ({"grocery", "groceries", "item", "items", "shopping"}, "grocery"), ({"product", "products"}, "product"),
+    ({"task", "tasks", "todo", "chore", "reminder"}, "task"),
+    ({"event", "meeting", "appointment", "calendar"}, "event"),
+    ({"subject"}, "subject"), ({"genre", "genres"}, "genre"),
+    ({"tag", "tags", "label", "labels", "category", "categories"}, "tag"),
+    ({"query", "search", "q", "phrase", "question"}, "query"),
+    ({"topic", "topics", "keyword", "keywords", "term", "terms", "interest", "interests"}, "topic"),
+    ({"file", "filename", "files", "document", "attachment", "path"}, "file"),
+    ({"folder", "project", "directory", "workspace", "board", "notebook", "repo", "repository"}, "folder"),
+    ({"team", "club"}, "team"),
+    ({"company", "brand", "store", "shop", "restaurant", "merchant", "vendor", "business", "hotel",
+      "organization", "organisation", "airline", "retailer"}, "business"),
+    ({"address", "street"}, "address"), ({"city", "town", "destination", "origin"}, "city"),
+    ({"message", "sms", "body", "text", "reply", "announcement"}, "message"),
+    ({"note", "notes", "comment", "comments", "reason", "description", "details", "feedback", "memo",
+      "instructions", "summary", "caption", "bio"}, "note"),
+    ({"title", "headline", "heading"}, "title"),
+    ({"language", "lang", "locale"}, "language"), ({"color", "colour"}, "color"),
+    ({"device", "speaker", "phone", "printer"}, "device"),
+    ({"username", "handle", "screen", "account"}, "username"),
+    ({"amenity", "poi", "venue"}, "amenity"),
+]
+# pools for a free-text property whose name says no kind
+GENERIC_POOLS = ("topic", "title", "query", "tag", "task", "business", "product", "event", "note")
+# pools whose items a list holds ("a list of songs")
+LIST_POOLS = {"song", "album", "movie", "show", "book", "game", "dish", "ingredient", "grocery",
+              "product", "task", "genre", "tag", "topic", "file", "team", "city", "language", "color",
+              "username", "amenity"}
+
+
+def _phrases():
+    global _PHRASES
+    if _PHRASES is None:
+        with open(PHRASES_PATH, encoding="utf-8") as handle:
+            _PHRASES = json.load(handle)
+    return _PHRASES
+
+
+def pool_of(param):
+    """The phrase pool a property's name words point to, else the first words of its
+    description (a renamed property's key says nothing), or None."""
+    described = set(re.findall(r"[a-z]+", param.description.lower())[:6])
+    for words in (set(param.words), described):
+        for keys, pool in POOL_OF_WORD:
+            if words & keys:
+                return pool
+    return None
+
+
+def _phrase_value(rng, kind, param):
+    """A phrase-pool value for ``param`` (mix version 4), or None: the open-pool draw."""
+    pool, r = pool_of(param), rng.random()
+    if kind == "person":
+        return rng.choice(_phrases()["username"]) if pool == "username" and r < 0.6 else None
+    if kind == "place":
+        if pool == "address" and r < 0.8:
+            return rng.choice(_phrases()["address"])
+        return rng.choice(_phrases()["city"]) if r < 0.6 else None
+    if kind == "message":
+        pool = pool if pool in ("message", "note", "subject", "title") else "message"
+        if r < 0.75:
+            return rng.choice(_phrases()[pool])
+        return _pick(rng, home.MESSAGES) if r < 0.85 else None
+    if kind != "text":
+        return None
+    if pool is not None and pool != "username":
+        return rng.choice(_phrases()[pool]) if r < 0.85 else None
+    if r < 0.6:
+        return rng.choice(_phrases()[_pick(rng, GENERIC_POOLS)])
+    return None
+
+
+def _phrase_items(rng, param, n):
+    """List items from the pool the property names (mix version 4), or None."""
+    pool = pool_of(param)
+    if pool not in LIST_POOLS or rng.random() >= 0.85:
+        return None
+    items = [v for v in (rng.choice(_phrases()[pool]) for _ in range(n))
+             if " and " not in f" {v} " and "," not in v]
+    return list(dict.fromkeys(items)) or None
+
+
+def _free_string(rng, kind, param=None):
     """A free-string value of a kind (person, place, message, code, text), from open
-    pools, so that only copying it from the request gets it right."""
+    pools, so that only copying it from the request gets it right; with
+    ``rng.phrase_values``, mostly a phrase of the kind the property names."""
+    if param is not None and getattr(rng, "phrase_values", False):
+        value = _phrase_value(rng, kind, param)
+        if value is not None:
+            lo, hi = param.schema.get("minLength", 0), param.schema.get("maxLength", 10 ** 6)
+            if lo <= len(value) <= hi:
+                return value
     if kind == "person":
         value = _person(rng)
         return value[3:] if value.startswith("my ") else value
@@ -628,13 +735,15 @@ def draw_value(rng, param):
             value = rng.sample(list(s["items"]["enum"]), n)
             saids = [v.replace("_", " ") for v in value]
         else:       # items that a list says apart: no "and" or comma inside one
-            value = [v for v in (_words(rng, 1, 2, capital=0.3) for _ in range(n))
-                     if " and " not in f" {v} " and "," not in v]
-            value = list(dict.fromkeys(value)) or [_open_word(rng)]
+            value = _phrase_items(rng, param, n) if getattr(rng, "phrase_values", False) else None
+            if value is None:
+                value = [v for v in (_words(rng, 1, 2, capital=0.3) for _ in range(n))
+                         if " and " not in f" {v} " and "," not in v]
+                value = list(dict.fromkeys(value)) or [_open_word(rng)]
             saids = list(value)
         said = saids[0] if len(saids) == 1 else ", ".join(saids[:-1]) + " and " + saids[-1]
         return value, said, said
-    value = _free_string(rng, kind)
+    value = _free_string(rng, kind, param)
     lo, hi = s.get("minLength", 0), s.get("maxLength", 10 ** 6)
     if not lo <= len(value) <= hi:
         return None
