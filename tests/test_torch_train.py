@@ -247,6 +247,9 @@ def test_sampled_training_lowers_the_loss_and_snapshots(tmp_path):
     assert Model.load(out, numerics="float").prefill([2, 10, 12]).shape[-1] == VOCAB
     # a new run folder resumes from the float16 weights: same step, the weights it wrote
     fresh = make_run(tmp_path / "r")
+    spec = json.loads((fresh / "run.json").read_text())
+    spec["hyper"].update(log_every=1)
+    (fresh / "run.json").write_text(json.dumps(spec))
     resumed = torch_train.Trainer(str(fresh), init=str(run / torch_train.WEIGHTS), threads=1)
     assert resumed.state["step"] == 30
     for name, value in trainer.model.state_dict().items():
@@ -255,3 +258,6 @@ def test_sampled_training_lowers_the_loss_and_snapshots(tmp_path):
                                        value.half().float().numpy(), err_msg=name)
     resumed.fit(steps=5)
     assert resumed.state["step"] == 35
+    # fresh optimizer moments: the LR warms up again from the weights' step
+    lrs = [r["lr"] for r in _log(fresh) if "lr" in r]
+    assert lrs == pytest.approx([HYPER["peak_lr"] * k / HYPER["warmup"] for k in range(1, 6)])

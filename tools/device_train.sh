@@ -19,6 +19,11 @@
 #     --examples 40000 --seed S`; seeds 201-204 were used), merged.  Everything the GPU run needs travels in that folder: the
 #   machine there has PyTorch and NumPy but no jsonschema, and the run needs neither
 #   the Cython extensions nor the corpus.
+#   - FROM=training/runs/a1 MIX_SEEDS="205 206 207" [MIX_VERSION=mix4]: go on with a
+#     CPU run on the GPU: its run.json and tokenizer, its weights_fp16.pt as the start
+#     (fresh optimizer moments, the LR warmed up again), conversations of MIX_VERSION
+#     tokenized with its tokenizer; batches of 64k tokens.  `train` also writes
+#     $OUT/weights_fp16.pt, which the CPU run resumes from (resume.sh with it in place).
 # train: PyTorch trainer (needle_cy.training.torch_train) on CUDA in bf16 autocast,
 #   from scratch, with --time-budget so the schedule (warmup, stable, decay over the
 #   last 20 %) ends inside BUDGET seconds; then exports $OUT/model.cact (4-bit CQ)
@@ -35,6 +40,34 @@ PY=${PYTHON:-python3}
 
 case "$MODE" in
 prepare)
+    if [ -n "${FROM:-}" ]; then
+        : "${MIX_SEEDS:?set MIX_SEEDS to the mix seeds to draw (space separated)}"
+        mkdir -p "$RUN"
+        cp "$FROM/run.json" "$FROM/tokenizer.model" "$FROM/tokenizer.vocab" "$FROM/tokenizer.record" "$RUN/"
+        cp "$FROM/weights_fp16.pt" "$RUN/init_fp16.pt"
+        HYPER=${HYPER:-'{"tokens_per_batch": 65536, "peak_lr": 0.002, "warmup": 60, "checkpoint_every": 100, "log_every": 10, "snapshot_every": 0}'}
+        $PY - "$RUN" "$HYPER" "${MIX_VERSION:-mix4}" "${EXAMPLES:-40000}" $MIX_SEEDS <<'PY'
+import json, os, sys
+import torch
+from needle_cy.training import train
+run_dir, hyper, version, examples, seeds = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+path = os.path.join(run_dir, "run.json")
+run = json.load(open(path))
+run["hyper"].update(hyper)
+json.dump(run, open(path, "w"), indent=1)
+for seed in seeds:
+    train.add_data(run_dir, f"{version}s{seed}", examples, int(seed), version)
+files = [os.path.join(run_dir, f"tokens_{version}s{seed}.npz") for seed in seeds]
+train.merge_tokens(files, os.path.join(run_dir, "tokens_gpu.npz"))
+for seed in seeds:
+    for name in (f"tokens_{version}s{seed}.npz", f"data_{version}s{seed}.jsonl"):
+        os.remove(os.path.join(run_dir, name))
+start = int(torch.load(os.path.join(run_dir, "init_fp16.pt"), map_location="cpu", weights_only=False)["step"])
+json.dump({"tokens": "tokens_gpu.npz", "tokens_from_step": start}, open(os.path.join(run_dir, "control.json"), "w"))
+print("prepared", run_dir, "from step", start, os.path.getsize(os.path.join(run_dir, "tokens_gpu.npz")) / 1e6, "MB of tokens")
+PY
+        exit 0
+    fi
     TOKENIZER=${TOKENIZER:-shipped}
     if [ "$TOKENIZER" = mix ]; then
         : "${MIX_SEEDS:?set MIX_SEEDS to the mix seeds to draw (space separated)}"
@@ -82,6 +115,7 @@ train|smoke)
     if [ "$MODE" = smoke ]; then
         rm -rf "$RUN/smoke" && mkdir -p "$RUN/smoke"
         cp "$RUN"/run.json "$RUN"/tokenizer.record "$RUN"/tokens_gpu.npz "$RUN"/control.json "$RUN/smoke/"
+        [ -f "$RUN/init_fp16.pt" ] && cp "$RUN/init_fp16.pt" "$RUN/smoke/"
         $PY - "$RUN/smoke" <<'PY'
 import json, sys
 path = sys.argv[1] + "/run.json"
@@ -89,14 +123,19 @@ run = json.load(open(path))
 run["hyper"].update(tokens_per_batch=2048, buckets=[1024], log_every=1)
 json.dump(run, open(path, "w"))
 PY
-        $PY -m needle_cy.training.torch_train fit "$RUN/smoke" --steps 3 --device cpu
+        init=()
+        [ -f "$RUN/smoke/init_fp16.pt" ] && init=(--init "$RUN/smoke/init_fp16.pt")
+        $PY -m needle_cy.training.torch_train fit "$RUN/smoke" --steps 3 --device cpu "${init[@]}"
         $PY -m needle_cy.training.torch_train export "$RUN/smoke" "$OUT/smoke.cact" --bits 4
         exit 0
     fi
     nvidia-smi --query-gpu=name,memory.total --format=csv || true
-    $PY -m needle_cy.training.torch_train fit "$RUN" --device cuda --precision bf16 --time-budget "$BUDGET"
+    init=()
+    [ -f "$RUN/init_fp16.pt" ] && [ ! -f "$RUN/torch_state.pt" ] && init=(--init "$RUN/init_fp16.pt")
+    $PY -m needle_cy.training.torch_train fit "$RUN" --device cuda --precision bf16 --time-budget "$BUDGET" "${init[@]}"
     $PY -m needle_cy.training.torch_train export "$RUN" "$OUT/model.cact" --bits 4
     cp "$RUN/log.jsonl" "$RUN/run.json" "$RUN/control.json" "$OUT/"
+    [ -f "$RUN/weights_fp16.pt" ] && cp "$RUN/weights_fp16.pt" "$OUT/"
     ;;
 *)
     sed -n '2,24p' "$0"

@@ -181,6 +181,9 @@ class Trainer:
             ckpt = load_checkpoint(run_dir, path=init)
             ckpt["model"] = {k: (v.float() if v.is_floating_point() else v) for k, v in ckpt["model"].items()}
             ckpt["optimizer"] = None
+            # Fresh moments take the peak LR as sign-like steps of full size on a trained
+            # model: the LR warms up again over ``warmup`` steps from here.
+            ckpt["rewarm_from"] = int(ckpt["step"])
         if ckpt is None:
             model, tok = build_model(self.run, init)
             record = os.path.join(run_dir, "tokenizer.record")
@@ -193,6 +196,8 @@ class Trainer:
         else:
             model = model_from_checkpoint(ckpt)
             self.state = {k: ckpt[k] for k in ("step", "tokens", "target_tokens", "seconds", "tokenizer_bytes", "init")}
+            if ckpt.get("rewarm_from") is not None:
+                self.state["rewarm_from"] = int(ckpt["rewarm_from"])
             opt_state = ckpt["optimizer"]
         self.model = model.to(self.device)
         self.optimizer = make_optimizer(self.model, self.hyper)
@@ -275,6 +280,8 @@ class Trainer:
         while st["step"] < end:
             ids, weights, epoch = self.batches.batch(st["step"])
             lr = lr_at(st["step"], hyper, sched_end, decay, ratio)
+            if "rewarm_from" in st:
+                lr *= min(1.0, (st["step"] - st["rewarm_from"] + 1) / max(1, hyper["warmup"]))
             loss, tce = self.step(ids, weights, lr)
             st["step"] += 1
             ntok = int((ids != 0).sum())
@@ -289,7 +296,10 @@ class Trainer:
                     per_step = (time.time() - t_calib) / calibrate
                     left = time_budget - (time.time() - t_start)
                     new_end = st["step"] + max(1, int(0.97 * left / per_step))
-                    _write_control(self.run_dir, new_end, max(1, int(decay_share * new_end)), self.tokens_file)
+                    # the decay is a share of this call's steps (a run resumed at step S
+                    # decays over the last part of what it trains now, not of S + that)
+                    _write_control(self.run_dir, new_end, max(1, int(decay_share * (new_end - first))),
+                                   self.tokens_file)
                     _log(self.run_dir, {"event": "time_budget", "seconds": time_budget,
                                         "s_per_step": round(per_step, 5), "end": new_end})
                     end, sched_end, decay, ratio = stop_at()
@@ -314,6 +324,8 @@ class Trainer:
             if hyper.get("snapshot_every") and st["step"] % int(hyper["snapshot_every"]) == 0:
                 self.save_weights(os.path.join(self.run_dir, "snapshots", f"step_{st['step']:06d}.pt"))
                 self.save_weights(os.path.join(self.run_dir, WEIGHTS))
+        if st["step"] >= end:       # the end's weights, whatever the snapshot rhythm
+            self.save_weights(os.path.join(self.run_dir, WEIGHTS))
         return st
 
     def save_weights(self, path):
