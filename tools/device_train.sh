@@ -19,7 +19,7 @@
 #     --examples 40000 --seed S`; seeds 201-204 were used), merged.  Everything the GPU run needs travels in that folder: the
 #   machine there has PyTorch and NumPy but no jsonschema, and the run needs neither
 #   the Cython extensions nor the corpus.
-#   - FROM=training/runs/a1 MIX_SEEDS="205 206 207" [MIX_VERSION=mix4]: go on with a
+#   - FROM=training/runs/a1 MIX_SEEDS="206 207 208" [MIX_VERSION=mix4]: go on with a
 #     CPU run on the GPU: its run.json and tokenizer, its weights_fp16.pt as the start
 #     (fresh optimizer moments, the LR warmed up again), conversations of MIX_VERSION
 #     tokenized with its tokenizer; batches of 64k tokens.  `train` also writes
