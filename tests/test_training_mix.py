@@ -271,7 +271,69 @@ def test_render_and_tokenizer_masks_cover_every_answer(conversations, tmp_path):
         mask = z["target_mask"][z["offsets"][i]:z["offsets"][i + 1]]
         # every <tool_call> marker is inside a target span
         assert all(mask[j] for j in np.nonzero(ids == call)[0])
-        assert mask.sum() < len(mask)
+        assert (mask > 0).sum() < len(mask)
+    _check_role_codes(tok, packed, z)
+
+
+def _check_role_codes(tok, examples, z):
+    """The name and value codes of the target mask cover the answers' names and string
+    values: each name occurrence starts with one name_start piece, and the pieces coded
+    as a name (or value) spell names (values) of the turn's answers."""
+    import numpy as np
+
+    from needle_cy.training import train
+
+    codes = train.ROLE_CODES
+    assert set(np.unique(z["target_mask"])) <= {0, 1} | set(codes.values())
+    n_names = 0
+    for i, ex in enumerate(examples):
+        ids = z["ids"][z["offsets"][i]:z["offsets"][i + 1]]
+        mask = z["target_mask"][z["offsets"][i]:z["offsets"][i + 1]]
+        names = {c["name"] for t in (ex.get("history") or []) + [ex] for c in t.get("answers") or []}
+        values = {v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+                  for t in (ex.get("history") or []) + [ex] for c in t.get("answers") or []
+                  for v in c["arguments"].values()}
+        j = 0
+        while j < len(ids):
+            if mask[j] == codes["name_start"]:
+                k = j + 1
+                while k < len(ids) and mask[k] == codes["name"]:
+                    k += 1
+                spelled = b"".join(train._piece_bytes(tok, t) for t in ids[j:k]).decode().strip()
+                assert spelled in names, (spelled, names)
+                n_names += 1
+                j = k
+            else:
+                assert mask[j] != codes["name"]          # a name piece follows its start
+                j += 1
+        for j in np.nonzero(mask == codes["value"])[0]:
+            try:
+                piece = train._piece_bytes(tok, ids[j]).decode("utf-8").strip()
+            except UnicodeDecodeError:      # one byte of a character written byte by byte
+                continue
+            assert any(piece in v for v in values) or not piece, (piece, values)
+    assert n_names > len(examples)
+
+
+def test_role_weights_weight_names_and_values(tmp_path):
+    import numpy as np
+
+    from needle_cy.training import train
+
+    ids = np.array([2, 10, 11, 12, 13, 14, 15, 1], np.int32)
+    mask = np.array([0, 0, 1, 4, 2, 3, 1, 1], np.uint8)
+    np.savez(tmp_path / "t.npz", ids=ids, offsets=np.array([0, 8], np.int64),
+             prompt_lens=np.array([2], np.int32), target_mask=mask)
+    hyper = dict(buckets=[8], tokens_per_batch=8, seed=0, prompt_weight=0.1)
+    plain = train.Batches(str(tmp_path), hyper, "t.npz").batch(0)[1][0]
+    np.testing.assert_allclose(plain, [0.1, 0.1, 1, 1, 1, 1, 1, 1])
+    weighted = train.Batches(str(tmp_path), dict(hyper, role_weights={"name_start": 4, "name": 2, "value": 1.5}),
+                             "t.npz").batch(0)[1][0]
+    np.testing.assert_allclose(weighted, [0.1, 0.1, 1, 4, 2, 1.5, 1, 1])
+    with pytest.raises(ValueError, match="unknown role"):
+        train.Batches(str(tmp_path), dict(hyper, role_weights={"keys": 2}), "t.npz")
+    with pytest.raises(ValueError, match=">= 1"):
+        train.Batches(str(tmp_path), dict(hyper, role_weights={"name": 0.5}), "t.npz")
 
 
 def test_held_out_cases_come_from_the_held_out_split(corpus_root, train_tools):

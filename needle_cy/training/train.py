@@ -136,7 +136,7 @@ def _tokenize(sp, data_path, out_path, max_len=None, text_tok=None):
                 if header is None:      # the prompt ends with the assistant header
                     header = p[len(p) - 1 - p[::-1].index(im_start):]
                 p, m = _mask_turns(sp, p, t, header, im_start, im_end)
-                mask.append(m)
+                mask.append(_role_codes(sp, [2] + p + t + [1], m))
             ids.extend([2] + p + t + [1])
             offsets.append(len(ids))
             prompt_lens.append(1 + len(p))
@@ -171,6 +171,66 @@ def text_tokenizer(run_dir, sp=None):
         return None
     with open(path, "rb") as handle:
         return Tokenizer.from_record_bytes(handle.read())
+
+
+# Target-mask codes: 0 prompt, 1 target; the tool names and the argument values of the
+# answers (in the call and in the <think> note) are targets with their own codes, so a
+# run can weight them (hyper "role_weights"); readers that only ask "> 0" see targets.
+# A name's first piece ("name_start") is where the tool is chosen; the rest of a name
+# mostly follows from it.
+ROLE_CODES = {"name": 2, "value": 3, "name_start": 4}
+_JSON_PUNCT = frozenset(b'"{}[]:,')
+
+
+def _piece_bytes(sp, i):
+    piece = sp.id_to_piece(int(i))
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return bytes([int(piece[3:5], 16)])
+    return piece.replace("\u2581", " ").encode("utf-8")
+
+
+def _role_codes(sp, ids, mask):
+    """``mask`` with the name and value tokens of every target span recoded (ROLE_CODES).
+    A span's answers are read from its own ``<tool_call>`` JSON; a span whose call does
+    not parse, or whose bytes are not whole UTF-8 text, keeps code 1."""
+    from .probe import token_roles
+
+    out = mask.copy()
+    n, i = len(mask), 0
+    while i < n:
+        if mask[i] != 1:
+            i += 1
+            continue
+        j = i
+        while j < n and mask[j] == 1:
+            j += 1
+        pieces = [_piece_bytes(sp, t) for t in ids[i:j]]
+        try:
+            text = b"".join(pieces).decode("utf-8")
+            a, b = text.find("<tool_call>"), text.find("</tool_call>")
+            answers = json.loads(text[a + len("<tool_call>"):b]) if 0 <= a < b else []
+            if not isinstance(answers, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                                        and isinstance(c.get("arguments", {}), dict)
+                                                        for c in answers):
+                raise ValueError
+            answers = [{"name": c["name"], "arguments": c.get("arguments", {})} for c in answers]
+        except ValueError:
+            i = j
+            continue
+        byte_roles = [r for ch, r in zip(text, token_roles(text, answers)) for _ in ch.encode("utf-8")]
+        c = 0
+        for k, piece in enumerate(pieces):
+            # a piece's role is that of its content bytes: the JSON punctuation a piece
+            # such as '":"' carries around a value is structure
+            roles = {byte_roles[c + q] for q, b in enumerate(piece) if b not in _JSON_PUNCT}
+            code = ROLE_CODES["name"] if "name" in roles else ROLE_CODES["value"] if "value" in roles else 1
+            if code == ROLE_CODES["name"] and (k == 0 or out[i + k - 1] not in (ROLE_CODES["name"],
+                                                                                ROLE_CODES["name_start"])):
+                code = ROLE_CODES["name_start"]
+            out[i + k] = code
+            c += len(piece)
+        i = j
+    return out
 
 
 def _mask_turns(sp, p, t, header, im_start, im_end):
@@ -408,6 +468,18 @@ class Batches:
         self.tokens_per_batch = hyper["tokens_per_batch"]
         self.seed = hyper["seed"]
         self.prompt_weight = hyper["prompt_weight"]
+        # weight of each target-mask code (ROLE_CODES): targets 1, unless hyper
+        # "role_weights" ({"name": w, "value": w}) weights names and values apart
+        roles = hyper.get("role_weights") or {}
+        unknown = set(roles) - set(ROLE_CODES)
+        if unknown:
+            raise ValueError(f"role_weights: unknown role(s) {sorted(unknown)}; the roles are {sorted(ROLE_CODES)}")
+        self.code_weights = np.ones(max(ROLE_CODES.values()) + 1, np.float32)
+        self.code_weights[0] = self.prompt_weight
+        for role, w in roles.items():
+            if not float(w) >= 1.0:
+                raise ValueError(f"role_weights[{role!r}] = {w!r}: a target's weight must be >= 1")
+            self.code_weights[ROLE_CODES[role]] = float(w)
         self._epoch, self._plan = None, None
         keep = self.lengths <= self.buckets[-1]
         self.usable = np.nonzero(keep)[0]
@@ -451,7 +523,7 @@ class Batches:
             ids[row, :len(seq)] = seq
             if self.target_mask is not None:
                 m = self.target_mask[self.offsets[i]:self.offsets[i + 1]]
-                weights[row, :len(seq)] = np.where(m > 0, 1.0, self.prompt_weight)
+                weights[row, :len(seq)] = self.code_weights[np.minimum(m, len(self.code_weights) - 1)]
             else:
                 p = self.prompt_lens[i]
                 weights[row, :p] = self.prompt_weight
