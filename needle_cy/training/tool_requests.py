@@ -23,7 +23,9 @@ alone: nothing here knows a particular tool.
 ``needle_cy.training.mix`` draws the catalogues (corpus tools, the smart-home tools,
 renamed tools) and packs several requests into one conversation.
 """
+import functools
 import json
+import os
 import random
 import re
 import string
@@ -474,8 +476,7 @@ def _words(rng, lo, hi, capital=0.0):
 # values short or ran them into the next words in half of the calls it named right.
 # People's values are phrases; a share stays open-pool words so copying any span is
 # still learned.
-PHRASES_PATH = __file__.rsplit("/", 1)[0] + "/value_phrases.json"
-_PHRASES = None
+PHRASES_PATH = os.path.join(os.path.dirname(__file__), "value_phrases.json")
 # property-name word → pool; earlier entries win ("song_title" is a song, not a title)
 POOL_OF_WORD = [
     ({"song", "songs", "track", "tracks", "tune"}, "song"), ({"album", "albums"}, "album"),
@@ -513,12 +514,10 @@ LIST_POOLS = {"song", "album", "movie", "show", "book", "game", "dish", "ingredi
               "username", "amenity"}
 
 
+@functools.lru_cache(maxsize=None)
 def _phrases():
-    global _PHRASES
-    if _PHRASES is None:
-        with open(PHRASES_PATH, encoding="utf-8") as handle:
-            _PHRASES = json.load(handle)
-    return _PHRASES
+    with open(PHRASES_PATH, encoding="utf-8") as handle:
+        return json.load(handle)
 
 
 def pool_of(param):
