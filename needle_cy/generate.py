@@ -249,14 +249,16 @@ class NamePrior:
     (``needle_cy.retrieval.name_prior``): each call takes the first row whose tool no
     earlier call of the turn named (a row with None is never used up), so the calls of
     a multi-intent request follow its clauses in order.  ``strength``: the weight α of
-    the prior's log.  At each
-    step of the call block where a token may write name bytes, every such token the
-    grammar allows gets α · log(mass of the names consistent with the name so far plus
-    the token / mass of the names consistent with the name so far) added to its logit;
-    a token that closes the name counts that one name's mass.  Along any tokenization of
-    a name these terms add up to α · log(prior of the name), so the call's name is the
-    model's choice times the prior^α (a product of experts), and nothing else changes:
-    the grammar still picks among the tokens it allows, from the shifted logits.
+    the prior's log.
+
+    At each step of the call block, every token that writes name bytes gets α · log(mass
+    of the names consistent with the name so far plus the token / mass of the names
+    consistent with the name so far) added to its logit; a token that closes the name
+    counts that one name's mass.  Along any tokenization of a name these terms add up to
+    α · log(prior of the name), so the call's name is the model's choice times the
+    prior^α (a product of experts), and nothing else changes: the grammar still picks
+    among the tokens it allows, from the shifted logits, so no name outside it is ever
+    written.
 
     The names are matched as the grammar writes them: the bytes of the JSON string
     without its quotes, inside the fixed head ``{"name":"`` of each call.  A tool that
