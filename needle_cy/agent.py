@@ -34,14 +34,15 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from .envelope import Response, RunResponse
 from .errors import ContextOverflowError, ModelNotAvailableError, NeedleError
-from .generate import CLOSING_RESERVE, Cancelled, DecodeSettings, run_turn
+from .generate import CLOSING_RESERVE, Cancelled, DecodeSettings, NamePrior, run_turn
 from .grounding import GroundingIndex, NoteGrounder, ValueGrounder
 from .hub import resolve_model
 from .negation import negated_calls
 from .prompt import (BOS_ID, IM_END, TOOL_CALL, TOOL_CALL_END, Conversation, OutsideText, compact_json,
                      encode_template, render_tools_json, with_date_fact)
-from .retrieval import (EmbeddingRanker, QueryExpansion, default_query_expansion, file_fingerprint,
-                        clause_picks, rank_bm25, request_clauses, select_prefix)
+from .retrieval import (EmbeddingRanker, QueryExpansion, bm25_index, default_query_expansion,
+                        file_fingerprint, clause_picks, name_prior, rank_bm25, request_clauses,
+                        select_prefix)
 from .toolspec import ToolSpec, home_tools, normalize_tool, normalize_tools
 
 __all__ = ["Needle", "ConversationSnapshot", "extract", "DEFAULT_MODEL_PATH"]
@@ -172,6 +173,12 @@ class Needle:
         in the prompt moves the conversation onto a prompt that adds them (its turns
         prefilled again after the new tool list).  ``None`` (default; the embedded model chooses well among its own
         tools): the best ``max_retrieved_tools``, and every tool when they fit.
+    name_prior: a weight α > 0: while a tool's name is written (in a call, and where a
+        ``<think>`` note line begins one), the model's choice is multiplied by the BM25
+        ranker's prior over the prompt's tools to the power α (``retrieval.name_prior``,
+        ``generate.NamePrior``), a soft ``tools_per_clause``: every tool stays callable,
+        and a model sure of its tool keeps it.  A turn that answers tool results, or that
+        ``require_tool`` names the tool of, decodes without it.  ``None`` (default): off.
     query_expansion: with BM25 retrieval, words requests use for tools their schemas do
         not hold ("dim", "mute"): ``"default"`` (the shipped table, learned from the
         default model's training data), a path to such a table, a ``QueryExpansion``, or
@@ -203,7 +210,7 @@ class Needle:
     def __init__(self, model: ModelSource = None, tools: Any = None, system: Optional[str] = None,
                  max_calls_per_turn: int = 4, tool_token_budget: Optional[int] = None,
                  max_retrieved_tools: Optional[int] = 5, retrieval: str = "auto",
-                 tools_per_clause: Optional[int] = None,
+                 tools_per_clause: Optional[int] = None, name_prior: Optional[float] = None,
                  reasoning_limit: int = 256, constrained: bool = True, threads: Optional[int] = None,
                  backend: str = "cython", max_new_tokens: int = 512, string_token_cap: int = 64,
                  tool_index_path: Union[str, "os.PathLike[str]", None] = None,
@@ -224,6 +231,11 @@ class Needle:
             raise ValueError(f"max_retrieved_tools must be >= 1 or None, got {max_retrieved_tools!r}")
         if tools_per_clause is not None and int(tools_per_clause) < 1:
             raise ValueError(f"tools_per_clause must be >= 1 or None, got {tools_per_clause!r}")
+        if name_prior is not None and (isinstance(name_prior, bool)
+                                       or not isinstance(name_prior, (int, float))
+                                       or not 0 < name_prior < float("inf")):
+            raise ValueError(f"name_prior must be a finite number > 0 (the prior's weight) or None "
+                             f"(off), got {name_prior!r}")
         max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
         reasoning_limit = _int_at_least("reasoning_limit", reasoning_limit, 0)
         string_token_cap = _int_at_least("string_token_cap", string_token_cap, 0)
@@ -245,6 +257,8 @@ class Needle:
         self.tool_token_budget = tool_token_budget
         self.max_retrieved_tools = max_retrieved_tools
         self.tools_per_clause = None if tools_per_clause is None else int(tools_per_clause)
+        self.name_prior = None if name_prior is None else float(name_prior)
+        self._bm25 = None               # the catalogue's BM25 index (name_prior), built once
         self.retrieval = retrieval
         if isinstance(query_expansion, str) and query_expansion == "default":
             query_expansion = default_query_expansion()
@@ -517,9 +531,13 @@ class Needle:
                 grammar = self._tool_grammar(require_tool)
                 specs = [self.tools[require_tool]]
             value_grounder, note_grounder = self._grounders(specs, said)
+            prior = None
+            if not is_results and require_tool is None:
+                prior = self._name_prior(str(text), specs)
             res = yield from run_turn(model, self.tokenizer, grammar, new_ids, settings,
                                       self.piece_table, cancel=self._cancel,
-                                      grounder=value_grounder, note_grounder=note_grounder)
+                                      grounder=value_grounder, note_grounder=note_grounder,
+                                      name_prior=prior)
             envelope = self._envelope(res, entry, prefix_s, time.perf_counter() - t_start,
                                       None if is_results else text)
             if is_results and envelope["type"] == "refusal":
@@ -556,6 +574,26 @@ class Needle:
         finally:
             self._cancel.clear()
             self._lock.release()
+
+    def _name_prior(self, query, specs):
+        """The ``NamePrior`` of a request over the tools ``specs`` the grammar allows, or
+        None (the option is off, or no tool shares a word with the request).  BM25 ranks
+        over the whole catalogue, as ``rank_tools`` does, whatever ``retrieval`` says: its
+        scores are what the prior is calibrated on."""
+        if self.name_prior is None or not self.settings.constrained:
+            return None
+        if self._bm25 is None:
+            self._bm25 = bm25_index(self.specs)
+        prior = name_prior(query, self.specs, index=self._bm25, expansion=self.query_expansion)
+        if prior is None:
+            return None
+        if self._grounding_index is None:
+            self._grounding_index = GroundingIndex(self.piece_table)
+        shown = {s.name for s in specs}
+        rows = [(None if pick is None else self.specs[pick].name,
+                 {s.name: p for s, p in zip(self.specs, probs) if s.name in shown})
+                for pick, probs in prior if pick is None or self.specs[pick].name in shown]
+        return NamePrior(rows, self.name_prior, index=self._grounding_index)
 
     def _tool_grammar(self, name):
         """The grammar of calls to the one tool ``name`` (``require_tool``), compiled once."""

@@ -405,10 +405,11 @@ def turn_input(case):
 def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, progress=None,
               backend=None, ground_values=True, prefix_checkpoint_mb=None,
               query_expansion="default", max_retrieved_tools=None, ground_notes=True,
-              negation_gate=True, components=False, tools_per_clause=None):
+              negation_gate=True, components=False, tools_per_clause=None, name_prior=None):
     """Score every case (``score_case`` records).  ``components``: also decode each case
     with calls with a call required (``forced_name``).  ``tools_per_clause``: None the
-    agent's default, 0 off (the agent's ``None``), else the agent's value."""
+    agent's default, 0 off (the agent's ``None``), else the agent's value; ``name_prior``
+    likewise."""
     from needle_cy.agent import Needle
 
     agents = {}
@@ -428,6 +429,8 @@ def run_cases(cases, tools, model=None, threads=None, include_suppressed=False, 
                 kwargs["max_retrieved_tools"] = max_retrieved_tools
             if tools_per_clause is not None:
                 kwargs["tools_per_clause"] = tools_per_clause or None
+            if name_prior is not None:
+                kwargs["name_prior"] = name_prior or None
             if threads:
                 kwargs["threads"] = threads
             if backend:
@@ -487,6 +490,9 @@ def main(argv=None):
     parser.add_argument("--tools-per-clause", type=int,
                         help="the prompt holds the best N tools of the request and of each "
                              "of its clauses (default: the agent's, off; 0: off)")
+    parser.add_argument("--name-prior", type=float, metavar="ALPHA",
+                        help="weight of the BM25 ranker's prior on each call's tool name "
+                             "(default: the agent's, off; 0: off)")
     parser.add_argument("--no-query-expansion", action="store_true",
                         help="BM25 retrieval on the request's own words (no learned expansion)")
     parser.add_argument("--no-negation-gate", action="store_true",
@@ -525,7 +531,8 @@ def main(argv=None):
                         max_retrieved_tools=args.max_retrieved_tools,
                         negation_gate=not args.no_negation_gate,
                         ground_notes=not (args.no_grounding or args.no_note_grounding),
-                        components=args.components, tools_per_clause=args.tools_per_clause)
+                        components=args.components, tools_per_clause=args.tools_per_clause,
+                        name_prior=args.name_prior)
     summary = summarize(records)
     summary["grounding"] = not args.no_grounding
     summary["note_grounding"] = not (args.no_grounding or args.no_note_grounding)
@@ -533,6 +540,7 @@ def main(argv=None):
     summary["query_expansion"] = not args.no_query_expansion
     summary["max_retrieved_tools"] = args.max_retrieved_tools
     summary["tools_per_clause"] = args.tools_per_clause
+    summary["name_prior"] = args.name_prior
     summary["model"] = args.model or "default"
     summary["data"] = args.data
     if args.out:

@@ -41,6 +41,11 @@ request, so a one-intent request shows one tool and a three-intent request three
 Small models choose worse among more tools, and a near miss shown beside the right tool
 is the commonest wrong call; the agent's ``tools_per_clause`` uses it
 (docs/api.md, tool retrieval, has the measurements).
+
+How likely: ``name_prior`` turns the BM25 scores into a probability per tool for each
+call of the request (the i-th call favours the i-th intent's tools), the soft
+counterpart of ``clause_picks``: every tool stays callable, and the decoder
+(``needle_cy.generate.NamePrior``) multiplies the model's choice of tool name by it.
 """
 from __future__ import annotations
 
@@ -56,8 +61,9 @@ import numpy as np
 
 from .errors import QueryExpansionError
 
-__all__ = ["bm25_tokens", "BM25", "bm25_index", "rank_bm25", "clause_picks", "select_prefix", "EmbeddingRanker",
-           "file_fingerprint", "QueryExpansion", "default_query_expansion"]
+__all__ = ["bm25_tokens", "BM25", "bm25_index", "rank_bm25", "clause_picks", "name_prior", "select_prefix",
+           "EmbeddingRanker", "file_fingerprint", "QueryExpansion", "default_query_expansion",
+           "NAME_PRIOR_TEMPERATURE"]
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -276,6 +282,57 @@ def clause_picks(query: str, specs, per_clause: int = 1, index=None, expansion=N
         for clause in clauses:
             picks += [i for i in best(clause) if i not in picks]
     return picks or best(query)
+
+
+# Temperature of ``name_prior`` over scores scaled to [0, 1]: the best tool of the request
+# (or of a clause) outweighs one sharing no word with it e^5 ≈ 150 to 1 before the
+# decoder's weight; chosen on generated held-out sets, never on the evaluation files.
+NAME_PRIOR_TEMPERATURE = 0.2
+
+
+def name_prior(query: str, specs, index=None, expansion=None, temperature=None):
+    """The prior over the tools of ``specs`` for each call of the request, or None when no
+    tool shares a word with it (no evidence: the decoder then leaves the model alone).
+
+    A list of ``(pick, probabilities)`` rows (probabilities in the order of ``specs``):
+    one per intent of the request, in its order, where ``pick`` is the intent's best tool
+    (the index a call serving it names), then a last row with ``pick`` None for any
+    further call.  Each text, the whole request and (when it has several) each of its
+    clauses, scores the tools with BM25 scaled by its best score; a clause whose best
+    tool an earlier clause already has is the same intent, and one sharing no word with
+    any tool is none.  An intent's row is its clause's scores, the last row each tool's
+    best score over all the texts (so every clause's best tool scores 1, as
+    ``clause_picks`` would keep it); each row is the softmax of its scores over
+    ``temperature`` (``NAME_PRIOR_TEMPERATURE`` when None)."""
+    t = NAME_PRIOR_TEMPERATURE if temperature is None else float(temperature)
+    if not t > 0 or math.isinf(t):
+        raise ValueError(f"name_prior: temperature must be a finite number > 0, got {temperature!r}")
+    specs = list(specs)
+    if not specs:
+        return None
+    index = index or bm25_index(specs)
+
+    def scaled(text):
+        words = query_terms(text)
+        scores = index.scores(expansion.weighted_terms(words, index.idf) if expansion is not None else words)
+        top = float(scores.max())
+        return scores / top if top > 0 else None
+
+    def softmax(scores):
+        weights = np.exp((scores - scores.max()) / t)
+        return [float(w) for w in weights / weights.sum()]
+
+    clauses = request_clauses(query)
+    rows = [r for r in map(scaled, [query] + (clauses if len(clauses) > 1 else [])) if r is not None]
+    if not rows:
+        return None
+    intents = []
+    for row in rows[1:] if len(rows) > 1 else rows:
+        pick = _order(row)[0]
+        if all(pick != p for p, _ in intents):
+            intents.append((pick, row))
+    best = np.max(np.stack(rows), axis=0)
+    return [(pick, softmax(row)) for pick, row in intents] + [(None, softmax(best))]
 
 
 def select_prefix(order, token_counts, max_tools=None, token_budget=None) -> list:
