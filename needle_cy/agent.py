@@ -34,7 +34,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from .envelope import Response, RunResponse
 from .errors import ContextOverflowError, ModelNotAvailableError, NeedleError
-from .generate import CLOSING_RESERVE, Cancelled, DecodeSettings, NamePrior, run_turn
+from .generate import CLOSING_RESERVE, Cancelled, DecodeSettings, run_turn
+from .name_prior import NamePrior
 from .grounding import GroundingIndex, NoteGrounder, ValueGrounder
 from .hub import resolve_model
 from .negation import negated_calls
@@ -176,7 +177,7 @@ class Needle:
     name_prior: a weight α > 0: while a tool's name is written (in a call, and where a
         ``<think>`` note line begins one), the model's choice is multiplied by the BM25
         ranker's prior over the prompt's tools to the power α (``retrieval.name_prior``,
-        ``generate.NamePrior``), a soft ``tools_per_clause``: every tool stays callable,
+        ``name_prior.NamePrior``), a soft ``tools_per_clause``: every tool stays callable,
         and a model sure of its tool keeps it.  A turn that answers tool results, or that
         ``require_tool`` names the tool of, decodes without it.  ``None`` (default): off.
     query_expansion: with BM25 retrieval, words requests use for tools their schemas do

@@ -45,7 +45,7 @@ is the commonest wrong call; the agent's ``tools_per_clause`` uses it
 How likely: ``name_prior`` turns the BM25 scores into a probability per tool for each
 call of the request (the i-th call favours the i-th intent's tools), the soft
 counterpart of ``clause_picks``: every tool stays callable, and the decoder
-(``needle_cy.generate.NamePrior``) multiplies the model's choice of tool name by it.
+(``needle_cy.name_prior.NamePrior``) multiplies the model's choice of tool name by it.
 """
 from __future__ import annotations
 

@@ -10,9 +10,10 @@ import pytest
 
 from conftest import fixture_path
 from needle_cy import Needle, home_tools
-from needle_cy.generate import DecodeSettings, NamePrior, _choose, run_turn
+from needle_cy.generate import DecodeSettings, _choose, run_turn
 from needle_cy.grammar import compile_tools
 from needle_cy.grounding import GroundingIndex
+from needle_cy.name_prior import NamePrior
 from needle_cy.prompt import Conversation, render_tools_json
 from needle_cy.retrieval import clause_picks, name_prior
 from needle_cy.toolspec import normalize_tools

@@ -1759,3 +1759,54 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+
+
+# ------------------------------------------------------------ token roles ---
+
+def token_roles(target, answers):
+    """The role of every character of ``target`` (an assistant turn as ``data.render``
+    writes it) given its ``answers``: the calls' names, keys and values in the
+    ``<tool_call>`` JSON, names and quoted values in the ``<think>`` note."""
+    roles = ["struct"] * len(target)
+    a, b = target.find("<think>"), target.find("</think>")
+    if 0 <= a < b:
+        for i in range(a + len("<think>"), b):
+            roles[i] = "think"
+        note = target[:b]
+        for call in answers:
+            _mark(roles, note, call["name"], "name", a)
+            for v in call["arguments"].values():
+                if isinstance(v, str) and v:
+                    _mark(roles, note, '"' + v + '"', "value", a, inner=True)
+    pos = max(0, target.find("<tool_call>"))
+    for call in answers:
+        head = '"name":' + json.dumps(call["name"], ensure_ascii=False)
+        j = target.find(head, pos)
+        if j < 0:
+            continue
+        for i in range(j + len('"name":"'), j + len(head) - 1):
+            roles[i] = "name"
+        pos = j + len(head)
+        for key, value in call["arguments"].items():
+            k = json.dumps(key, ensure_ascii=False) + ":"
+            j = target.find(k, pos)
+            if j < 0:
+                continue
+            for i in range(j + 1, j + len(k) - 2):
+                roles[i] = "key"
+            v = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            j += len(k)
+            if target.startswith(v, j):
+                for i in range(j, j + len(v)):
+                    roles[i] = "value"
+                j += len(v)
+            pos = j
+    return roles
+
+
+def _mark(roles, text, needle, role, start, inner=False):
+    j = text.find(needle, start)
+    if j >= 0:
+        lo, hi = (j + 1, j + len(needle) - 1) if inner else (j, j + len(needle))
+        for i in range(lo, hi):
+            roles[i] = role

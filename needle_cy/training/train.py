@@ -193,8 +193,6 @@ def _role_codes(sp, ids, mask):
     """``mask`` with the name and value tokens of every target span recoded (ROLE_CODES).
     A span's answers are read from its own ``<tool_call>`` JSON; a span whose call does
     not parse, or whose bytes are not whole UTF-8 text, keeps code 1."""
-    from .probe import token_roles
-
     out = mask.copy()
     n, i = len(mask), 0
     while i < n:
@@ -217,7 +215,7 @@ def _role_codes(sp, ids, mask):
         except ValueError:
             i = j
             continue
-        byte_roles = [r for ch, r in zip(text, token_roles(text, answers)) for _ in ch.encode("utf-8")]
+        byte_roles = [r for ch, r in zip(text, data_mod.token_roles(text, answers)) for _ in ch.encode("utf-8")]
         c = 0
         for k, piece in enumerate(pieces):
             # a piece's role is that of its content bytes: the JSON punctuation a piece
