@@ -1,5 +1,8 @@
 """The schema-general training data: corpus splits, the per-tool request generator and
-the conversation mix (needle_cy.training.corpus, tool_requests, mix)."""
+the conversation mix (needle_cy.training.corpus, tool_requests, paraphrase, mix)."""
+import ast
+import hashlib
+import inspect
 import json
 import os
 import random
@@ -8,7 +11,7 @@ import re
 import pytest
 
 from conftest import shared_path
-from needle_cy.training import corpus, data, mix
+from needle_cy.training import corpus, data, mix, paraphrase
 from needle_cy.training import tool_requests
 from needle_cy.training.tool_requests import (Param, ToolPlan, description_action,
                                               sample_pattern, third_to_imperative, validate_call)
@@ -28,7 +31,7 @@ def train_tools(corpus_root):
     return corpus.load("train", corpus_root)
 
 
-@pytest.fixture(scope="module", params=[1, 4], ids=["mix1", "mix4"])
+@pytest.fixture(scope="module", params=[1, 4, 5], ids=["mix1", "mix4", "mix5"])
 def conversations(request, corpus_root, train_tools):
     mixer = mix.Mixer(seed=3, tools=train_tools, version=request.param)
     return [mixer.example() for _ in range(400)]
@@ -107,20 +110,22 @@ def test_the_mix_has_every_kind(conversations):
     assert any(ex.get("packed") for ex in conversations if ex["source"] == "mix")
 
 
-@pytest.mark.parametrize("version", [1, 4])
+@pytest.mark.parametrize("version", [1, 4, 5])
 def test_every_turn_kind_is_drawn(train_tools, version):
     mixer = mix.Mixer(seed=3, tools=train_tools, version=version)
     kinds = set()
-    for _ in range(60):
+    for _ in range(120):        # a value out of range is about one turn in 200
         catalogue = mixer._catalogue([mixer._gold()])
         kinds.update(mixer._turn(catalogue, first=False)[4] for _ in range(6))
     assert kinds == set(TURN_KINDS)
 
 
 def test_copied_strings_are_said_verbatim(conversations):
-    """Every free string of an answer (no enum, pattern or time) appears in its request."""
+    """Every free string of an answer (no enum, pattern or time) appears in its request
+    (a conversation with chat-marker spellings written into it may have one inside a value:
+    the model is to read past them)."""
     for ex in conversations:
-        if ex["source"] != "mix":
+        if ex["source"] != "mix" or ex.get("marker_text"):
             continue
         by_name = {t["name"]: t for t in ex["tools"]}
         for query, answers in _turns(ex):
@@ -419,3 +424,124 @@ def test_marker_spellings_in_outside_text_are_trained_as_text(train_tools, tmp_p
         assert tok.tok.decode(prompt_ids).strip() == prompt.strip()
         if i not in marked:
             assert prompt_ids == tok.encode(prompt)
+
+
+# sha256 of the first 50 examples of seed 204 (json.dumps, sort_keys, one a line), taken
+# before version 5 was added: a later version's draws must leave earlier streams as they were
+STREAM_DIGESTS = {3: "7c3eafb61d138d9778cf4629007d7bd9ba341d3b53e14e0a567d2f9a1e719924",
+                  4: "4c8ce628a3ed26d7b21b70887ccbccb6088694c2cabab1230442b898ad985de5"}
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_earlier_versions_draw_the_same_stream(train_tools, version):
+    mixer = mix.Mixer(seed=204, tools=train_tools, version=version)
+    text = "\n".join(json.dumps(mixer.example(), sort_keys=True, ensure_ascii=False) for _ in range(50))
+    assert hashlib.sha256(text.encode("utf-8")).hexdigest() == STREAM_DIGESTS[version]
+
+
+def test_paraphrase_tables_are_well_formed():
+    """Keys lower-case and trimmed, each written once (a dict literal keeps a repeated key's
+    last entry silently), entries other words than their key, frames carrying their slots."""
+    tree = ast.parse(inspect.getsource(paraphrase))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            keys = [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+            assert len(keys) == len(set(keys)), (node.targets[0].id, [k for k in keys if keys.count(k) > 1])
+    assert len(paraphrase.NOUNS) >= 150 and len(paraphrase.VERBS) >= 100
+    for table in (paraphrase.VERBS, paraphrase.NOUNS):
+        for key, subs in table.items():
+            assert key == key.strip().lower() and key and subs, key
+            assert len(set(subs)) == len(subs), key
+            for sub in subs:
+                assert sub == sub.strip() and sub and sub.lower() != key and not set(sub) & set("{}\"\n"), (key, sub)
+    for key, pairs in paraphrase.CLAUSES.items():
+        assert key == key.lower() and pairs
+        assert all(len(p) == 2 and all(p) for p in pairs), key
+    assert all(f.endswith("?") and "{o}" in f and "{a}" in f for f in paraphrase.QUESTION_FRAMES)
+    assert all("{a}" in f and ("{o}" in f or "{b}" in f) for f in paraphrase.PLURAL_QUESTION_FRAMES)
+    assert all("{o}{a}" in f for f in paraphrase.NEED_FRAMES)
+    assert all("{w}{a}" in f for f in paraphrase.CLAUSE_FRAMES)
+    assert all("{s}" in f for f in paraphrase.PLACE_CONTEXTS)
+    for form, wraps in paraphrase.WRAPS.items():
+        assert all("{c}" in w or "{C}" in w for w in wraps), form
+    for units, forms in paraphrase.UNIT_FORMS:
+        assert units and all("{s}" in f for f in forms)
+
+
+def _v5_rng(seed):
+    rng = data._VersionedRandom(seed)
+    rng.phrase_values = rng.paraphrase = True
+    return rng
+
+
+def test_version_5_says_the_tool_in_other_words():
+    """A request says the action in people's words, drops the phrases that only point at
+    an argument, asks as a question, a noun phrase or a command; the call validates and
+    the place is said as it is."""
+    tool = {"name": "get_humidity_forecast",
+            "description": "Retrieve a humidity forecast for a specific location for a certain number of days.",
+            "parameters": {"type": "object", "required": ["location", "days"], "properties": {
+                "location": {"type": "string", "description": "The city to forecast."},
+                "days": {"type": "integer", "minimum": 1, "maximum": 16, "description": "Number of days"}}}}
+    plan = ToolPlan(tool)
+    rng = _v5_rng(5)
+    clauses = []
+    while len(clauses) < 200:
+        got = plan.request(rng)
+        if got is None:
+            continue
+        clause, call, _, copied = got
+        assert validate_call(tool, call["arguments"])
+        assert call["arguments"]["location"] in clause and copied == [call["arguments"]["location"]]
+        assert not re.search(r"\b(certain|specific|the location for)\b", clause), clause
+        clauses.append(clause)
+    forms = {c.form for c in clauses}
+    assert {"question", "noun", "imperative"} <= forms, forms
+    assert sum("humidity forecast" in c for c in clauses) < 0.5 * len(clauses)
+    assert sum(c.startswith("retrieve ") for c in clauses) < 0.2 * len(clauses)
+    # the old stream is untouched: the same plan, knob off, says the tool's own words
+    plain = data._VersionedRandom(5)
+    assert all(type(plan.request(plain)[0]) is str for _ in range(20))
+
+
+def test_version_5_fills_a_pointing_phrase_with_the_value():
+    """"the definition of a word" + word=opera -> "… definition of opera" (or meaning)."""
+    tool = {"name": "lookup_definition", "description": "Finds the definition of a word.",
+            "parameters": {"type": "object", "required": ["word"],
+                           "properties": {"word": {"type": "string"}}}}
+    plan = ToolPlan(tool)
+    rng = _v5_rng(8)
+    filled = 0
+    for _ in range(100):
+        clause, call, _, _ = plan.request(rng)
+        word = call["arguments"]["word"]
+        assert word in clause
+        filled += bool(re.search(r"\bof ['\"]?" + re.escape(word), clause))
+    assert filled > 20
+
+
+def test_version_5_requests_join_as_people_join_them(train_tools):
+    """No command wrapper around a question ("could you what's …"), none inside a negation."""
+    mixer = mix.Mixer(seed=7, tools=train_tools, version=5)
+    bad = re.compile(r"\b(let's|can you|could you|would you|I need to|I want to|please|time to|help me|"
+                     r"we should|I'd like to|don't|do not) (what's|what is|what are|any idea|do you know|"
+                     r"are there|can you tell)\b", re.I)
+    n = 0
+    for _ in range(200):
+        ex = mixer.example()
+        if ex["source"] != "mix":
+            continue
+        for query, _ in _turns(ex):
+            assert not bad.search(query), query
+            n += 1
+    assert n > 300
+
+
+def test_version_5_requests_share_fewer_words_with_their_tool(corpus_root):
+    """The same held-out draw (seed 902): version 5's requests hold fewer of the gold
+    tool's words than version 4's, and BM25 finds the tool first less often."""
+    from needle_cy.training import naturalness
+
+    figures = {v: naturalness.measure(mix.eval_cases(100, seed=902, version=v), None) for v in (4, 5)}
+    assert figures[5]["word_share"] < figures[4]["word_share"] - 0.1
+    assert figures[5]["bm25_top1"]["accuracy"] < figures[4]["bm25_top1"]["accuracy"] - 0.05

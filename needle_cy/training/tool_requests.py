@@ -19,6 +19,11 @@ alone: nothing here knows a particular tool.
 * **Refusals depend on the catalogue shown**: the request for a tool whose tool was
   removed, a required value missing, a value outside the range or enum, a negated or
   deferred request, chit-chat.
+* **With ``rng.paraphrase``** (mix version 5) a request is said as people say it rather
+  than in the tool's words: ``needle_cy.training.paraphrase`` has the tables and the
+  reading of the action; ``ToolPlan.request`` returns a ``Clause`` that knows its form
+  (command, question, noun phrase, need), and ``wrap`` / ``join_clauses`` build the
+  request around it.
 
 ``needle_cy.training.mix`` draws the catalogues (corpus tools, the smart-home tools,
 renamed tools) and packs several requests into one conversation.
@@ -821,9 +826,9 @@ _FORM_OF_KIND = {"clock_text": "time", "date_text": "date"}
 _FORM_OF = {"integer": "number", "number": "number", "enum_array": "list", "string_array": "list"}
 
 
-def arg_phrase(rng, param, value, said, renamed=False, named_only=False):
-    """The words that say one argument."""
-    mention = param.mention(rng, renamed) or "the " + " ".join(param.words or ["value"])
+def arg_phrase(rng, param, value, said, renamed=False, named_only=False, mention=None):
+    """The words that say one argument (``mention``: the property as said, else drawn)."""
+    mention = mention or param.mention(rng, renamed) or "the " + " ".join(param.words or ["value"])
     if param.kind == "boolean":
         on = _pick(rng, ["with {m}", "and {m}", "{m} on", "enable {m}", "including {m}", "and turn on {m}"])
         off = _pick(rng, ["without {m}", "{m} off", "no {m}", "disable {m}", "and turn off {m}", "not {m}"])
@@ -906,13 +911,20 @@ class ToolPlan:
     def name(self):
         return self.tool["name"]
 
-    def request(self, rng, optional_rate=0.35, leave_out=None, bad_value=False):
+    def request(self, rng, optional_rate=0.35, leave_out=None, bad_value=False, form=None):
         """(clause, call, notes, copied strings) for one call, or None.  ``leave_out``: a
         required key not said (a refusal); ``bad_value``: one value said outside its
-        range or enum (a refusal)."""
+        range or enum (a refusal).  With ``rng.paraphrase`` (mix version 5) the clause is
+        a ``Clause`` said as people say it (``paraphrase``), ``form`` "imperative" asking
+        for a command (a negation wraps it)."""
         template, obj = _pick(rng, self.actions)
+        v5 = getattr(rng, "paraphrase", False)
+        if v5:
+            act, implied, named = self._action5(rng)
+            said_kinds = [_kind5(p) for p in self.params]
+            spoken = []             # (param, phrase, unnamed, direct, said) in schema order
         args, phrases, notes, copied = {}, [], [], []
-        said_kinds = [_FORM_OF.get(p.kind, p.kind) for p in self.params]
+        said_kinds = said_kinds if v5 else [_FORM_OF.get(p.kind, p.kind) for p in self.params]
         mentions, said_numbers = set(), []
         bad_done = False
         for p in self.params:
@@ -923,7 +935,11 @@ class ToolPlan:
             if bad_value and not bad_done and p.kind in ("integer", "number", "enum"):
                 said = _bad_value_said(rng, p)
                 if said is not None:
-                    phrases.append(arg_phrase(rng, p, None, said, self.renamed))
+                    if v5:
+                        phrase, unnamed, _ = arg_phrase5(rng, p, None, said, self.renamed,
+                                                         said_kinds.count(_kind5(p)) > 1, False, p.key == named)
+                        spoken.append((p, phrase, unnamed, False, said))
+                    phrases.append(phrase if v5 else arg_phrase(rng, p, None, said, self.renamed))
                     bad_done = True
                     continue
             drawn = draw_value(rng, p)
@@ -942,12 +958,20 @@ class ToolPlan:
             if p.kind in QUOTABLE_KINDS and rng.random() < 0.2:     # 'hello', "Dune"
                 q = _pick(rng, ["'", '"'])
                 said = q + said + q
-            phrase = arg_phrase(rng, p, value, said, self.renamed, named_only=said_kinds.count(kind) > 1)
+            if v5:
+                phrase, unnamed, direct = arg_phrase5(rng, p, value, said, self.renamed,
+                                                      said_kinds.count(_kind5(p)) > 1, p.key == implied,
+                                                      p.key == named)
+            else:
+                phrase = arg_phrase(rng, p, value, said, self.renamed, named_only=said_kinds.count(kind) > 1)
+                unnamed = False
             mention = p.mention(random.Random(0), self.renamed)
-            if mention in mentions and not self.renamed:    # two properties described alike
+            if mention in mentions and not self.renamed and not unnamed:    # two properties described alike
                 phrase = f"{' '.join(p.words)} {said}"
             mentions.add(mention)
             phrases.append(phrase)
+            if v5:
+                spoken.append((p, phrase, unnamed, direct, said))
             if p.kind in COPIED_KINDS:
                 copied.append(said.strip("'\""))
             notes.append(f"{p.key} = {home.compact(value)}" + (f' from "{source}"' if source else ""))
@@ -955,6 +979,10 @@ class ToolPlan:
             return None
         if not bad_value and leave_out is None and not validate_call(self.tool, args):
             return None
+        order = [p.key for p in self.params]
+        call = {"name": self.name, "arguments": {k: args[k] for k in order if k in args}}
+        if v5:
+            return self._clause5(rng, act, spoken, said_numbers, form), call, notes, copied
         if len(said_numbers) >= 2 and len(said_numbers) == len(phrases) and rng.random() < 0.35:
             # numbers said in the schema's order without names: "the sum of 2 and 3"
             joined = ", ".join(said_numbers[:-1]) + " and " + said_numbers[-1]
@@ -971,9 +999,324 @@ class ToolPlan:
             clause = obj + _join_args(rng, phrases)         # verbless: "charge limit to 80"
         else:
             clause = action + _join_args(rng, phrases)
-        order = [p.key for p in self.params]
-        call = {"name": self.name, "arguments": {k: args[k] for k in order if k in args}}
         return clause, call, notes, copied
+
+    # ------------------------------------------------------------ version 5 ---
+    def _action5(self, rng):
+        """(the action read apart, the key of the property whose value says the object,
+        the key of the property the object names) for one request, from a phrase of the
+        tool's (a question lead's excepted: the version's own question frames ask)."""
+        from . import paraphrase as para
+
+        texts = getattr(self, "_texts5", None)
+        if texts is None:
+            texts = []
+            for template, _ in self.actions:
+                if template.startswith(tuple(_QUESTION_LEADS)):
+                    continue
+                if template.startswith("{get}"):        # "get the trading get login status"
+                    head, _, obj = template.partition(" {the} ")
+                    template = head + " {the} " + " ".join(w for w in obj.split() if w not in NAME_VERBS)
+                text = template.replace("{verb}", self.tool_words[0] if self.tool_words else "get")
+                text = re.sub(r"\s+", " ", text.replace("{get}", "get").replace("{the}", "the")).strip()
+                text = re.sub(r"\bthe (to|for|from|in|on|with|by|of)\b", r"\1", text)     # "add the to grocery list"
+                texts.append((text, template.startswith(("{verb}", "{get}"))))
+            self._texts5 = texts = texts or [("get the " + " ".join(self.tool_words or ["value"]), True)]
+        text, from_name = _pick(rng, texts)
+        act = para.Action(text)
+        act.from_name = from_name
+        head = act.head()
+        implied = named = None
+        if head:
+            for p in self.params:
+                kind = _FORM_OF_KIND.get(p.kind, p.kind)
+                if kind in ("person", "message"):      # "call the contact Logan" -> "call Logan"
+                    nouns = para.KIND_NOUNS[kind] | para.said_words(p, self.renamed)
+                elif kind in ("text", "string_array") and pool_of(p) in para.TITLE_POOLS:
+                    nouns = para.POOL_NOUNS.get(pool_of(p), set())     # "play the song X" -> "play X"
+                elif kind == "text" and pool_of(p) in (None, "query", "message", "note"):
+                    nouns = para.TEXT_NOUNS                             # "translate the text X" -> "translate X"
+                else:
+                    continue
+                if head in nouns:
+                    implied = p.key
+                    break
+        if act.verb[0].lower() in para.SET_VERBS and act.object:
+            said = {para.singular(w.lower()) for w in act.object}
+            for p in self.params:       # "set the swing mode" names swing_mode: "… to auto"
+                words = para.said_words(p, self.renamed)
+                if words and words <= said and p.kind in ("enum", "integer", "number", "text"):
+                    named = p.key
+                    break
+        return act, implied, named
+
+    def _clause5(self, rng, act, spoken, said_numbers, form):
+        """The clause of a version-5 request: the action said in people's words around the
+        arguments' phrases, as a command, a question, a bare noun phrase or a need."""
+        from . import paraphrase as para
+
+        every = set().union(*(para.said_words(p, self.renamed) for p in self.params)) if self.params else set()
+        # arguments a phrase of the action may point at, said by value ("to a contact" -> "to Jo")
+        targets, said_as = {}, {}
+        for p, _, _, direct, said in spoken:
+            kind = _kind_seen(p, self.renamed)
+            if direct or kind in ("boolean", "enum", "const", "code", "pattern", "email", "url", "entity"):
+                continue
+            if kind in ("integer", "number") and not (p.unit and said.endswith(tuple(p.unit))):
+                continue        # "for a certain number of days" takes "16 days", not "16"
+            pool = pool_of(p) or ""
+            targets[p.key] = para.said_words(p, self.renamed) | para.KIND_NOUNS.get(kind, set()) | \
+                para.POOL_NOUNS.get(pool, set()) | (para.KIND_NOUNS["place"] if pool in ("city", "address") else set())
+            said_as[p.key] = said
+        gerund = act.object[:1] and act.object[0].lower().endswith("ing")
+        verb = para.pick_verb(rng, act, 0.0 if gerund else para.VERB_RATE)     # "start tracking", not "launch tracking"
+        obj, kept, used = para.object_words(rng, act, targets, said_as, every)
+        spoken = [s for s in spoken if s[0].key not in used]
+        # arguments in the order people say them: the one that says the object first, then
+        # things, people, amounts, places, dates, times, messages, switches
+        ranked = sorted(spoken, key=lambda s: (not s[3], _RANK5.get(_FORM_OF_KIND.get(s[0].kind, s[0].kind), 1)))
+        direct = [s[1] for s in ranked if s[3]]
+        getter = act.verb[0].lower() in para.GETTER_VERBS
+        context = None
+        places = [s for s in ranked if s[2] and not s[3] and _kind_seen(s[0], self.renamed) == "place"]
+        if getter and form is None and len(places) == 1 and not (set(places[0][0].words) & (_FROM | _TO)) \
+                and rng.random() < 0.15:
+            context = _pick(rng, para.PLACE_CONTEXTS).replace("{s}", places[0][4])
+            ranked = [s for s in ranked if s is not places[0]]
+        phrases = [s[1] for s in ranked if not s[3]]
+        if len(said_numbers) >= 2 and len(said_numbers) == len(phrases) and not used and rng.random() < 0.35:
+            joined = ", ".join(said_numbers[:-1]) + " and " + said_numbers[-1]
+            phrases = [_pick(rng, ["of ", "for ", "with "]) + joined]
+        elif len(phrases) > 1 and rng.random() < 0.3:
+            rng.shuffle(phrases)
+        if direct and rng.random() < 0.85:
+            obj = []
+        if obj and act.from_name and act.verb[0].lower() in ("find", "search") and not para.is_plural(obj) \
+                and obj[0].lower() not in ("a", "an", "my") and rng.random() < 0.7:
+            obj = obj[1:] if obj[0].lower() == "the" else obj        # "search the lawyer" -> "lawyers"
+            obj = obj[:-1] + [para.plural(obj[-1])] if obj else obj
+        if verb.split()[-1] in ("put", "stick", "pop", "throw"):     # "put milk on the list"
+            kept = [("on" if lead == "to" else lead, words) for lead, words in kept]
+        a = "".join(" " + d for d in direct) + para.tail_text(kept) + _join_args(rng, phrases)
+        unnamed = all(s[2] for s in spoken)
+        clause = self._frame5(rng, act, verb, obj, kept, a, unnamed, form)
+        if context is None:
+            return clause
+        join = _pick(rng, para.CONTEXT_JOINS[clause.form])
+        if join.endswith(". "):
+            return _clause(context + join + clause[:1].upper() + clause[1:], "context")
+        return _clause(context + join + clause, "context")
+
+    def _frame5(self, rng, act, verb, obj, kept, a, unnamed, form):
+        """A version-5 clause's frame: a command, a question, a bare noun phrase or a need."""
+        from . import paraphrase as para
+
+        getter = act.verb[0].lower() in para.GETTER_VERBS
+        asks = act.verb[0].lower() in para.INFO_VERBS
+        r = rng.random()
+        if obj and obj[0].lower() in ("if", "whether", "how", "what", "when", "where", "who", "which"):
+            getter = False          # "check if a password was leaked": only a command says it
+        if getter and obj and form is None:
+            # a noun said as a clause takes arguments said by their values alone ("how warm
+            # is it in Dublin", not "how warm is it with unit celsius")
+            whole = para.clause_for(obj, kept) if unnamed else None
+            if whole and r < 0.3:
+                statement, question = _pick(rng, whole)
+                if rng.random() < 0.5:
+                    return _clause(question + a + "?", "question")
+                frame = _pick(rng, para.CLAUSE_FRAMES)
+                return _clause(frame.replace("{w}", statement).replace("{a}", a),
+                               "statement" if frame.startswith("I") else "imperative")
+            content = [w for w in act.object if w.lower() not in ("a", "an", "the", "my") and w.lower() not in para.FILLERS]
+            if r < 0.45 and asks and len(content) >= 2 and para.singular(content[-1].lower()) in para.FUTURE_HEADS:
+                return _clause(_pick(rng, para.FUTURE_FRAMES).replace("{o}", "the " + " ".join(content[:-1]))
+                               .replace("{a}", a), "question")
+            if r < 0.45 and asks:
+                plural = para.is_plural(obj)
+                frames = para.PLURAL_QUESTION_FRAMES if plural else para.QUESTION_FRAMES
+                if plural and act.verb[0].lower() not in para.WHAT_VERBS:
+                    frames = frames[:2]
+                text = _pick(rng, frames).replace("{o}", para.with_the(rng, obj)).replace("{b}", para.bare(obj))
+                return _clause(text.replace("{a}", a), "question")
+            if r < 0.62 and a:
+                return _clause(para.bare(obj) + a, "noun")
+            if r < 0.72:
+                return _clause(_pick(rng, para.NEED_FRAMES).replace("{o}", " ".join(obj)).replace("{a}", a),
+                               "statement")
+        elif obj and a and form is None and act.verb[0].lower() in para.SET_VERBS and r < 0.2:
+            return _clause(para.with_the(rng, obj) + a, "noun")     # "the heating to 21 degrees"
+        text = verb + (" " + " ".join(obj) if obj else "") + a
+        return _clause(text, "imperative")
+
+
+class Clause(str):
+    """A version-5 request clause and its form: "imperative", "question", "noun" (a bare
+    noun phrase) or "statement" ("I need …"); the form says how it may be wrapped."""
+    form = "imperative"
+
+
+def _clause(text, form):
+    c = Clause(re.sub(r"\s+", " ", text).strip())
+    c.form = form
+    return c
+
+
+def wrap(rng, clause):
+    """A request around a clause: a version-5 ``Clause`` by its form (a question is not
+    "could you …"-wrapped), else ``data._wrap``'s politeness."""
+    from . import paraphrase as para
+
+    form = getattr(clause, "form", None)
+    if form is None:
+        return home._wrap(rng, clause)
+    r = rng.random() if form == "imperative" else 1.0
+    if r < 0.2 and not re.match(r"\S+ me\b", clause):     # not "I want to get me …"
+        text = _pick(rng, INDIRECT).replace("{c}", clause)
+    elif r < 0.7:
+        text = home._wrap(rng, clause)
+    else:
+        t = _pick(rng, para.WRAPS[form])
+        text = t.replace("{c}", clause).replace("{C}", clause[:1].upper() + clause[1:])
+    # a clause ending in a question mark takes no stop after it ("… feeling?." -> "… feeling?")
+    return text[:-1] if text[-2:] in ("?.", "?!") and not clause.endswith(text[-2:]) else text
+
+
+def join_clauses(rng, clauses):
+    """Version 5's multi-call request: clauses joined as people join them, a question
+    ending its sentence."""
+    query = clauses[0]
+    for c in clauses[1:]:
+        if query.endswith("?") or getattr(c, "form", None) == "context":
+            j = _pick(rng, [" ", " Also, ", " And ", " Oh and "]) if query.endswith("?") else ". "
+        elif getattr(c, "form", None) == "question":
+            j = _pick(rng, [" and ", ", and ", ". Also, ", ". And "])
+        else:
+            j = _pick(rng, home.JOINERS)
+        query += j + (c[:1].upper() + c[1:] if j in (" ", ". ", ". Then ", ". Also ") else c)
+    forms = {getattr(c, "form", "imperative") for c in clauses}
+    if rng.random() < 0.4:
+        query = wrap(rng, _clause(query, "question" if "question" in forms else clauses[0].form))
+    return query
+
+
+# version 5: the kind a value shows, and the order arguments are said in
+_DIRECT_KINDS = ("person", "place", "message", "text", "room", "string_array", "entity")
+_RANK5 = {"person": 2, "number": 3, "integer": 3, "place": 4, "room": 4, "date": 5, "time": 6,
+          "message": 7, "boolean": 8}
+_FROM = {"from", "origin", "source", "start", "departure", "sender", "pickup", "depart", "starting",
+         "begin", "since", "checkin"}
+_TO = {"to", "destination", "target", "end", "arrival", "recipient", "dest", "receiver", "dropoff",
+       "ending", "until", "checkout", "finish"}
+_BY = {"artist", "author", "band", "singer", "creator", "composer", "director", "writer", "by"}
+_WITH = {"attendee", "attendees", "guest", "guests", "invitee", "invitees", "participant", "participants",
+         "with", "partner"}
+
+
+def _kind5(p):
+    """The kind two arguments are told apart by: numbers also by their unit."""
+    kind = _FORM_OF.get(_FORM_OF_KIND.get(p.kind, p.kind), _FORM_OF_KIND.get(p.kind, p.kind))
+    return (kind, tuple(p.unit) if kind == "number" and p.unit else None)
+
+
+def arg_phrase5(rng, param, value, said, renamed, named_only, direct, named=False):
+    """(words, said without the property's name, said as the object) for one argument
+    of a version-5 request.  A value whose kind shows what it is (a place, a person, a
+    date, a time, a number with its unit, a title) is said without the property's name
+    most of the time; two of a kind keep their names unless a direction tells them apart
+    ("from Leeds to York").  ``direct``: the value says the action's object ("play X");
+    ``named``: the object names the property ("set the swing mode" … "to auto")."""
+    from . import paraphrase as para
+
+    if param.kind == "boolean":
+        mention = param.mention(rng, renamed)
+        vague = r"(?:true|false|whether|if|set|specify|specifies|indicates|flag|determines|option|boolean|" \
+                r"enable|enables|disable|turn)\b"
+        if not mention or re.match(vague, mention):     # "true to include details": the name says it
+            said_by = re.match(vague + r"(?: or \w+)?(?: to| whether| if| the)?\s+([a-z]+(?: [a-z]+)?)",
+                               param.description, re.I)
+            mention = " ".join(param.words) if not renamed else said_by.group(1).lower() if said_by else mention
+        phrase = arg_phrase(rng, param, value, said, renamed, named_only, mention=mention)
+        return (phrase[4:] if phrase.startswith("and ") else phrase), False, False   # the join says "and"
+    kind = _kind_seen(param, renamed)
+    words = set(param.words) | (para.said_words(param, True) if renamed else set())
+    way = "from" if words & _FROM else "to" if words & _TO else None
+    quoted = said[:1] in ("'", '"')
+    if named:
+        return _pick(rng, ["to {s}", "to {s}", "at {s}"]).replace("{s}", said), True, False
+    if direct and kind in _DIRECT_KINDS:
+        if kind == "message" and not quoted and rng.random() < 0.5:
+            q = _pick(rng, ["'", '"'])
+            return q + said + q, True, True
+        return (("the " + said) if kind == "room" and rng.random() < 0.6 else said), True, True
+    forms, sure = None, None
+    if kind == "place":
+        forms = ["from {s}"] if way == "from" else ["to {s}"] if way == "to" else \
+            ["at {s}", "to {s}"] if words & {"address", "street"} else ["in {s}", "in {s}", "for {s}", "around {s}"]
+    elif kind == "room":
+        forms = ["in the {s}", "in {s}", "for the {s}"]
+    elif kind == "person":
+        forms = ["from {s}"] if way == "from" else ["to {s}", "for {s}"] if way == "to" else \
+            ["by {s}"] if words & _BY else ["with {s}"] if words & _WITH else ["for {s}", "with {s}", "to {s}"]
+    elif kind == "date":
+        forms = ["from {s}", "starting {s}"] if way == "from" else ["until {s}", "to {s}"] if way == "to" \
+            else ["on {s}", "for {s}", "on {s}"]
+    elif kind == "time":
+        forms = ["from {s}"] if way == "from" else ["until {s}"] if way == "to" else ["at {s}"]
+    elif param.kind in ("integer", "number") and value is not None:
+        sure = 0.95             # a number said with its unit needs no name: "for 16 days"
+        unit = said.rsplit(" ", 1)[-1] if " " in said else re.sub(r"^[\d.,-]+", "", said)
+        for units, options in (para.UNIT_FORMS if param.unit else []):
+            if unit in units or said.endswith(tuple(u for u in units if len(u) > 2)):
+                forms = options
+                break
+        named_by = [w for w in param.words if w in para.UNIT_NAMES]
+        if forms is None and named_by:      # "days": 9 -> "for 9 days"
+            unit = named_by[0] if value != 1 else named_by[0][:-1]
+            forms = ["for {s} " + unit, "{s} " + unit] + \
+                (["over the next {s} " + unit] if value != 1 and unit in ("days", "hours", "weeks") else [])
+        elif forms is None and not named_only and rng.random() < 0.4:
+            forms, sure = ["for {s}", "{s}", "number {s}"], None    # the only number: "provider 10"
+    elif way and kind in ("text", "enum"):        # "translate … to French"
+        forms = ["from {s}"] if way == "from" else ["to {s}", "into {s}"]
+    elif kind == "text":
+        pool = pool_of(param)
+        if pool in para.POOL_FORMS:
+            forms = para.POOL_FORMS[pool]
+        elif pool in para.NAMED_POOLS:
+            forms = ["{s}", "called {s}"] + ([] if quoted else ["'{s}'", '"{s}"'])
+        elif param.words[-1:] == ["name"] or words & {"title", "label", "nickname"}:
+            forms = ["called {s}", "named {s}"] + ([] if quoted else ["'{s}'", '"{s}"'])
+        elif not named_only and not quoted and rng.random() < 0.4:
+            forms = ["'{s}'", '"{s}"', "for '{s}'"]         # a quoted value says it is the thing asked about
+    elif kind in ("code", "pattern") and not named_only:
+        forms = ["#{s}", "{s}", "number {s}"] if re.fullmatch(r"[A-Za-z0-9_-]+", said) else None
+    rate = {"text": 0.75, "person": 0.75, "code": 0.5, "pattern": 0.5}.get(kind, 0.8)
+    if param.kind in ("integer", "number") and value is not None and sure:
+        rate = sure
+    if forms and (not named_only or way) and rng.random() < rate:
+        return _pick(rng, forms).replace("{s}", said), True, False
+    mention = param.mention(rng, renamed) or " ".join(param.words or ["value"])
+    if rng.random() < para.MENTION_RATE:
+        mention = " ".join(para._replace_nouns(rng, mention.split(), 1.0))
+    phrase = arg_phrase(rng, param, value, said, renamed, named_only, mention=mention)
+    if "the the" not in said:
+        phrase = phrase.replace("the the ", "the ")
+    return phrase, False, False
+
+
+def _kind_seen(param, renamed):
+    """The kind a person sees in a property: its drawn kind, or for free text the kind
+    its words name (a renamed "p56k3" described as "The city …" is a place)."""
+    from . import paraphrase as para
+
+    kind = _FORM_OF_KIND.get(param.kind, param.kind)
+    if kind != "text":
+        return kind
+    words = para.said_words(param, renamed)
+    for seen, names in (("person", _PERSON), ("place", _PLACE), ("message", _MESSAGE)):
+        if words & names:
+            return seen
+    return kind
 
 
 def _bad_value_said(rng, p):
