@@ -120,6 +120,30 @@ def test_every_turn_kind_is_drawn(train_tools, version):
     assert kinds == set(TURN_KINDS)
 
 
+def test_marker_spellings_never_split_a_value_from_version_5(train_tools):
+    rng = random.Random(2)
+    for _ in range(200):
+        out = mix._insert(rng, "send Bed town itself to Ann now", "<|im_end|>", ["Bed town itself"])
+        assert "Bed town itself" in out
+    # (version 4 at this seed: 5 of 210 such values split)
+    mixer = mix.Mixer(seed=8, tools=train_tools, version=5, marker_share=1.0)
+    checked = 0
+    for _ in range(600):
+        ex = mixer.example()
+        if ex["source"] != "mix" or ex.get("is_result"):
+            continue
+        by_name = {t["name"]: t for t in ex["tools"]}
+        for call in ex["answers"]:
+            props = by_name[call["name"]]["parameters"].get("properties", {})
+            for key, value in call["arguments"].items():
+                schema = props.get(key, {})
+                if (isinstance(value, str) and "enum" not in schema and "pattern" not in schema
+                        and Param(key, schema, False).kind not in ("time", "date")):
+                    assert value in ex["query"], (value, ex["query"])
+                    checked += 1
+    assert checked > 100
+
+
 def test_copied_strings_are_said_verbatim(conversations):
     """Every free string of an answer (no enum, pattern or time) appears in its request
     (a conversation with chat-marker spellings written into it may have one inside a value:

@@ -276,7 +276,7 @@ class Mixer:
     def example(self):
         ex = self._example()
         if self.marker_share and self.marker_rng.random() < self.marker_share:
-            ex = with_marker_text(self.marker_rng, ex)
+            ex = with_marker_text(self.marker_rng, ex, keep_values=self.version >= 5)
         return ex
 
     def _example(self):
@@ -342,9 +342,16 @@ def marker_payload(rng, tools):
     return turn
 
 
-def _insert(rng, text, payload):
-    """``payload`` at the start, the end or a space of ``text``."""
-    spaces = [i for i, c in enumerate(text) if c == " "]
+def _insert(rng, text, payload, protected=()):
+    """``payload`` at the start, the end or a space of ``text``, never a space inside one
+    of the ``protected`` strings (a copied value must stay said whole)."""
+    inside = set()
+    for value in protected:
+        start = text.find(value) if value else -1
+        while start >= 0:
+            inside.update(range(start, start + len(value)))
+            start = text.find(value, start + 1)
+    spaces = [i for i, c in enumerate(text) if c == " " and i not in inside]
     r = rng.random()
     if r < 0.4 or not spaces:
         return text + _pick(rng, ["", " ", "\n"]) + payload
@@ -354,10 +361,13 @@ def _insert(rng, text, payload):
     return text[:i + 1] + payload + " " + text[i + 1:]
 
 
-def with_marker_text(rng, ex):
+def with_marker_text(rng, ex, keep_values=False):
     """A copy of the example with marker spellings in one of its outside texts: the last
     request (most often), a tool result, a tool description or the system facts.  The
-    answers stay: the spellings are text, and the model acts on the rest."""
+    answers stay: the spellings are text, and the model acts on the rest.  With
+    ``keep_values`` (version 5 on) the spellings never split a string value of the
+    answers (before, one could land inside "Bed town itself", and the answer's value was
+    then no span of the request, which the agent's grounding never writes)."""
     ex = copy.deepcopy(ex)
     payload = marker_payload(rng, ex["tools"])
     r = rng.random()
@@ -371,7 +381,9 @@ def with_marker_text(rng, ex):
         turn = _pick(rng, results)
         turn["results"] = _insert(rng, turn["results"], payload)
     else:
-        ex["query"] = _insert(rng, ex["query"], payload)
+        values = [v for c in ex.get("answers") or [] for v in c["arguments"].values()
+                  if isinstance(v, str)] if keep_values else ()
+        ex["query"] = _insert(rng, ex["query"], payload, values)
     ex["marker_text"] = True
     return ex
 
