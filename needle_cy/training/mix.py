@@ -71,9 +71,9 @@ def _rng(seed):
 # Version 5 says requests as people say them (``paraphrase``): the tool's verb and nouns in
 # other words, phrases that only point at an argument dropped or filled with its value,
 # values whose kind shows said without the property's name, questions and bare noun
-# phrases beside commands.  Version 4's requests copied their tool's words: BM25 put the
-# gold tool first in every held-out case, against 80-86 % on hand-written request sets, so
-# a model could learn word matching instead of what people say.
+# phrases beside commands.  Version 4's requests copied their tool's words (BM25 found the
+# gold tool far more often than on hand-written request sets: docs/training.md), so a
+# model could learn word matching instead of what people say.
 VERSIONS = {1: {"home_share": 0.35, "catalogue_share": 0.0, "marker_share": 0.0, "rename_share": 0.25,
                 "turns": (1, 1, 2, 2, 3, 4)},
             2: {"home_share": 0.3, "catalogue_share": 0.35, "marker_share": 0.04, "rename_share": 0.25,

@@ -2,9 +2,9 @@
 
 The schema-general generator (``tool_requests``) builds a request from the tool's own
 words: its name's verb and noun, its description's first clause, its properties' names.
-A request built that way shares most of its words with its tool (on version 4's held-out
-cases BM25 put the gold tool first every time; on hand-written request sets, 80-86 %), so
-a model trained on it learns to match words.  People say "grab the weather in Dublin for
+A request built that way shares most of its words with its tool (BM25 finds the gold tool
+for nearly every one, far more often than for hand-written requests: docs/training.md),
+so a model trained on it learns to match words.  People say "grab the weather in Dublin for
 16 days", "what's the temp in the kitchen?", "text Anna: running late".
 
 With ``rng.paraphrase`` (``ToolPlan.request``) a request is said from the tool's action
@@ -32,7 +32,7 @@ import re
 # How often a request says the tool's verb, the object's head noun and a property's name
 # in other words, and keeps a detail phrase after the object.  Set on the BM25 figure of
 # version 5's held-out cases (``python -m needle_cy.eval --naturalness``): it puts the
-# gold tool first about as often as on hand-written request sets (80-90 %).
+# gold tool first about as often as on hand-written request sets (docs/training.md).
 VERB_RATE, NOUN_RATE, MENTION_RATE, KEEP_DETAIL = 0.85, 0.85, 0.7, 0.4
 
 # ------------------------------------------------------------------ tables ---
@@ -878,9 +878,11 @@ def _article(text):
 
 class Action:
     """A tool's action phrase read apart: verb words, object words, and the phrases after
-    the object as (lead word, words)."""
+    the object as (lead word, words).  ``is_verb(word)`` says whether the word after an
+    "and"/"or" begins a second action ("get and display …"); the caller's verb list
+    decides (``tool_requests``), so this module imports none of its users."""
 
-    def __init__(self, text):
+    def __init__(self, text, is_verb=lambda word: False):
         text = re.sub(r"\b(a|an|the) (my|the|a|an)\b", r"\2", text)
         cut = re.split(r",? (?:optionally|optional|e\.g\.?|etc\.?|such as|like|if|unless)\b|: ", text)[0]
         text = cut if len(cut.split()) > 2 else text        # "check if …" keeps its "if"
@@ -892,8 +894,7 @@ class Action:
             i = 2
         self.alt = None
         if len(words) > i + 1 and words[i] in ("and", "or"):
-            from .tool_requests import DESCRIPTION_VERBS, third_to_imperative     # it imports this module
-            if third_to_imperative(words[i + 1]) in DESCRIPTION_VERBS:
+            if is_verb(words[i + 1]):
                 self.alt = (words[i], words[i + 1])
                 i += 2
         self.verb = verb

@@ -36,6 +36,7 @@ import re
 import string
 
 from . import data as home
+from . import paraphrase as para
 from .corpus import name_words
 
 # ------------------------------------------------------------------ words ---
@@ -1006,7 +1007,6 @@ class ToolPlan:
         """(the action read apart, the key of the property whose value says the object,
         the key of the property the object names) for one request, from a phrase of the
         tool's (a question lead's excepted: the version's own question frames ask)."""
-        from . import paraphrase as para
 
         texts = getattr(self, "_texts5", None)
         if texts is None:
@@ -1023,7 +1023,7 @@ class ToolPlan:
                 texts.append((text, template.startswith(("{verb}", "{get}"))))
             self._texts5 = texts = texts or [("get the " + " ".join(self.tool_words or ["value"]), True)]
         text, from_name = _pick(rng, texts)
-        act = para.Action(text)
+        act = para.Action(text, is_verb=lambda word: third_to_imperative(word) in DESCRIPTION_VERBS)
         act.from_name = from_name
         head = act.head()
         implied = named = None
@@ -1053,7 +1053,6 @@ class ToolPlan:
     def _clause5(self, rng, act, spoken, said_numbers, form):
         """The clause of a version-5 request: the action said in people's words around the
         arguments' phrases, as a command, a question, a bare noun phrase or a need."""
-        from . import paraphrase as para
 
         every = set().union(*(para.said_words(p, self.renamed) for p in self.params)) if self.params else set()
         # arguments a phrase of the action may point at, said by value ("to a contact" -> "to Jo")
@@ -1109,7 +1108,6 @@ class ToolPlan:
 
     def _frame5(self, rng, act, verb, obj, kept, a, unnamed, form):
         """A version-5 clause's frame: a command, a question, a bare noun phrase or a need."""
-        from . import paraphrase as para
 
         getter = act.verb[0].lower() in para.GETTER_VERBS
         asks = act.verb[0].lower() in para.INFO_VERBS
@@ -1164,7 +1162,6 @@ def _clause(text, form):
 def wrap(rng, clause):
     """A request around a clause: a version-5 ``Clause`` by its form (a question is not
     "could you …"-wrapped), else ``data._wrap``'s politeness."""
-    from . import paraphrase as para
 
     form = getattr(clause, "form", None)
     if form is None:
@@ -1225,7 +1222,6 @@ def arg_phrase5(rng, param, value, said, renamed, named_only, direct, named=Fals
     most of the time; two of a kind keep their names unless a direction tells them apart
     ("from Leeds to York").  ``direct``: the value says the action's object ("play X");
     ``named``: the object names the property ("set the swing mode" … "to auto")."""
-    from . import paraphrase as para
 
     if param.kind == "boolean":
         mention = param.mention(rng, renamed)
@@ -1307,7 +1303,6 @@ def arg_phrase5(rng, param, value, said, renamed, named_only, direct, named=Fals
 def _kind_seen(param, renamed):
     """The kind a person sees in a property: its drawn kind, or for free text the kind
     its words name (a renamed "p56k3" described as "The city …" is a place)."""
-    from . import paraphrase as para
 
     kind = _FORM_OF_KIND.get(param.kind, param.kind)
     if kind != "text":
