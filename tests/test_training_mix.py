@@ -110,7 +110,7 @@ def test_the_mix_has_every_kind(conversations):
     assert any(ex.get("packed") for ex in conversations if ex["source"] == "mix")
 
 
-@pytest.mark.parametrize("version", [1, 4, 5])
+@pytest.mark.parametrize("version", [1, 4, 5, 6])
 def test_every_turn_kind_is_drawn(train_tools, version):
     mixer = mix.Mixer(seed=3, tools=train_tools, version=version)
     kinds = set()
@@ -453,10 +453,11 @@ def test_marker_spellings_in_outside_text_are_trained_as_text(train_tools, tmp_p
 # sha256 of the first 50 examples of seed 204 (json.dumps, sort_keys, one a line), taken
 # before version 5 was added: a later version's draws must leave earlier streams as they were
 STREAM_DIGESTS = {3: "7c3eafb61d138d9778cf4629007d7bd9ba341d3b53e14e0a567d2f9a1e719924",
-                  4: "4c8ce628a3ed26d7b21b70887ccbccb6088694c2cabab1230442b898ad985de5"}
+                  4: "4c8ce628a3ed26d7b21b70887ccbccb6088694c2cabab1230442b898ad985de5",
+                  5: "614c06d86a0973a666924f09a514a9d0d60d58a35de430dc694f3ea1aac5c203"}  # before version 6
 
 
-@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("version", [3, 4, 5])
 def test_earlier_versions_draw_the_same_stream(train_tools, version):
     mixer = mix.Mixer(seed=204, tools=train_tools, version=version)
     text = "\n".join(json.dumps(mixer.example(), sort_keys=True, ensure_ascii=False) for _ in range(50))
@@ -569,3 +570,17 @@ def test_version_5_requests_share_fewer_words_with_their_tool(corpus_root):
     figures = {v: naturalness.measure(mix.eval_cases(100, seed=902, version=v), None) for v in (4, 5)}
     assert figures[5]["word_share"] < figures[4]["word_share"] - 0.1
     assert figures[5]["bm25_top1"]["accuracy"] < figures[4]["bm25_top1"]["accuracy"] - 0.05
+
+
+def test_version_6_asks_more_refusals_that_need_the_catalogue(train_tools):
+    shares = {}
+    for version in (5, 6):
+        mixer = mix.Mixer(seed=12, tools=train_tools, version=version)
+        kinds = []
+        for _ in range(150):
+            catalogue = mixer._catalogue([mixer._gold()])
+            kinds += [mixer._turn(catalogue, first=False)[4] for _ in range(6)]
+        shares[version] = {k: kinds.count(k) / len(kinds) for k in TURN_KINDS}
+    for kind in ("refuse_missing_tool", "refuse_missing_value"):
+        assert shares[6][kind] > 1.4 * shares[5][kind], (kind, shares)
+    assert shares[6]["single"] + shares[6]["multi"] > 0.65

@@ -83,7 +83,19 @@ VERSIONS = {1: {"home_share": 0.35, "catalogue_share": 0.0, "marker_share": 0.0,
             4: {"home_share": 0.25, "catalogue_share": 0.35, "marker_share": 0.04, "rename_share": 0.6,
                 "turns": (3, 3, 4, 4, 5, 6), "phrase_values": True},
             5: {"home_share": 0.25, "catalogue_share": 0.35, "marker_share": 0.04, "rename_share": 0.6,
-                "turns": (3, 3, 4, 4, 5, 6), "phrase_values": True, "paraphrase": True}}
+                "turns": (3, 3, 4, 4, 5, 6), "phrase_values": True, "paraphrase": True},
+            6: {"home_share": 0.25, "catalogue_share": 0.35, "marker_share": 0.04, "rename_share": 0.6,
+                "turns": (3, 3, 4, 4, 5, 6), "phrase_values": True, "paraphrase": True,
+                "turn_cuts": (0.57, 0.63, 0.75), "refusal_cuts": (0.2, 0.55, 0.75, 0.85)}}
+# Where a turn's draw falls: a single call below the first cut (the second on a
+# conversation's first turn), several calls below the third, else a refusal; a refusal's
+# own draw: chit-chat, a tool the catalogue lacks, a required value unsaid, a value out of
+# range, below each cut in turn, else a negated request.  Version 6 asks more of the
+# refusals that need the catalogue read, a missing tool or a missing value (about twice
+# as many of each as before): on held-out tools a1 answered such requests with a call
+# nearly every time, and chit-chat and negated ones right every time.
+TURN_CUTS = (0.62, 0.68, 0.80)
+REFUSAL_CUTS = (0.35, 0.6, 0.72, 0.86)
 
 
 class Mixer:
@@ -107,6 +119,8 @@ class Mixer:
                              "non-negative and sum to at most 1")
         self.version = version
         self.turns = list(preset["turns"])
+        self.turn_cuts = preset.get("turn_cuts", TURN_CUTS)
+        self.refusal_cuts = preset.get("refusal_cuts", REFUSAL_CUTS)
         self.rng = _rng(seed)
         self.rng.phrase_values = preset.get("phrase_values", False)
         self.rng.paraphrase = preset.get("paraphrase", False)
@@ -215,10 +229,11 @@ class Mixer:
         """One request on ``catalogue``: (query, answers, reasoning, copied, kind)."""
         rng = self.rng
         r = rng.random()
-        if r < 0.62 or (first and r < 0.68):
+        single, first_single, multi = self.turn_cuts
+        if r < single or (first and r < first_single):
             got = self._calls([_pick(rng, catalogue)])
             kind = "single"
-        elif r < 0.80 and len(catalogue) >= 2:
+        elif r < multi and len(catalogue) >= 2:
             got = self._calls(rng.sample(catalogue, min(len(catalogue), _pick(rng, [2, 2, 3]))))
             kind = "multi"
         else:
@@ -231,12 +246,13 @@ class Mixer:
     def _refusal(self, catalogue):
         rng = self.rng
         r = rng.random()
+        chat, missing_tool, missing_value, bad_value = self.refusal_cuts
         names = {p.name for p in catalogue}
-        if r < 0.35:
+        if r < chat:
             text = _pick(rng, QUESTIONS + home.CHITCHAT)
             if not _mentions_catalogue(text, catalogue):
                 return self._wrap(_said_as(text, rng)) if rng.random() < 0.3 else text, [], REFUSAL_NOTE, [], "refuse"
-        if r < 0.6:     # a tool that is not in the catalogue (a near miss when there is one)
+        if r < missing_tool:     # a tool that is not in the catalogue (a near miss when there is one)
             pool = [p for p in catalogue if getattr(p, "original", p).domain]
             base = _pick(rng, pool) if pool else None
             near = [p for p in self.by_domain.get((base.source, base.domain), [])
@@ -247,7 +263,7 @@ class Mixer:
                 if got is not None:
                     return self._wrap(got[0]), [], REFUSAL_NOTE, got[3], "refuse_missing_tool"
         plan = _pick(rng, catalogue)
-        if r < 0.72:    # a required value left unsaid
+        if r < missing_value:    # a required value left unsaid
             needed = [p for p in plan.params if p.required and p.kind not in ("const", "boolean")]
             if needed:
                 key = _pick(rng, needed).key
@@ -255,7 +271,7 @@ class Mixer:
                 if got is not None:
                     note = f"{plan.name}: {key} is not given"
                     return self._wrap(got[0]), [], note, got[3], "refuse_missing_value"
-        if r < 0.86:    # a value outside the range or the enum
+        if r < bad_value:    # a value outside the range or the enum
             got = plan.request(rng, optional_rate=0.2, bad_value=True)
             if got is not None:
                 note = f"{plan.name}: a value is outside what the tool accepts"
@@ -465,7 +481,8 @@ def main(argv=None):
     parser.add_argument("--split", default="heldout", choices=("train", "heldout"))
     parser.add_argument("--version", type=int, default=1, choices=sorted(VERSIONS),
                         help="mix version of the training conversations (2 adds the consumer catalogues, "
-                             "3 renames most catalogues, 4 draws phrase values, 5 says requests as people do)")
+                             "3 renames most catalogues, 4 draws phrase values, 5 says requests as people do, "
+                             "6 refuses more by the catalogue)")
     args = parser.parse_args(argv)
     if args.eval_cases:
         with open(args.out, "w", encoding="utf-8") as handle:

@@ -251,7 +251,7 @@ def _mask_turns(sp, p, t, header, im_start, im_end):
     return p, m
 
 
-MIX_VERSIONS = {"mix": 1, "mix2": 2, "mix3": 3, "mix4": 4, "mix5": 5}      # data version name -> needle_cy.training.mix version
+MIX_VERSIONS = {"mix": 1, "mix2": 2, "mix3": 3, "mix4": 4, "mix5": 5, "mix6": 6}      # data version name -> needle_cy.training.mix version
 
 
 def add_data(run_dir, name, examples, seed, version):
@@ -261,8 +261,8 @@ def add_data(run_dir, name, examples, seed, version):
     "mix" is the schema-general mix (``needle_cy.training.mix``), "mix2" its version 2
     (the hand-written consumer catalogues added, ``needle_cy.training.catalogues``), "mix3"
     its version 3 (most catalogues renamed), "mix4" its version 4 (phrase values), "mix5" its
-    version 5 (requests in people's words rather than the tool's), else a
-    smart-home data version (``needle_cy.training.data``)."""
+    version 5 (requests in people's words rather than the tool's), "mix6" its version 6
+    (more refusals that need the catalogue read), else a smart-home data version (``needle_cy.training.data``)."""
     from . import mix
 
     t0 = time.time()
@@ -865,7 +865,7 @@ def main(argv=None):
     a.add_argument("name")
     a.add_argument("--examples", type=int, default=60000)
     a.add_argument("--seed", type=int, default=1)
-    a.add_argument("--version", default="2", help="a smart-home data version (1-7), 'mix', 'mix2', 'mix3', 'mix4' or 'mix5'")
+    a.add_argument("--version", default="2", help="a smart-home data version (1-7), 'mix', 'mix2', ..., 'mix6'")
     t = sub.add_parser("tokenizer", help="retrain the run's tokenizer (before its token files)")
     t.add_argument("run_dir")
     t.add_argument("--vocab", type=int, default=4096)
