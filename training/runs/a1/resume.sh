@@ -12,17 +12,18 @@
 # Steps 0-719 read mix seed 201, steps 720-2199 mix2 seed 202, steps 2200-2399 a first
 # draw of mix3 (seed 203, 1-4 requests per corpus catalogue), steps 2400-3624 mix3 seed 204,
 # steps 3625-4274 mix4 seed 205 (phrase values; names and values weighted from step 4150,
-# run.json's role_weights); from step 4275 the run reads mix5 seed 206 (requests as people
-# say them) from its first batch (control.json's tokens_from_step).
+# run.json's role_weights), steps 4275-4599 mix5 seed 206 (requests as people say them);
+# from step 4600 the run reads mix6 seed 207 (more refusals that need the catalogue read)
+# from its first batch (control.json's tokens_from_step).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 RUN=${RUN:-$HOME/needle_runs/a1}
 THREADS=${THREADS:-1}
-if [ ! -f "$RUN/tokens_mix5s206.npz" ]; then
+if [ ! -f "$RUN/tokens_mix6s207.npz" ]; then
     mkdir -p "$RUN"
     cp "$here/run.json" "$here/tokenizer.model" "$here/tokenizer.vocab" "$here/tokenizer.record" "$RUN/"
-    python -m needle_cy.training.train add-data "$RUN" mix5s206 --version mix5 --examples 40000 --seed 206
-    echo '{"tokens": "tokens_mix5s206.npz", "tokens_from_step": 4275}' > "$RUN/control.json"
+    python -m needle_cy.training.train add-data "$RUN" mix6s207 --version mix6 --examples 40000 --seed 207
+    echo '{"tokens": "tokens_mix6s207.npz", "tokens_from_step": 4600}' > "$RUN/control.json"
 fi
 init=()
 [ -f "$RUN/torch_state.pt" ] || init=(--init "$here/weights_fp16.pt")
