@@ -14,6 +14,14 @@ probability is e^peak / (e^peak + V − 1)), ``confidence_logit`` (a confidence 
 import numpy as np
 
 
+# a light tool the scripted decoding tests share
+LIGHT_TOOL = {"name": "set_light", "description": "Turn a light on or off.",
+              "parameters": {"type": "object", "properties": {
+                  "room": {"type": "string", "enum": ["kitchen", "bedroom"]},
+                  "on": {"type": "boolean"}}, "required": ["room", "on"],
+                  "additionalProperties": False}}
+
+
 class _Config:
     def __init__(self, vocab, max_seq_len):
         self.vocab = vocab

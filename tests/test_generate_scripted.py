@@ -9,7 +9,7 @@ import pytest
 from conftest import fixture_path
 from needle_cy.generate import CallSplitter, DecodeSettings, run_turn, sigmoid, token_probability
 from needle_cy.prompt import Conversation, render_tools_json
-from scripted_support import FiniteGrammar, ScriptedModel, token_at_byte
+from scripted_support import LIGHT_TOOL as LIGHT, FiniteGrammar, ScriptedModel, token_at_byte
 
 
 def _real_grammar():
@@ -24,11 +24,6 @@ def _real_grammar():
 
 compile_tools = _real_grammar()
 
-LIGHT = {"name": "set_light", "description": "Turn a light on or off.",
-         "parameters": {"type": "object", "properties": {
-             "room": {"type": "string", "enum": ["kitchen", "bedroom"]},
-             "on": {"type": "boolean"}}, "required": ["room", "on"],
-             "additionalProperties": False}}
 TIMER = {"name": "set_timer", "description": "Start a timer.",
          "parameters": {"type": "object", "properties": {
              "minutes": {"type": "integer", "minimum": 1, "maximum": 600},

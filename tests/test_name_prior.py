@@ -17,13 +17,8 @@ from needle_cy.name_prior import NamePrior
 from needle_cy.prompt import Conversation, render_tools_json
 from needle_cy.retrieval import clause_picks, name_prior
 from needle_cy.toolspec import normalize_tools
-from scripted_support import ScriptedModel
+from scripted_support import LIGHT_TOOL as LIGHT, ScriptedModel
 
-LIGHT = {"name": "set_light", "description": "Turn a light on or off.",
-         "parameters": {"type": "object", "properties": {
-             "room": {"type": "string", "enum": ["kitchen", "bedroom"]},
-             "on": {"type": "boolean"}}, "required": ["room", "on"],
-             "additionalProperties": False}}
 TIMER = {"name": "set_timer", "description": "Start a timer.",
          "parameters": {"type": "object", "properties": {
              "minutes": {"type": "integer", "minimum": 1, "maximum": 600}},
