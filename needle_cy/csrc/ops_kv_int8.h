@@ -71,28 +71,57 @@ static inline __attribute__((always_inline)) void nc_i8_scores_block(
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define NC_I8_AVX2 1
-/* scores of 8 consecutive slots from j for one head, without VNNI: the quad bytes
-   of 4 slots widened to int16, multiplied by (q0, q1, q2, q3) and pair-summed into
-   int32 (exact: no saturating byte product), two partial sums per slot folded
-   at the end. */
-static inline void nc_i8_scores8_avx2(const signed char* q, float qs, int qcorr,
-                                      const unsigned char* kq, ptrdiff_t k_stride,
-                                      const float* ks, ptrdiff_t nq4, ptrdiff_t j, float* scores) {
-    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-    for (ptrdiff_t i4 = 0; i4 < nq4; i4++) {
-        const __m256i qv = _mm256_set1_epi64x((long long)(
+/* Without VNNI the quad bytes of 4 slots are widened to int16, multiplied by
+   (q0, q1, q2, q3) and pair-summed into int32 (exact: no saturating byte product),
+   two partial sums per slot folded at the end.  The heads of a KV head share its
+   keys (GQA), so up to NC_I8_AVX2_HEADS of them run against each widened key vector:
+   the widening is paid once per key bytes, not once per head, and each head's query
+   quads are made once per call (nc_i8_qquads), not once per 8 slots. */
+#define NC_I8_AVX2_HEADS 6      /* 2·6 int32 accumulators + 2 widened keys: 14 of 16 ymm */
+#define NC_I8_AVX2_MAX_Q4 32    /* query quads held per head (dq ≤ 128); wider heads loop per head */
+/* head g's quad i4 as four int16 words, repeated: the multiplier of vpmaddwd */
+static inline void nc_i8_qquads(const signed char* q, ptrdiff_t nq4, __m256i* out) {
+    for (ptrdiff_t i4 = 0; i4 < nq4; i4++)
+        out[i4] = _mm256_set1_epi64x((long long)(
             ((unsigned long long)(unsigned short)q[4 * i4]) |
             ((unsigned long long)(unsigned short)q[4 * i4 + 1] << 16) |
             ((unsigned long long)(unsigned short)q[4 * i4 + 2] << 32) |
             ((unsigned long long)(unsigned short)q[4 * i4 + 3] << 48)));
+}
+/* scores of the 8 slots j … j + 7 for GB heads (their quads qq[g·nq4 + i4]) */
+static inline __attribute__((always_inline)) void nc_i8_scores8_avx2(
+        const __m256i* qq, const float* qs, const int* qcorr, const int GB,
+        const unsigned char* kq, ptrdiff_t k_stride, const float* ks, ptrdiff_t nq4,
+        ptrdiff_t j, float* scores, ptrdiff_t score_stride) {
+    __m256i lo[NC_I8_AVX2_HEADS], hi[NC_I8_AVX2_HEADS];
+    int g;
+    for (g = 0; g < GB; g++) lo[g] = hi[g] = _mm256_setzero_si256();
+    for (ptrdiff_t i4 = 0; i4 < nq4; i4++) {
         const __m256i kv = _mm256_loadu_si256((const __m256i*)(kq + (i4 * k_stride + j) * 4));
-        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(kv)), qv));
-        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(kv, 1)), qv));
+        const __m256i k0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(kv));
+        const __m256i k1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(kv, 1));
+        for (g = 0; g < GB; g++) {
+            lo[g] = _mm256_add_epi32(lo[g], _mm256_madd_epi16(k0, qq[g * nq4 + i4]));
+            hi[g] = _mm256_add_epi32(hi[g], _mm256_madd_epi16(k1, qq[g * nq4 + i4]));
+        }
     }
-    __m256i sum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);   /* slots in order */
-    __m256 sf = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_set1_epi32(qcorr)));
-    sf = _mm256_mul_ps(sf, _mm256_mul_ps(_mm256_set1_ps(qs), _mm256_loadu_ps(ks + j)));
-    _mm256_storeu_ps(scores + j, sf);
+    const __m256 sk = _mm256_loadu_ps(ks + j);
+    for (g = 0; g < GB; g++) {
+        const __m256i sum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[g], hi[g]), 0xD8);   /* slots in order */
+        __m256 sf = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_set1_epi32(qcorr[g])));
+        sf = _mm256_mul_ps(sf, _mm256_mul_ps(_mm256_set1_ps(qs[g]), sk));
+        _mm256_storeu_ps(scores + g * score_stride + j, sf);
+    }
+}
+/* whole 8-slot blocks of [a, b) for GB heads; returns where they end */
+static inline __attribute__((always_inline)) ptrdiff_t nc_i8_scores_avx2_heads(
+        const __m256i* qq, const float* qs, const int* qcorr, const int GB,
+        const unsigned char* kq, ptrdiff_t k_stride, const float* ks, ptrdiff_t nq4,
+        ptrdiff_t a, ptrdiff_t b, float* scores, ptrdiff_t score_stride) {
+    ptrdiff_t j = a;
+    for (; j + 8 <= b; j += 8)
+        nc_i8_scores8_avx2(qq, qs, qcorr, GB, kq, k_stride, ks, nq4, j, scores, score_stride);
+    return j;
 }
 #endif
 #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(NC_OPS_NO_NEON)
@@ -168,12 +197,52 @@ static inline void nc_i8_scores(const signed char* q, ptrdiff_t q_stride, const 
         }
     }
 #else
+#ifdef NC_I8_AVX2
+    ptrdiff_t done[NC_I8_AVX2_HEADS];
+    int gb = 0;
+    __m256i qq[NC_I8_AVX2_HEADS * NC_I8_AVX2_MAX_Q4];
+#endif
     for (; g0 < G; g0++) {
         const signed char* qg = q + g0 * q_stride;
         ptrdiff_t j = a;
 #ifdef NC_I8_AVX2
-        for (; j + 8 <= b; j += 8)
-            nc_i8_scores8_avx2(qg, qs[g0], qcorr[g0], kq, k_stride, ks, nq4, j, scores + g0 * score_stride);
+        if (nq4 <= NC_I8_AVX2_MAX_Q4) {
+            /* the block of heads g0 … g0 + gb − 1 runs when g0 is its first head */
+            const int k = (int)(g0 % NC_I8_AVX2_HEADS);
+            if (k == 0) {
+                gb = (int)(G - g0 < NC_I8_AVX2_HEADS ? G - g0 : NC_I8_AVX2_HEADS);
+                for (int h = 0; h < gb; h++) nc_i8_qquads(qg + h * q_stride, nq4, qq + h * nq4);
+                ptrdiff_t end = a;
+                switch (gb) {
+#define NC_I8S2(GG) case GG: end = nc_i8_scores_avx2_heads(qq, qs + g0, qcorr + g0, GG, kq, k_stride, ks, \
+                                                           nq4, a, b, scores + g0 * score_stride, score_stride); break;
+                    NC_I8S2(1) NC_I8S2(2) NC_I8S2(3) NC_I8S2(4) NC_I8S2(5) NC_I8S2(6)
+#undef NC_I8S2
+                }
+                for (int h = 0; h < gb; h++) done[h] = end;
+            }
+            j = done[k];
+        } else {
+            __m256i q1[NC_I8_AVX2_MAX_Q4];
+            for (; j + 8 <= b; j += 8) {
+                /* one head at a time, its quads made again for every 8 slots */
+                ptrdiff_t i0;
+                __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+                for (i0 = 0; i0 < nq4; i0 += NC_I8_AVX2_MAX_Q4) {
+                    const ptrdiff_t n = nq4 - i0 < NC_I8_AVX2_MAX_Q4 ? nq4 - i0 : NC_I8_AVX2_MAX_Q4;
+                    nc_i8_qquads(qg + 4 * i0, n, q1);
+                    for (ptrdiff_t i4 = 0; i4 < n; i4++) {
+                        const __m256i kv = _mm256_loadu_si256((const __m256i*)(kq + ((i0 + i4) * k_stride + j) * 4));
+                        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(kv)), q1[i4]));
+                        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(kv, 1)), q1[i4]));
+                    }
+                }
+                const __m256i sum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
+                __m256 sf = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_set1_epi32(qcorr[g0])));
+                sf = _mm256_mul_ps(sf, _mm256_mul_ps(_mm256_set1_ps(qs[g0]), _mm256_loadu_ps(ks + j)));
+                _mm256_storeu_ps(scores + g0 * score_stride + j, sf);
+            }
+        }
 #endif
 #ifdef NC_I8_NEON
         if (nc_i8_dot_enabled)
@@ -239,22 +308,32 @@ static inline __attribute__((always_inline)) void nc_i8_pv_block(
             _mm512_storeu_ps(out + g * out_stride + 16 * v, _mm512_mul_ps(acc[g][v], _mm512_set1_ps(inv[g])));
 }
 #elif defined(NC_I8_AVX2)
-/* out = inv · Σ_j p(j)·vs(j)·v(j) for one head, dv = 8·NV, the row in registers */
+/* out[g] = inv[g] · Σ_j p_g(j)·vs(j)·v(j) for GB ≤ NC_I8_AVX2_HEADS heads over dimensions
+   [8·v0, 8·v0 + 8·NV) (NV ≤ 2): each value vector is converted once for all GB heads.
+   The weights p·vs are already in the scores (nc_i8_pv). */
 static inline __attribute__((always_inline)) void nc_i8_pv_avx2(
-        const float* sc, const int NV, const signed char* vc, const float* vs, ptrdiff_t dv,
-        const ptrdiff_t* ranges, int n_ranges, float inv, float* out) {
-    __m256 acc[8];
-    int v, r;
-    for (v = 0; v < NV; v++) acc[v] = _mm256_setzero_ps();
+        const float* scores, ptrdiff_t score_stride, const int GB, const int NV, ptrdiff_t v0,
+        const signed char* vc, ptrdiff_t dv, const ptrdiff_t* ranges, int n_ranges,
+        const float* inv, float* out, ptrdiff_t out_stride) {
+    __m256 acc[NC_I8_AVX2_HEADS][2];
+    int g, v, r;
+    for (g = 0; g < GB; g++)
+        for (v = 0; v < NV; v++) acc[g][v] = _mm256_setzero_ps();
     for (r = 0; r < n_ranges; r++) {
         for (ptrdiff_t j = ranges[2 * r]; j < ranges[2 * r + 1]; j++) {
-            const __m256 w = _mm256_set1_ps(sc[j] * vs[j]);
+            __m256 x[2];
             for (v = 0; v < NV; v++)
-                acc[v] = _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i*)(vc + j * dv + 8 * v)))), acc[v]);
+                x[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i*)(vc + j * dv + 8 * (v0 + v)))));
+            for (g = 0; g < GB; g++) {
+                const __m256 w = _mm256_broadcast_ss(scores + g * score_stride + j);
+                for (v = 0; v < NV; v++) acc[g][v] = _mm256_fmadd_ps(w, x[v], acc[g][v]);
+            }
         }
     }
-    for (v = 0; v < NV; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(inv)));
+    for (g = 0; g < GB; g++)
+        for (v = 0; v < NV; v++)
+            _mm256_storeu_ps(out + g * out_stride + 8 * (v0 + v), _mm256_mul_ps(acc[g][v], _mm256_set1_ps(inv[g])));
 }
 #endif
 static inline void nc_i8_pv(float* scores, ptrdiff_t score_stride, ptrdiff_t G,
@@ -284,14 +363,32 @@ static inline void nc_i8_pv(float* scores, ptrdiff_t score_stride, ptrdiff_t G,
         return;
     }
 #elif defined(NC_I8_AVX2)
-    if (dv % 8 == 0 && dv <= 64) {
-        for (; g0 < G; g0++) {
+    if (dv % 8 == 0) {
+        /* the weights p(j)·vs(j) in place first (the same products as the loop below
+           would make per head and slot, so the same bits) */
+        for (g0 = 0; g0 < G; g0++) {
+            float* sg = scores + g0 * score_stride;
+            for (int r = 0; r < n_ranges; r++) {
+                ptrdiff_t j = ranges[2 * r];
+                const ptrdiff_t j1 = ranges[2 * r + 1];
+                for (; j + 8 <= j1; j += 8)
+                    _mm256_storeu_ps(sg + j, _mm256_mul_ps(_mm256_loadu_ps(sg + j), _mm256_loadu_ps(vs + j)));
+                for (; j < j1; j++) sg[j] = sg[j] * vs[j];
+            }
+        }
+        for (g0 = 0; g0 < G; g0 += NC_I8_AVX2_HEADS) {
+            const int gb = (int)(G - g0 < NC_I8_AVX2_HEADS ? G - g0 : NC_I8_AVX2_HEADS);
             const float* sg = scores + g0 * score_stride;
             float* og = out + g0 * out_stride;
-            switch (dv / 8) {
-#define NC_I8PV2(NN) case NN: nc_i8_pv_avx2(sg, NN, vc, vs, dv, ranges, n_ranges, inv[g0], og); break;
-                NC_I8PV2(1) NC_I8PV2(2) NC_I8PV2(3) NC_I8PV2(4) NC_I8PV2(5) NC_I8PV2(6) NC_I8PV2(7) NC_I8PV2(8)
+            for (ptrdiff_t v0 = 0; v0 < dv / 8; v0 += 2) {
+                const int nv = dv / 8 - v0 < 2 ? 1 : 2;
+                switch (gb * 2 + nv - 1) {
+#define NC_I8PV2(GG, NN) case GG * 2 + NN - 1: nc_i8_pv_avx2(sg, score_stride, GG, NN, v0, vc, dv, ranges, \
+                                                             n_ranges, inv + g0, og, out_stride); break;
+                    NC_I8PV2(1, 1) NC_I8PV2(1, 2) NC_I8PV2(2, 1) NC_I8PV2(2, 2) NC_I8PV2(3, 1) NC_I8PV2(3, 2)
+                    NC_I8PV2(4, 1) NC_I8PV2(4, 2) NC_I8PV2(5, 1) NC_I8PV2(5, 2) NC_I8PV2(6, 1) NC_I8PV2(6, 2)
 #undef NC_I8PV2
+                }
             }
         }
         return;
