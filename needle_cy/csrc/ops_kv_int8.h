@@ -113,7 +113,10 @@ static inline __attribute__((always_inline)) void nc_i8_scores8_avx2(
         _mm256_storeu_ps(scores + g * score_stride + j, sf);
     }
 }
-/* whole 8-slot blocks of [a, b) for GB heads; returns where they end */
+/* the 8-slot blocks of [a, b) for GB heads; returns where they end.  A last partial
+   block runs whole when the key rows and the score rows hold 8 slots from its start:
+   the slots past b get their own exact scores (the same bits any range holding them
+   computes) or are read by no range. */
 static inline __attribute__((always_inline)) ptrdiff_t nc_i8_scores_avx2_heads(
         const __m256i* qq, const float* qs, const int* qcorr, const int GB,
         const unsigned char* kq, ptrdiff_t k_stride, const float* ks, ptrdiff_t nq4,
@@ -121,7 +124,22 @@ static inline __attribute__((always_inline)) ptrdiff_t nc_i8_scores_avx2_heads(
     ptrdiff_t j = a;
     for (; j + 8 <= b; j += 8)
         nc_i8_scores8_avx2(qq, qs, qcorr, GB, kq, k_stride, ks, nq4, j, scores, score_stride);
+    if (j < b && j + 8 <= k_stride && j + 8 <= score_stride) {
+        nc_i8_scores8_avx2(qq, qs, qcorr, GB, kq, k_stride, ks, nq4, j, scores, score_stride);
+        j = b;
+    }
     return j;
+}
+/* Ask for the key bytes of slots [a, b) up front: each quad of dimensions is its own
+   row of the cache (k_stride slots apart), and the loop over 8-slot blocks would
+   otherwise meet their lines' misses one block at a time. */
+#define NC_I8_PREFETCH_SLOTS 512
+static inline void nc_i8_prefetch_keys(const unsigned char* kq, ptrdiff_t k_stride, ptrdiff_t nq4,
+                                       ptrdiff_t a, ptrdiff_t b) {
+    if (b - a > NC_I8_PREFETCH_SLOTS) return;      /* long ranges: the streams' own prefetch */
+    for (ptrdiff_t i4 = 0; i4 < nq4; i4++)
+        for (ptrdiff_t o = (a * 4) & ~(ptrdiff_t)63; o < b * 4; o += 64)
+            _mm_prefetch((const char*)(kq + i4 * k_stride * 4 + o), _MM_HINT_T0);
 }
 #endif
 #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(NC_OPS_NO_NEON)
@@ -201,6 +219,7 @@ static inline void nc_i8_scores(const signed char* q, ptrdiff_t q_stride, const 
     ptrdiff_t done[NC_I8_AVX2_HEADS];
     int gb = 0;
     __m256i qq[NC_I8_AVX2_HEADS * NC_I8_AVX2_MAX_Q4];
+    nc_i8_prefetch_keys(kq, k_stride, nq4, a, b);
 #endif
     for (; g0 < G; g0++) {
         const signed char* qg = q + g0 * q_stride;
