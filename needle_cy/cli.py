@@ -228,7 +228,9 @@ def _make_agent(args, tools):
                   ground_notes=not getattr(args, "no_grounding", False),
                   threads=args.threads, backend=args.backend,
                   max_new_tokens=args.max_new_tokens, reasoning_limit=args.reasoning_limit,
-                  strict=getattr(args, "strict", False))
+                  strict=getattr(args, "strict", False),
+                  tools_per_clause=getattr(args, "tools_per_clause", None),
+                  name_prior=getattr(args, "name_prior", None))
 
 
 def cmd_run(args):
@@ -564,6 +566,16 @@ def _int_at_least(minimum):
     return parse
 
 
+def _float_above_zero(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
 def build_parser():
     from . import __version__
     parser = argparse.ArgumentParser(prog="needle-cy", description="Offline Needle tool calling on CPU.")
@@ -602,6 +614,12 @@ def build_parser():
         p.add_argument("--strict", action="store_true",
                        help="a tool schema keyword that looks misspelt (\"maximun\") is an error, "
                             "not a warning")
+        p.add_argument("--tools-per-clause", type=_int_at_least(1), default=None, metavar="N",
+                       help="the prompt holds only the ranker's best N tools for each clause of "
+                            "the request (default: off; for a model that reads a tool list poorly)")
+        p.add_argument("--name-prior", type=_float_above_zero, default=None, metavar="ALPHA",
+                       help="weigh the model's choice of tool name by the ranker's prior to the "
+                            "power ALPHA (default: off; every tool stays callable)")
 
     p = sub.add_parser("run", help="one request → tool calls")
     p.add_argument("query", help="the request, in quotes")

@@ -252,12 +252,39 @@ def test_a_request_that_is_not_utf8_is_named():
     assert "surrogate" not in err
 
 
-@pytest.mark.parametrize("flag, value, expected", [("--max-new-tokens", "-1", "integer >= 1, got -1"),
-                                                   ("--reasoning-limit", "-3", "integer >= 0, got -3"),
-                                                   ("--threads", "0", "integer >= 1, got 0")])
+@pytest.mark.parametrize("flag, value, expected", [("--max-new-tokens", "-1", "an integer >= 1, got -1"),
+                                                   ("--reasoning-limit", "-3", "an integer >= 0, got -3"),
+                                                   ("--threads", "0", "an integer >= 1, got 0"),
+                                                   ("--tools-per-clause", "0", "an integer >= 1, got 0"),
+                                                   ("--name-prior", "0", "a finite number > 0, got 0"),
+                                                   ("--name-prior", "nan", "a finite number > 0, got nan"),
+                                                   ("--name-prior", "x", "a number > 0, got 'x'")])
 def test_counts_out_of_range_are_usage_errors(flag, value, expected):
     rc, _, err = run_cli("run", "hi", flag, value)
-    assert rc == 2 and f"argument {flag}: expected an {expected}" in err
+    assert rc == 2 and f"argument {flag}: expected {expected}" in err
+
+
+def test_selection_and_name_prior_flags_reach_the_agent(monkeypatch, tools_file, tmp_path):
+    """--tools-per-clause and --name-prior are the agent's options of the same names, for
+    run and batch alike (off when not given)."""
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def factory(model, tools, **kw):
+        seen.append((kw["tools_per_clause"], kw["name_prior"]))
+        raise Stop
+    monkeypatch.setattr(agent_mod, "Needle", factory)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text('["hi"]')
+    for argv in (["run", "hi", "--tools", str(tools_file)],
+                 ["run", "hi", "--tools", str(tools_file), "--tools-per-clause", "1", "--name-prior", "0.5"],
+                 ["batch", "--functions-definition", str(tools_file), "--input", str(prompts),
+                  "--output", str(tmp_path / "out.json"), "--tools-per-clause", "2", "--name-prior", "1"]):
+        with pytest.raises(Stop):
+            cli.main(argv)
+    assert seen == [(None, None), (1, 0.5), (2, 1.0)]
 
 
 def test_version_and_inspect_json():
