@@ -454,10 +454,11 @@ def test_marker_spellings_in_outside_text_are_trained_as_text(train_tools, tmp_p
 # before version 5 was added: a later version's draws must leave earlier streams as they were
 STREAM_DIGESTS = {3: "7c3eafb61d138d9778cf4629007d7bd9ba341d3b53e14e0a567d2f9a1e719924",
                   4: "4c8ce628a3ed26d7b21b70887ccbccb6088694c2cabab1230442b898ad985de5",
-                  5: "614c06d86a0973a666924f09a514a9d0d60d58a35de430dc694f3ea1aac5c203"}  # before version 6
+                  5: "614c06d86a0973a666924f09a514a9d0d60d58a35de430dc694f3ea1aac5c203",   # before version 6
+                  6: "ea8557b2836f8d69dfc52cee08ab8c3ab84911c2e800a1b315414796ea8c4525"}   # before version 7
 
 
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_earlier_versions_draw_the_same_stream(train_tools, version):
     mixer = mix.Mixer(seed=204, tools=train_tools, version=version)
     text = "\n".join(json.dumps(mixer.example(), sort_keys=True, ensure_ascii=False) for _ in range(50))
@@ -584,3 +585,14 @@ def test_version_6_asks_more_refusals_that_need_the_catalogue(train_tools):
     for kind in ("refuse_missing_tool", "refuse_missing_value"):
         assert shares[6][kind] > 1.4 * shares[5][kind], (kind, shares)
     assert shares[6]["single"] + shares[6]["multi"] > 0.65
+
+
+def test_version_7_writes_marker_text_into_three_times_as_many_conversations(train_tools):
+    """Version 7 is version 6 with marker_share 0.12: the marked share of 600 conversations
+    is near it (a binomial draw: 6–20 % holds with odds of a false alarm below 1e-4), and
+    version 6's own share stays near 0.04."""
+    shares = {}
+    for version in (6, 7):
+        mixer = mix.Mixer(seed=11, tools=train_tools, version=version)
+        shares[version] = sum(bool(mixer.example().get("marker_text")) for _ in range(600)) / 600
+    assert 0.06 <= shares[7] <= 0.20 and shares[6] <= 0.08, shares

@@ -251,7 +251,7 @@ def _mask_turns(sp, p, t, header, im_start, im_end):
     return p, m
 
 
-MIX_VERSIONS = {"mix": 1, "mix2": 2, "mix3": 3, "mix4": 4, "mix5": 5, "mix6": 6}      # data version name -> needle_cy.training.mix version
+MIX_VERSIONS = {"mix": 1, "mix2": 2, "mix3": 3, "mix4": 4, "mix5": 5, "mix6": 6, "mix7": 7}      # data version name -> needle_cy.training.mix version
 
 
 def add_data(run_dir, name, examples, seed, version):
@@ -262,7 +262,8 @@ def add_data(run_dir, name, examples, seed, version):
     (the hand-written consumer catalogues added, ``needle_cy.training.catalogues``), "mix3"
     its version 3 (most catalogues renamed), "mix4" its version 4 (phrase values), "mix5" its
     version 5 (requests in people's words rather than the tool's), "mix6" its version 6
-    (more refusals that need the catalogue read), else a smart-home data version (``needle_cy.training.data``)."""
+    (more refusals that need the catalogue read), "mix7" its version 7 (more chat-marker
+    spellings in outside text), else a smart-home data version (``needle_cy.training.data``)."""
     from . import mix
 
     t0 = time.time()
@@ -865,7 +866,7 @@ def main(argv=None):
     a.add_argument("name")
     a.add_argument("--examples", type=int, default=60000)
     a.add_argument("--seed", type=int, default=1)
-    a.add_argument("--version", default="2", help="a smart-home data version (1-7), 'mix', 'mix2', ..., 'mix6'")
+    a.add_argument("--version", default="2", help="a smart-home data version (1-7), 'mix', 'mix2', ..., 'mix7'")
     t = sub.add_parser("tokenizer", help="retrain the run's tokenizer (before its token files)")
     t.add_argument("run_dir")
     t.add_argument("--vocab", type=int, default=4096)
