@@ -13,17 +13,19 @@
 # draw of mix3 (seed 203, 1-4 requests per corpus catalogue), steps 2400-3624 mix3 seed 204,
 # steps 3625-4274 mix4 seed 205 (phrase values; names and values weighted from step 4150,
 # run.json's role_weights), steps 4275-4599 mix5 seed 206 (requests as people say them);
-# from step 4600 the run reads mix6 seed 207 (more refusals that need the catalogue read)
-# from its first batch (control.json's tokens_from_step).
+# steps 4600-5243 mix6 seed 207 (more refusals that need the catalogue read; from step 5200
+# in batches of 32,768 tokens at a held LR of 4.5e-4, run.json); from step 5244 the run reads
+# mix7 seed 208 (chat-marker spellings in 12 % of the conversations) from its first batch
+# (control.json's tokens_from_step).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 RUN=${RUN:-$HOME/needle_runs/a1}
 THREADS=${THREADS:-1}
-if [ ! -f "$RUN/tokens_mix6s207.npz" ]; then
+if [ ! -f "$RUN/tokens_mix7s208.npz" ]; then
     mkdir -p "$RUN"
     cp "$here/run.json" "$here/tokenizer.model" "$here/tokenizer.vocab" "$here/tokenizer.record" "$RUN/"
-    python -m needle_cy.training.train add-data "$RUN" mix6s207 --version mix6 --examples 40000 --seed 207
-    echo '{"tokens": "tokens_mix6s207.npz", "tokens_from_step": 4600}' > "$RUN/control.json"
+    python -m needle_cy.training.train add-data "$RUN" mix7s208 --version mix7 --examples 40000 --seed 208
+    echo '{"tokens": "tokens_mix7s208.npz", "tokens_from_step": 5244}' > "$RUN/control.json"
 fi
 init=()
 [ -f "$RUN/torch_state.pt" ] || init=(--init "$here/weights_fp16.pt")
