@@ -121,7 +121,25 @@ _CLAUSE = re.compile(r"[,;:!?]|\.\s|\b(?:and|then|also|plus|after that|afterward
 
 
 def request_clauses(text: str) -> list:
-    return [c.strip() for c in _CLAUSE.split(text or "") if c and c.strip()]
+    """The clauses of a request, cut at ``_CLAUSE``.  A piece without a letter ("3" in
+    "the sum of 2 and 3", "4.5" after a comma) asks for nothing on its own: it stays with
+    the clause before it, boundary included."""
+    text = text or ""
+    pieces, start = [], 0
+    for m in _CLAUSE.finditer(text):
+        pieces.append((start, m.start()))
+        start = m.end()
+    pieces.append((start, len(text)))
+    out = []                       # [start, end] of each clause so far
+    for a, b in pieces:
+        piece = text[a:b]
+        if not piece.strip():
+            continue
+        if out and not any(ch.isalpha() for ch in piece):
+            out[-1][1] = b
+        else:
+            out.append([a, b])
+    return [text[a:b].strip() for a, b in out]
 
 
 class BM25:

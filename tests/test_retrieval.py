@@ -218,3 +218,15 @@ def test_agent_uses_the_shipped_expansion_unless_told_not_to(tmp_path):
         Needle(tools=tools, query_expansion=str(tmp_path / "absent.json"))
     with pytest.raises(ValueError, match="query_expansion"):
         Needle(tools=tools, query_expansion=3)
+
+
+def test_a_piece_without_a_letter_stays_with_its_clause():
+    """"2 and 3" is one thing asked for: a piece of only numbers and signs is no clause of
+    its own, while words after a number still start one."""
+    from needle_cy.retrieval import request_clauses
+    assert request_clauses("What is the sum of 2 and 3?") == ["What is the sum of 2 and 3"]
+    assert request_clauses("set it to 21, 5") == ["set it to 21, 5"]
+    assert request_clauses("dim to 30 and lock the front door") == ["dim to 30", "lock the front door"]
+    assert request_clauses("turn on the light, then lock the door and play jazz") == [
+        "turn on the light", "lock the door", "play jazz"]
+    assert request_clauses("") == [] and request_clauses(" and ") == []
