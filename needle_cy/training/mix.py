@@ -91,7 +91,7 @@ VERSIONS = {1: {"home_share": 0.35, "catalogue_share": 0.0, "marker_share": 0.0,
                 "turns": (3, 3, 4, 4, 5, 6), "phrase_values": True, "paraphrase": True,
                 "turn_cuts": (0.57, 0.63, 0.75), "refusal_cuts": (0.2, 0.55, 0.75, 0.85)}}
 # Version 7 is version 6 with marker spellings in three times as many conversations: with
-# 4 % of them, a1 after an LR decay kept almost none of its right calls when every
+# version 6's share, a1 after an LR decay kept almost none of its right calls when every
 # marker's spelling followed the request (it declined), though it had kept about half
 # at its peak LR just before.
 # Where a turn's draw falls: a single call below the first cut (the second on a
