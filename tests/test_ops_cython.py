@@ -206,10 +206,11 @@ def test_a8_codes_vector_loop_and_tail_round_ties_to_even(rng, n):
 
 # (6, 3, 48, 64) and (12, 2, 48, 64): the vector paths (dv a multiple of 16, G ≤ 6 / > 6 heads
 # per block); (4, 2, 18, 24), (2, 1, 7, 12): key widths that leave a partial quad, scalar P·V;
-# (7, 1, 160, 72): AVX2's path for heads wider than its held query quads, an odd count of
-# 8-wide value vectors, a block of 6 heads and one of 1
+# (7, 1, 160, 72): AVX2's blocks of fewer heads for heads over 128 dimensions (4, then 3),
+# an odd count of 8-wide value vectors; (2, 1, 784, 16): heads too wide for its held query
+# quads, the portable loop
 @pytest.mark.parametrize("H,K,dq,dv", [(4, 2, 18, 24), (2, 1, 7, 12), (6, 3, 48, 64), (12, 2, 48, 64),
-                                       (18, 1, 16, 32), (7, 1, 160, 72)])
+                                       (18, 1, 16, 32), (7, 1, 160, 72), (2, 1, 784, 16)])
 def test_gqa_attention_int8(rng, H, K, dq, dv):
     T = 41                                     # > 16 keys: full and masked slot blocks
     qc, qs = ref.a8_codes(rng.normal(size=(T, H, dq)).astype(np.float32))

@@ -78,7 +78,8 @@ static inline __attribute__((always_inline)) void nc_i8_scores_block(
    the widening is paid once per key bytes, not once per head, and each head's query
    quads are made once per call (nc_i8_qquads), not once per 8 slots. */
 #define NC_I8_AVX2_HEADS 6      /* 2·6 int32 accumulators + 2 widened keys: 14 of 16 ymm */
-#define NC_I8_AVX2_MAX_Q4 32    /* query quads held per head (dq ≤ 128); wider heads loop per head */
+#define NC_I8_AVX2_QUADS 192    /* query quads held for a block of heads (heads of up to 768
+                                   dimensions; wider ones take the portable loop) */
 /* head g's quad i4 as four int16 words, repeated: the multiplier of vpmaddwd */
 static inline void nc_i8_qquads(const signed char* q, ptrdiff_t nq4, __m256i* out) {
     for (ptrdiff_t i4 = 0; i4 < nq4; i4++)
@@ -216,20 +217,21 @@ static inline void nc_i8_scores(const signed char* q, ptrdiff_t q_stride, const 
     }
 #else
 #ifdef NC_I8_AVX2
+    /* heads a block: as many as the held quads allow (6 up to 128 dimensions) */
+    const int hb = nq4 <= NC_I8_AVX2_QUADS / NC_I8_AVX2_HEADS ? NC_I8_AVX2_HEADS : (int)(NC_I8_AVX2_QUADS / nq4);
     ptrdiff_t done[NC_I8_AVX2_HEADS];
-    int gb = 0;
-    __m256i qq[NC_I8_AVX2_HEADS * NC_I8_AVX2_MAX_Q4];
+    __m256i qq[NC_I8_AVX2_QUADS];
     nc_i8_prefetch_keys(kq, k_stride, nq4, a, b);
 #endif
     for (; g0 < G; g0++) {
         const signed char* qg = q + g0 * q_stride;
         ptrdiff_t j = a;
 #ifdef NC_I8_AVX2
-        if (nq4 <= NC_I8_AVX2_MAX_Q4) {
+        if (hb > 0) {
             /* the block of heads g0 … g0 + gb − 1 runs when g0 is its first head */
-            const int k = (int)(g0 % NC_I8_AVX2_HEADS);
+            const int k = (int)(g0 % hb);
             if (k == 0) {
-                gb = (int)(G - g0 < NC_I8_AVX2_HEADS ? G - g0 : NC_I8_AVX2_HEADS);
+                const int gb = (int)(G - g0 < hb ? G - g0 : hb);
                 for (int h = 0; h < gb; h++) nc_i8_qquads(qg + h * q_stride, nq4, qq + h * nq4);
                 ptrdiff_t end = a;
                 switch (gb) {
@@ -241,26 +243,6 @@ static inline void nc_i8_scores(const signed char* q, ptrdiff_t q_stride, const 
                 for (int h = 0; h < gb; h++) done[h] = end;
             }
             j = done[k];
-        } else {
-            __m256i q1[NC_I8_AVX2_MAX_Q4];
-            for (; j + 8 <= b; j += 8) {
-                /* one head at a time, its quads made again for every 8 slots */
-                ptrdiff_t i0;
-                __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-                for (i0 = 0; i0 < nq4; i0 += NC_I8_AVX2_MAX_Q4) {
-                    const ptrdiff_t n = nq4 - i0 < NC_I8_AVX2_MAX_Q4 ? nq4 - i0 : NC_I8_AVX2_MAX_Q4;
-                    nc_i8_qquads(qg + 4 * i0, n, q1);
-                    for (ptrdiff_t i4 = 0; i4 < n; i4++) {
-                        const __m256i kv = _mm256_loadu_si256((const __m256i*)(kq + ((i0 + i4) * k_stride + j) * 4));
-                        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(kv)), q1[i4]));
-                        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(kv, 1)), q1[i4]));
-                    }
-                }
-                const __m256i sum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
-                __m256 sf = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_set1_epi32(qcorr[g0])));
-                sf = _mm256_mul_ps(sf, _mm256_mul_ps(_mm256_set1_ps(qs[g0]), _mm256_loadu_ps(ks + j)));
-                _mm256_storeu_ps(scores + g0 * score_stride + j, sf);
-            }
         }
 #endif
 #ifdef NC_I8_NEON
