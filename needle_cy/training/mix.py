@@ -489,7 +489,7 @@ def main(argv=None):
     parser.add_argument("--version", type=int, default=1, choices=sorted(VERSIONS),
                         help="mix version of the training conversations (2 adds the consumer catalogues, "
                              "3 renames most catalogues, 4 draws phrase values, 5 says requests as people do, "
-                             "6 refuses more by the catalogue)")
+                             "6 refuses more by the catalogue, 7 writes more chat-marker text)")
     args = parser.parse_args(argv)
     if args.eval_cases:
         with open(args.out, "w", encoding="utf-8") as handle:
